@@ -1,0 +1,179 @@
+/*
+ * goddp.h: the C ABI of the goddp planning core.
+ *
+ * The planner (Go, package planner) decides where to cut a forward FX graph
+ * so that each piece's gradients form one DistributedDataParallel allreduce
+ * bucket. This header is the whole contract between that core and its
+ * callers: the CPython extension goddp._goddp (csrc/goddp_module.c) and any
+ * C program that links libgoddp.so (see tests/c/plan_toy.c).
+ *
+ * Conventions
+ *   - Every array is flat. Variable-length per-item lists use CSR form: an
+ *     offsets array of length count+1 (offsets[0] == 0, non-decreasing) and a
+ *     values array of length offsets[count].
+ *   - Node indices are positions in forward (topological) order, 0-based.
+ *
+ * Ownership
+ *   - Inputs (goddp_graph, goddp_config and every array they point to) are
+ *     owned by the caller and only read for the duration of the call. The
+ *     planner copies what it needs; nothing is retained after return.
+ *   - Outputs are allocated by the library with C malloc: a goddp_plan is
+ *     released with goddp_plan_free, an error message with goddp_string_free.
+ *     No pointer into Go memory ever reaches the caller, and C never keeps
+ *     a Go pointer.
+ *
+ * Errors
+ *   - Every function that can fail returns a goddp_status. On failure *out is
+ *     left NULL and, if err_msg is non-NULL, *err_msg receives a
+ *     NUL-terminated, malloc'd, human-readable message.
+ *   - A Go panic inside any export is recovered and reported as
+ *     GODDP_ERR_PANIC; it never unwinds into the caller.
+ *
+ * Thread safety
+ *   - All functions may be called from several threads at once. The planner
+ *     keeps no global mutable state; each call works on its own copies.
+ *   - Callers embedding the library in an interpreter should release their
+ *     interpreter lock around goddp_plan_graph.
+ *   - Fork: the Go runtime does not survive fork(). A child process must not
+ *     call any function here if the library was loaded before the fork; the
+ *     CPython extension enforces this and raises an error instead.
+ */
+#ifndef GODDP_H
+#define GODDP_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped on any incompatible change to the structs or functions below. */
+#define GODDP_ABI_VERSION 1
+
+/* FX node kinds, as in torch.fx.Node.op. */
+enum goddp_op {
+    GODDP_OP_PLACEHOLDER = 0,
+    GODDP_OP_GET_ATTR = 1,
+    GODDP_OP_CALL_MODULE = 2,
+    GODDP_OP_CALL_FUNCTION = 3,
+    GODDP_OP_CALL_METHOD = 4,
+    GODDP_OP_OUTPUT = 5
+};
+
+/* How a node refers to a parameter (goddp_graph.node_param_refs). torch
+ * mode needs the distinction because torch's DDPOptimizer counts each kind
+ * differently; ddp mode treats every reference alike. */
+enum goddp_ref {
+    GODDP_REF_ARG = 0,    /* a placeholder holding the parameter, passed as a positional arg */
+    GODDP_REF_OTHER = 1,  /* any other use: kwargs, nested containers */
+    GODDP_REF_MODULE = 2, /* owned by the module a call_module/call_method node calls */
+    GODDP_REF_ATTR = 3    /* fetched by a get_attr node */
+};
+
+/* Bits of goddp_graph.param_flags. */
+#define GODDP_PARAM_REQUIRES_GRAD 0x1u
+#define GODDP_PARAM_DDP_IGNORED 0x2u
+
+enum goddp_mode {
+    GODDP_MODE_DDP = 0,  /* match the buckets DDP builds after its rebuild (default) */
+    GODDP_MODE_TORCH = 1 /* reproduce torch's DDPOptimizer, quirks included */
+};
+
+typedef enum goddp_status {
+    GODDP_OK = 0,
+    GODDP_ERR_INVALID_CONFIG = 1, /* a bad cap, mode or option */
+    GODDP_ERR_INVALID_GRAPH = 2,  /* malformed arrays, bad indices, backward edges, no output */
+    GODDP_ERR_OVERFLOW = 3,       /* sizes whose sums overflow int64 */
+    GODDP_ERR_PANIC = 4,          /* a recovered Go panic: a bug in goddp, please report */
+    GODDP_ERR_INTERNAL = 5        /* any other failure, such as out of memory */
+} goddp_status;
+
+/* A forward graph. All pointers may be NULL only when their length is 0. */
+typedef struct goddp_graph {
+    int64_t num_nodes;
+    const int32_t *node_ops;            /* [num_nodes] enum goddp_op */
+    const int32_t *node_module_ids;     /* [num_nodes] module identity for call_module/call_method, -1 otherwise */
+
+    /* Parameters each node refers to, in argument order (CSR). */
+    const int64_t *node_param_offsets;  /* [num_nodes + 1] */
+    const int32_t *node_params;         /* parameter indices */
+    const uint8_t *node_param_refs;     /* enum goddp_ref, parallel to node_params */
+
+    /* Users of each node (CSR): every user index must be greater than the node's. */
+    const int64_t *node_user_offsets;   /* [num_nodes + 1] */
+    const int32_t *node_users;
+
+    int64_t num_params;
+    const int64_t *param_bytes;         /* numel * element_size */
+    const int64_t *param_storage_bytes; /* untyped_storage().nbytes() */
+    const int32_t *param_dtypes;        /* opaque dtype code: equal codes mean equal dtypes */
+    const int32_t *param_devices;       /* opaque device code */
+    const uint32_t *param_flags;        /* GODDP_PARAM_* bits */
+    const int64_t *param_name_offsets;  /* [num_params + 1] byte offsets into param_names */
+    const char *param_names;            /* UTF-8 fully qualified names, not NUL-separated */
+} goddp_graph;
+
+typedef struct goddp_config {
+    int32_t mode;                       /* enum goddp_mode */
+    int64_t bucket_cap_bytes;           /* > 0 */
+    int64_t first_bucket_cap_bytes;     /* > 0 and <= bucket_cap_bytes */
+    int64_t num_bucket_caps;            /* 0, or the length of bucket_caps_bytes */
+    const int64_t *bucket_caps_bytes;   /* per-bucket caps in DDP order (ddp mode); the last repeats */
+    int64_t max_partitions;             /* 0 = no limit; else merge adjacent pieces down to this many (ddp mode) */
+} goddp_config;
+
+/* One plan. Every array is malloc'd by the library and freed by goddp_plan_free. */
+typedef struct goddp_plan {
+    uint64_t fingerprint;               /* identical across processes and machines for identical inputs */
+    int64_t num_nodes;
+    int32_t *node_partitions;           /* [num_nodes] piece of each node, -1 for placeholders and output */
+    int64_t num_partitions;             /* pieces, numbered in forward order */
+
+    /* Buckets in DDP order: bucket 0 holds the gradients ready first,
+     * i.e. the parameters of the last piece. */
+    int64_t num_buckets;
+    int64_t *bucket_bytes;              /* [num_buckets] counted bytes */
+    int32_t *bucket_partitions;         /* [num_buckets] the piece whose backward completes the bucket */
+    int64_t *bucket_node_begin;         /* [num_buckets] first node (forward order) holding its params */
+    int64_t *bucket_node_end;           /* [num_buckets] one past its last node */
+    uint8_t *bucket_extended;           /* [num_buckets] 1 if its cut moved to give the piece an output */
+    int64_t *bucket_param_offsets;      /* [num_buckets + 1] CSR */
+    int32_t *bucket_params;             /* parameter indices, in gradient-ready order */
+
+    /* Values crossing the cuts, per piece (CSR, node indices ascending):
+     * inputs: placeholders and earlier pieces' nodes the piece reads;
+     * outputs: the piece's nodes read by later pieces or by the output node. */
+    int64_t *partition_input_offsets;   /* [num_partitions + 1] */
+    int32_t *partition_inputs;
+    int64_t *partition_output_offsets;  /* [num_partitions + 1] */
+    int32_t *partition_outputs;
+} goddp_plan;
+
+/* GODDP_ABI_VERSION of the library actually loaded. */
+int32_t goddp_abi_version(void);
+
+/* Sets the Go runtime's GOMAXPROCS (n >= 1) and stores the previous value in
+ * *previous when it is non-NULL. n <= 0 only queries. Use this rather than the
+ * GOMAXPROCS environment variable, which Go reads once at process start. */
+goddp_status goddp_set_max_procs(int32_t n, int32_t *previous);
+
+/* Plans graph g under cfg. On GODDP_OK, *out holds a plan to release with
+ * goddp_plan_free. */
+goddp_status goddp_plan_graph(const goddp_graph *g, const goddp_config *cfg,
+                              goddp_plan **out, char **err_msg);
+
+/* Releases a plan from goddp_plan_graph. NULL is a no-op. */
+void goddp_plan_free(goddp_plan *plan);
+
+/* Releases an error message. NULL is a no-op. */
+void goddp_string_free(char *s);
+
+/* Test hook: panics inside Go on purpose so callers can prove that a panic
+ * becomes GODDP_ERR_PANIC plus a message rather than an abort. */
+goddp_status goddp_debug_panic(char **err_msg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GODDP_H */

@@ -1,0 +1,3 @@
+module github.com/goddp/goddp
+
+go 1.26

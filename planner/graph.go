@@ -1,0 +1,86 @@
+// Package planner decides where to cut the forward graph of a model wrapped
+// in DistributedDataParallel so that each piece's gradients form one
+// allreduce bucket, letting that bucket's allreduce start while the rest of
+// backward still runs.
+//
+// The graph model is flat and array based (see Graph) so that it crosses a C
+// ABI without per-element calls. Build validates a graph and a Config and
+// returns a Plan: a piece index for every node, the bucket list in DDP order,
+// the values that cross each cut, and a fingerprint that every rank can
+// compare before the first collective.
+//
+// Two modes exist. ModeDDP (the default) places cuts where the buckets that
+// DDP builds after its first-iteration rebuild close. ModeTorch reproduces
+// the cuts of torch's own DDPOptimizer, quirks included, and serves as the
+// oracle-checked baseline.
+//
+// The package keeps no global mutable state; Build is safe to call from
+// several goroutines at once.
+package planner
+
+// OpKind is the kind of an FX node, as in torch.fx.Node.op.
+type OpKind int32
+
+const (
+	OpPlaceholder  OpKind = 0
+	OpGetAttr      OpKind = 1
+	OpCallModule   OpKind = 2
+	OpCallFunction OpKind = 3
+	OpCallMethod   OpKind = 4
+	OpOutput       OpKind = 5
+)
+
+// RefKind says how a node refers to a parameter. ModeTorch counts each kind
+// the way torch's DDPOptimizer does; ModeDDP treats them alike.
+type RefKind uint8
+
+const (
+	RefArg    RefKind = 0 // a parameter placeholder passed as a positional argument
+	RefOther  RefKind = 1 // any other use: keyword arguments, nested containers
+	RefModule RefKind = 2 // owned by the module that a call_module/call_method node calls
+	RefAttr   RefKind = 3 // fetched by a get_attr node
+)
+
+// Mode selects the bucketing rules.
+type Mode int32
+
+const (
+	ModeDDP   Mode = 0
+	ModeTorch Mode = 1
+)
+
+// Param is one entry of the parameter table.
+type Param struct {
+	Name         string // fully qualified name
+	Bytes        int64  // numel * element size
+	StorageBytes int64  // untyped_storage().nbytes()
+	DType        int32  // opaque code: equal codes mean equal dtypes
+	Device       int32  // opaque code
+	RequiresGrad bool
+	Ignored      bool // excluded from DDP (_ddp_ignored)
+}
+
+// Graph is a forward FX graph in flat form. Nodes are in topological order.
+// Per-node lists are CSR: node i's entries are Values[Offsets[i]:Offsets[i+1]].
+type Graph struct {
+	Ops       []OpKind
+	ModuleIDs []int32 // module identity for call_module/call_method nodes, -1 otherwise
+
+	ParamOffsets []int64
+	ParamIndex   []int32   // indices into Params
+	ParamRefs    []RefKind // parallel to ParamIndex
+
+	UserOffsets []int64
+	Users       []int32 // each user index is greater than its node's
+
+	Params []Param
+}
+
+// Config holds the bucket caps and the mode.
+type Config struct {
+	Mode                Mode
+	BucketCapBytes      int64   // > 0
+	FirstBucketCapBytes int64   // > 0, <= BucketCapBytes
+	BucketCapsBytes     []int64 // optional per-bucket caps in DDP order; the last repeats (ModeDDP)
+	MaxPartitions       int     // 0: no limit; otherwise merge adjacent pieces down to this many (ModeDDP)
+}

@@ -1,0 +1,53 @@
+package planner
+
+import "fmt"
+
+// Bucket is one allreduce bucket of a Plan.
+type Bucket struct {
+	Bytes     int64   // counted bytes (storage bytes in ModeTorch, numel*element size in ModeDDP)
+	Params    []int32 // parameter indices in gradient-ready order
+	NodeBegin int     // first node (forward order) holding its parameters
+	NodeEnd   int     // one past the last such node
+	Partition int     // the piece whose backward completes the bucket
+	Extended  bool    // its cut moved so that the piece has an output
+	DType     int32   // grouping key in ModeDDP; -1 in ModeTorch
+	Device    int32
+}
+
+// Plan is the result of Build.
+type Plan struct {
+	Fingerprint      uint64
+	NodePartition    []int32 // piece of each node; -1 for placeholders and the output
+	NumPartitions    int
+	Buckets          []Bucket  // DDP order: bucket 0 holds the gradients ready first
+	PartitionInputs  [][]int32 // per piece: nodes from outside it that it reads, ascending
+	PartitionOutputs [][]int32 // per piece: its nodes read by later pieces or the output, ascending
+}
+
+// ErrorCode classifies a Build failure. The values match goddp_status in
+// csrc/goddp.h.
+type ErrorCode int32
+
+const (
+	ErrInvalidConfig ErrorCode = 1
+	ErrInvalidGraph  ErrorCode = 2
+	ErrOverflow      ErrorCode = 3
+)
+
+// Error is the error type Build returns.
+type Error struct {
+	Code ErrorCode
+	Msg  string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+func errorf(code ErrorCode, format string, args ...any) error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Build validates g and cfg and plans the cuts.
+// PLACEHOLDER: replaced by the real implementation.
+func Build(g *Graph, cfg Config) (*Plan, error) {
+	return nil, errorf(ErrInvalidConfig, "planner: not implemented yet")
+}
