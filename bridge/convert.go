@@ -1,0 +1,347 @@
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../csrc
+#include <stdlib.h>
+#include "goddp.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"unsafe"
+
+	"github.com/goddp/goddp/planner"
+)
+
+// maxArrayLen bounds every length read from the caller before unsafe.Slice
+// turns a C pointer into a slice. Node and parameter indices are int32 in the
+// ABI, so no valid graph has an array this long, and a garbage count is
+// reported instead of faulting.
+const maxArrayLen = math.MaxInt32
+
+// cView returns a Go view of n elements of type E at p without copying,
+// after checking the pointer/length pair: a negative or absurd length, or a
+// NULL pointer with a nonzero length, is an error naming the field.
+func cView[E any](p unsafe.Pointer, n int64, field string, code planner.ErrorCode) ([]E, error) {
+	switch {
+	case n < 0:
+		return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s: negative length %d", field, n)}
+	case n > maxArrayLen:
+		return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s: length %d exceeds the ABI limit %d", field, n, int64(maxArrayLen))}
+	case n == 0:
+		return nil, nil
+	case p == nil:
+		return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s is NULL but its length is %d", field, n)}
+	}
+	return unsafe.Slice((*E)(p), n), nil
+}
+
+// cCopy is cView followed by a copy into Go memory: the planner must never
+// hold on to the caller's memory.
+func cCopy[E any](p unsafe.Pointer, n int64, field string, code planner.ErrorCode) ([]E, error) {
+	v, err := cView[E](p, n, field, code)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(v), nil
+}
+
+// csrValuesLen is the length of a CSR values array: the last offset. The
+// planner checks the rest of the offsets; the bridge needs only this one to
+// know how much caller memory it may read.
+func csrValuesLen(offsets []int64, field string) (int64, error) {
+	last := offsets[len(offsets)-1]
+	if last < 0 || last > maxArrayLen {
+		return 0, invalidGraph("goddp: %s[%d] = %d is not a valid array length", field, len(offsets)-1, last)
+	}
+	return last, nil
+}
+
+// graphFromC copies a goddp_graph into a planner.Graph.
+func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
+	if g == nil {
+		return nil, invalidGraph("goddp: graph is NULL")
+	}
+	const bad = planner.ErrInvalidGraph
+	n := int64(g.num_nodes)
+	if n < 0 || n >= maxArrayLen {
+		return nil, invalidGraph("goddp: num_nodes = %d is out of range [0, %d)", n, int64(maxArrayLen))
+	}
+	np := int64(g.num_params)
+	if np < 0 || np >= maxArrayLen {
+		return nil, invalidGraph("goddp: num_params = %d is out of range [0, %d)", np, int64(maxArrayLen))
+	}
+
+	var out planner.Graph
+	var err error
+	// OpKind and RefKind have the C element types as underlying types, so
+	// the caller's arrays are read as planner types directly.
+	if out.Ops, err = cCopy[planner.OpKind](unsafe.Pointer(g.node_ops), n, "node_ops", bad); err != nil {
+		return nil, err
+	}
+	if out.ModuleIDs, err = cCopy[int32](unsafe.Pointer(g.node_module_ids), n, "node_module_ids", bad); err != nil {
+		return nil, err
+	}
+	if out.ParamOffsets, err = cCopy[int64](unsafe.Pointer(g.node_param_offsets), n+1, "node_param_offsets", bad); err != nil {
+		return nil, err
+	}
+	numRefs, err := csrValuesLen(out.ParamOffsets, "node_param_offsets")
+	if err != nil {
+		return nil, err
+	}
+	if out.ParamIndex, err = cCopy[int32](unsafe.Pointer(g.node_params), numRefs, "node_params", bad); err != nil {
+		return nil, err
+	}
+	if out.ParamRefs, err = cCopy[planner.RefKind](unsafe.Pointer(g.node_param_refs), numRefs, "node_param_refs", bad); err != nil {
+		return nil, err
+	}
+	if out.UserOffsets, err = cCopy[int64](unsafe.Pointer(g.node_user_offsets), n+1, "node_user_offsets", bad); err != nil {
+		return nil, err
+	}
+	numUsers, err := csrValuesLen(out.UserOffsets, "node_user_offsets")
+	if err != nil {
+		return nil, err
+	}
+	if out.Users, err = cCopy[int32](unsafe.Pointer(g.node_users), numUsers, "node_users", bad); err != nil {
+		return nil, err
+	}
+
+	// The parameter table is transposed into []planner.Param, so the
+	// columns are only viewed here and copied field by field below.
+	bytes, err := cView[int64](unsafe.Pointer(g.param_bytes), np, "param_bytes", bad)
+	if err != nil {
+		return nil, err
+	}
+	storage, err := cView[int64](unsafe.Pointer(g.param_storage_bytes), np, "param_storage_bytes", bad)
+	if err != nil {
+		return nil, err
+	}
+	dtypes, err := cView[int32](unsafe.Pointer(g.param_dtypes), np, "param_dtypes", bad)
+	if err != nil {
+		return nil, err
+	}
+	devices, err := cView[int32](unsafe.Pointer(g.param_devices), np, "param_devices", bad)
+	if err != nil {
+		return nil, err
+	}
+	flags, err := cView[uint32](unsafe.Pointer(g.param_flags), np, "param_flags", bad)
+	if err != nil {
+		return nil, err
+	}
+	nameOffsets, err := cView[int64](unsafe.Pointer(g.param_name_offsets), np+1, "param_name_offsets", bad)
+	if err != nil {
+		return nil, err
+	}
+	namesLen, err := csrValuesLen(nameOffsets, "param_name_offsets")
+	if err != nil {
+		return nil, err
+	}
+	nameBytes, err := cView[byte](unsafe.Pointer(g.param_names), namesLen, "param_names", bad)
+	if err != nil {
+		return nil, err
+	}
+	// One string for all names; each Param.Name is a substring of it.
+	names := string(nameBytes)
+
+	const knownFlags = C.GODDP_PARAM_REQUIRES_GRAD | C.GODDP_PARAM_DDP_IGNORED
+	out.Params = make([]planner.Param, np)
+	for i := range out.Params {
+		begin, end := nameOffsets[i], nameOffsets[i+1]
+		if begin < 0 || begin > end || end > namesLen {
+			return nil, invalidGraph("goddp: param_name_offsets[%d:%d] = [%d, %d] is not a range within param_names (length %d)",
+				i, i+2, begin, end, namesLen)
+		}
+		if flags[i]&^knownFlags != 0 {
+			return nil, invalidGraph("goddp: param_flags[%d] = %#x has unknown bits", i, flags[i])
+		}
+		out.Params[i] = planner.Param{
+			Name:         names[begin:end],
+			Bytes:        bytes[i],
+			StorageBytes: storage[i],
+			DType:        dtypes[i],
+			Device:       devices[i],
+			RequiresGrad: flags[i]&C.GODDP_PARAM_REQUIRES_GRAD != 0,
+			Ignored:      flags[i]&C.GODDP_PARAM_DDP_IGNORED != 0,
+		}
+	}
+	return &out, nil
+}
+
+// configFromC copies a goddp_config into a planner.Config. Cap values are the
+// planner's to judge; only the pointer/length pair is checked here.
+func configFromC(c *C.goddp_config) (planner.Config, error) {
+	if c == nil {
+		return planner.Config{}, invalidConfig("goddp: config is NULL")
+	}
+	caps, err := cCopy[int64](unsafe.Pointer(c.bucket_caps_bytes), int64(c.num_bucket_caps), "bucket_caps_bytes", planner.ErrInvalidConfig)
+	if err != nil {
+		return planner.Config{}, err
+	}
+	maxPartitions := int64(c.max_partitions)
+	if int64(int(maxPartitions)) != maxPartitions {
+		return planner.Config{}, invalidConfig("goddp: max_partitions = %d does not fit in an int", maxPartitions)
+	}
+	return planner.Config{
+		Mode:                planner.Mode(c.mode),
+		BucketCapBytes:      int64(c.bucket_cap_bytes),
+		FirstBucketCapBytes: int64(c.first_bucket_cap_bytes),
+		BucketCapsBytes:     caps,
+		MaxPartitions:       int(maxPartitions),
+	}, nil
+}
+
+// cAlloc allocates n elements of E in C memory and returns the pointer with a
+// Go view for filling it. n == 0 gives a NULL pointer, as the ABI allows for
+// empty arrays.
+func cAlloc[E any](n int) (unsafe.Pointer, []E, error) {
+	if n == 0 {
+		return nil, nil, nil
+	}
+	var zero E
+	p := C.malloc(C.size_t(uintptr(n) * unsafe.Sizeof(zero)))
+	if p == nil {
+		return nil, nil, errOutOfMemory
+	}
+	return p, unsafe.Slice((*E)(p), n), nil
+}
+
+// cCSR flattens per-item lists into a malloc'd offsets array of length
+// len(lists)+1 and a malloc'd values array.
+func cCSR(lists [][]int32) (offsets, values unsafe.Pointer, err error) {
+	offsets, offs, err := cAlloc[int64](len(lists) + 1)
+	if err != nil {
+		return nil, nil, err
+	}
+	total := 0
+	offs[0] = 0
+	for i, l := range lists {
+		total += len(l)
+		offs[i+1] = int64(total)
+	}
+	values, vals, err := cAlloc[int32](total)
+	if err != nil {
+		C.free(offsets)
+		return nil, nil, err
+	}
+	at := 0
+	for _, l := range lists {
+		at += copy(vals[at:], l)
+	}
+	return offsets, values, nil
+}
+
+// planToC copies a plan into C memory: a calloc'd goddp_plan whose arrays are
+// all malloc'd. Nothing in it points into Go memory. On error everything
+// allocated so far is freed.
+func planToC(p *planner.Plan) (_ *C.goddp_plan, err error) {
+	if len(p.PartitionInputs) != p.NumPartitions || len(p.PartitionOutputs) != p.NumPartitions {
+		// A planner bug, reported as GODDP_ERR_INTERNAL.
+		return nil, fmt.Errorf("goddp: planner returned %d input and %d output lists for %d pieces",
+			len(p.PartitionInputs), len(p.PartitionOutputs), p.NumPartitions)
+	}
+	// calloc: every array pointer starts NULL, so freeing a half-built plan
+	// is safe.
+	cp := (*C.goddp_plan)(C.calloc(1, C.sizeof_goddp_plan))
+	if cp == nil {
+		return nil, errOutOfMemory
+	}
+	defer func() {
+		if err != nil {
+			freePlan(cp)
+		}
+	}()
+
+	cp.fingerprint = C.uint64_t(p.Fingerprint)
+	cp.num_nodes = C.int64_t(len(p.NodePartition))
+	cp.num_partitions = C.int64_t(p.NumPartitions)
+	cp.num_buckets = C.int64_t(len(p.Buckets))
+
+	ptr, nodeParts, err := cAlloc[int32](len(p.NodePartition))
+	if err != nil {
+		return nil, err
+	}
+	cp.node_partitions = (*C.int32_t)(ptr)
+	copy(nodeParts, p.NodePartition)
+
+	nb := len(p.Buckets)
+	ptr, bucketBytes, err := cAlloc[int64](nb)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_bytes = (*C.int64_t)(ptr)
+	ptr, bucketParts, err := cAlloc[int32](nb)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_partitions = (*C.int32_t)(ptr)
+	ptr, nodeBegin, err := cAlloc[int64](nb)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_node_begin = (*C.int64_t)(ptr)
+	ptr, nodeEnd, err := cAlloc[int64](nb)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_node_end = (*C.int64_t)(ptr)
+	ptr, extended, err := cAlloc[uint8](nb)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_extended = (*C.uint8_t)(ptr)
+	bucketParams := make([][]int32, nb)
+	for i, b := range p.Buckets {
+		bucketBytes[i] = b.Bytes
+		bucketParts[i] = int32(b.Partition)
+		nodeBegin[i] = int64(b.NodeBegin)
+		nodeEnd[i] = int64(b.NodeEnd)
+		extended[i] = 0
+		if b.Extended {
+			extended[i] = 1
+		}
+		bucketParams[i] = b.Params
+	}
+	offs, vals, err := cCSR(bucketParams)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_param_offsets, cp.bucket_params = (*C.int64_t)(offs), (*C.int32_t)(vals)
+
+	if offs, vals, err = cCSR(p.PartitionInputs); err != nil {
+		return nil, err
+	}
+	cp.partition_input_offsets, cp.partition_inputs = (*C.int64_t)(offs), (*C.int32_t)(vals)
+	if offs, vals, err = cCSR(p.PartitionOutputs); err != nil {
+		return nil, err
+	}
+	cp.partition_output_offsets, cp.partition_outputs = (*C.int64_t)(offs), (*C.int32_t)(vals)
+	return cp, nil
+}
+
+// freePlan releases a plan built by planToC; free(NULL) is a no-op, so a
+// half-built plan is released the same way.
+func freePlan(cp *C.goddp_plan) {
+	if cp == nil {
+		return
+	}
+	for _, p := range []unsafe.Pointer{
+		unsafe.Pointer(cp.node_partitions),
+		unsafe.Pointer(cp.bucket_bytes),
+		unsafe.Pointer(cp.bucket_partitions),
+		unsafe.Pointer(cp.bucket_node_begin),
+		unsafe.Pointer(cp.bucket_node_end),
+		unsafe.Pointer(cp.bucket_extended),
+		unsafe.Pointer(cp.bucket_param_offsets),
+		unsafe.Pointer(cp.bucket_params),
+		unsafe.Pointer(cp.partition_input_offsets),
+		unsafe.Pointer(cp.partition_inputs),
+		unsafe.Pointer(cp.partition_output_offsets),
+		unsafe.Pointer(cp.partition_outputs),
+	} {
+		C.free(p)
+	}
+	C.free(unsafe.Pointer(cp))
+}

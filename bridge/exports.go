@@ -1,0 +1,107 @@
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../csrc
+#include <stdlib.h>
+#include "goddp.h"
+
+// cgo cannot spell const in an export's signature; these typedefs let the
+// exports match the header's const-qualified prototypes exactly.
+typedef const goddp_graph goddp_graph_in;
+typedef const goddp_config goddp_config_in;
+*/
+import "C"
+
+import (
+	"runtime"
+	"unsafe"
+
+	"github.com/goddp/goddp/planner"
+)
+
+//export goddp_abi_version
+func goddp_abi_version() C.int32_t {
+	defer recoverSilently()
+	return abiVersion
+}
+
+//export goddp_set_max_procs
+func goddp_set_max_procs(n C.int32_t, previous *C.int32_t) (status C.goddp_status) {
+	defer recoverAsStatus(&status, nil)
+	// runtime.GOMAXPROCS leaves the setting alone for n < 1 and returns the
+	// previous value either way, which is exactly the ABI's query rule.
+	prev := runtime.GOMAXPROCS(int(n))
+	if previous != nil {
+		*previous = C.int32_t(prev)
+	}
+	return C.GODDP_OK
+}
+
+//export goddp_plan_graph
+func goddp_plan_graph(g *C.goddp_graph_in, cfg *C.goddp_config_in, out **C.goddp_plan, errMsg **C.char) (status C.goddp_status) {
+	defer recoverAsStatus(&status, errMsg)
+	// Outputs are cleared first so that every failure path, a recovered
+	// panic included, leaves *out NULL and *err_msg either NULL or set.
+	if errMsg != nil {
+		*errMsg = nil
+	}
+	if out == nil {
+		setErrMsg(errMsg, "goddp: goddp_plan_graph: out is NULL")
+		return C.GODDP_ERR_INVALID_CONFIG
+	}
+	*out = nil
+
+	plan, err := planFromC((*C.goddp_graph)(g), (*C.goddp_config)(cfg))
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	cp, err := planToC(plan)
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	*out = cp
+	return C.GODDP_OK
+}
+
+// planFromC converts the inputs and runs the planner.
+func planFromC(g *C.goddp_graph, cfg *C.goddp_config) (*planner.Plan, error) {
+	graph, err := graphFromC(g)
+	if err != nil {
+		return nil, err
+	}
+	config, err := configFromC(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return planner.Build(graph, config)
+}
+
+//export goddp_plan_free
+func goddp_plan_free(plan *C.goddp_plan) {
+	defer recoverSilently()
+	freePlan(plan)
+}
+
+//export goddp_string_free
+func goddp_string_free(s *C.char) {
+	defer recoverSilently()
+	C.free(unsafe.Pointer(s))
+}
+
+//export goddp_debug_panic
+func goddp_debug_panic(errMsg **C.char) (status C.goddp_status) {
+	defer recoverAsStatus(&status, errMsg)
+	if errMsg != nil {
+		*errMsg = nil
+	}
+	panicOnPurpose()
+	return C.GODDP_OK
+}
+
+// panicOnPurpose is the test hook's panic, in a function of its own so that
+// the reported stack shows where it came from.
+func panicOnPurpose() {
+	panic("goddp_debug_panic: deliberate panic to test recovery")
+}

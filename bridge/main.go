@@ -1,0 +1,79 @@
+// Command bridge is goddp's C ABI: one cgo export per function declared in
+// csrc/goddp.h, over package planner.
+//
+// It is built either as a shared library for C programs
+//
+//	go build -buildmode=c-shared -o build/lib/libgoddp.so ./bridge
+//
+// or as a static archive that setup.py links into the CPython extension
+// goddp._goddp:
+//
+//	go build -buildmode=c-archive -o build/go/libgoddp_go.a ./bridge
+//
+// The layer stays thin on purpose: it converts C arrays to planner types and
+// back, maps errors to goddp_status, and recovers every panic so that none
+// ever unwinds into C. All planning logic lives in package planner.
+//
+// The preamble includes goddp.h itself, so the struct types are the header's
+// own and the C compiler checks every export's signature against the
+// header's prototype (a mismatch is a "conflicting types" build error).
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../csrc
+#include "goddp.h"
+*/
+import "C"
+
+import "github.com/goddp/goddp/planner"
+
+// abiVersion is the ABI this bridge implements. It must equal
+// GODDP_ABI_VERSION in csrc/goddp.h.
+const abiVersion = 1
+
+// Compile-time checks that the header and the Go side agree. Converting a
+// negative constant to uint does not compile, so each pair of lines fails the
+// build unless the two values are equal.
+const (
+	_ = uint(C.GODDP_ABI_VERSION - abiVersion)
+	_ = uint(abiVersion - C.GODDP_ABI_VERSION)
+
+	// The planner's enums are copied across without translation tables.
+	_ = uint(C.GODDP_OP_PLACEHOLDER - planner.OpPlaceholder)
+	_ = uint(planner.OpPlaceholder - C.GODDP_OP_PLACEHOLDER)
+	_ = uint(C.GODDP_OP_GET_ATTR - planner.OpGetAttr)
+	_ = uint(planner.OpGetAttr - C.GODDP_OP_GET_ATTR)
+	_ = uint(C.GODDP_OP_CALL_MODULE - planner.OpCallModule)
+	_ = uint(planner.OpCallModule - C.GODDP_OP_CALL_MODULE)
+	_ = uint(C.GODDP_OP_CALL_FUNCTION - planner.OpCallFunction)
+	_ = uint(planner.OpCallFunction - C.GODDP_OP_CALL_FUNCTION)
+	_ = uint(C.GODDP_OP_CALL_METHOD - planner.OpCallMethod)
+	_ = uint(planner.OpCallMethod - C.GODDP_OP_CALL_METHOD)
+	_ = uint(C.GODDP_OP_OUTPUT - planner.OpOutput)
+	_ = uint(planner.OpOutput - C.GODDP_OP_OUTPUT)
+
+	_ = uint(C.GODDP_REF_ARG - planner.RefArg)
+	_ = uint(planner.RefArg - C.GODDP_REF_ARG)
+	_ = uint(C.GODDP_REF_OTHER - planner.RefOther)
+	_ = uint(planner.RefOther - C.GODDP_REF_OTHER)
+	_ = uint(C.GODDP_REF_MODULE - planner.RefModule)
+	_ = uint(planner.RefModule - C.GODDP_REF_MODULE)
+	_ = uint(C.GODDP_REF_ATTR - planner.RefAttr)
+	_ = uint(planner.RefAttr - C.GODDP_REF_ATTR)
+
+	_ = uint(C.GODDP_MODE_DDP - planner.ModeDDP)
+	_ = uint(planner.ModeDDP - C.GODDP_MODE_DDP)
+	_ = uint(C.GODDP_MODE_TORCH - planner.ModeTorch)
+	_ = uint(planner.ModeTorch - C.GODDP_MODE_TORCH)
+
+	_ = uint(C.GODDP_ERR_INVALID_CONFIG - planner.ErrInvalidConfig)
+	_ = uint(planner.ErrInvalidConfig - C.GODDP_ERR_INVALID_CONFIG)
+	_ = uint(C.GODDP_ERR_INVALID_GRAPH - planner.ErrInvalidGraph)
+	_ = uint(planner.ErrInvalidGraph - C.GODDP_ERR_INVALID_GRAPH)
+	_ = uint(C.GODDP_ERR_OVERFLOW - planner.ErrOverflow)
+	_ = uint(planner.ErrOverflow - C.GODDP_ERR_OVERFLOW)
+)
+
+// main is never called: the Go runtime starts when the library is loaded and
+// C calls the exports directly.
+func main() {}

@@ -1,0 +1,264 @@
+package main
+
+// Helpers for bridge_test.go. Test files cannot use cgo, so the code that
+// builds C inputs and reads C outputs lives here, in an ordinary file. None of
+// it is reachable from the exports; the linker drops it from the libraries.
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../csrc
+#include <stdlib.h>
+#include "goddp.h"
+
+// The same typedefs as in exports.go; cgo preambles are per file.
+typedef const goddp_graph goddp_graph_in;
+typedef const goddp_config goddp_config_in;
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/goddp/goddp/planner"
+)
+
+// Status codes as plain ints, for tests.
+const (
+	statusOK            = int(C.GODDP_OK)
+	statusInvalidConfig = int(C.GODDP_ERR_INVALID_CONFIG)
+	statusInvalidGraph  = int(C.GODDP_ERR_INVALID_GRAPH)
+	statusOverflow      = int(C.GODDP_ERR_OVERFLOW)
+	statusPanic         = int(C.GODDP_ERR_PANIC)
+	statusInternal      = int(C.GODDP_ERR_INTERNAL)
+)
+
+// rawGraph mirrors goddp_graph with Go slices. Each non-nil slice is copied
+// into C memory; a nil slice becomes a NULL pointer. Counts are given
+// explicitly so that tests can make them disagree with the arrays.
+type rawGraph struct {
+	NumNodes          int64
+	NodeOps           []int32
+	NodeModuleIDs     []int32
+	NodeParamOffsets  []int64
+	NodeParams        []int32
+	NodeParamRefs     []uint8
+	NodeUserOffsets   []int64
+	NodeUsers         []int32
+	NumParams         int64
+	ParamBytes        []int64
+	ParamStorageBytes []int64
+	ParamDtypes       []int32
+	ParamDevices      []int32
+	ParamFlags        []uint32
+	ParamNameOffsets  []int64
+	ParamNames        []byte
+}
+
+// rawConfig mirrors goddp_config the same way.
+type rawConfig struct {
+	Mode                int32
+	BucketCapBytes      int64
+	FirstBucketCapBytes int64
+	NumBucketCaps       int64
+	BucketCapsBytes     []int64
+	MaxPartitions       int64
+}
+
+// cArena owns C copies of test inputs until release.
+type cArena struct{ ptrs []unsafe.Pointer }
+
+func cArenaCopy[E any](a *cArena, s []E) unsafe.Pointer {
+	if s == nil {
+		return nil
+	}
+	var zero E
+	// One spare byte keeps malloc(0) from returning NULL for empty slices.
+	p := C.malloc(C.size_t(uintptr(len(s))*unsafe.Sizeof(zero) + 1))
+	if p == nil {
+		panic("test helper: out of C memory")
+	}
+	copy(unsafe.Slice((*E)(p), len(s)), s)
+	a.ptrs = append(a.ptrs, p)
+	return p
+}
+
+func (a *cArena) release() {
+	for _, p := range a.ptrs {
+		C.free(p)
+	}
+	a.ptrs = nil
+}
+
+func (a *cArena) graph(g *rawGraph) *C.goddp_graph {
+	if g == nil {
+		return nil
+	}
+	cg := (*C.goddp_graph)(C.calloc(1, C.sizeof_goddp_graph))
+	a.ptrs = append(a.ptrs, unsafe.Pointer(cg))
+	cg.num_nodes = C.int64_t(g.NumNodes)
+	cg.node_ops = (*C.int32_t)(cArenaCopy(a, g.NodeOps))
+	cg.node_module_ids = (*C.int32_t)(cArenaCopy(a, g.NodeModuleIDs))
+	cg.node_param_offsets = (*C.int64_t)(cArenaCopy(a, g.NodeParamOffsets))
+	cg.node_params = (*C.int32_t)(cArenaCopy(a, g.NodeParams))
+	cg.node_param_refs = (*C.uint8_t)(cArenaCopy(a, g.NodeParamRefs))
+	cg.node_user_offsets = (*C.int64_t)(cArenaCopy(a, g.NodeUserOffsets))
+	cg.node_users = (*C.int32_t)(cArenaCopy(a, g.NodeUsers))
+	cg.num_params = C.int64_t(g.NumParams)
+	cg.param_bytes = (*C.int64_t)(cArenaCopy(a, g.ParamBytes))
+	cg.param_storage_bytes = (*C.int64_t)(cArenaCopy(a, g.ParamStorageBytes))
+	cg.param_dtypes = (*C.int32_t)(cArenaCopy(a, g.ParamDtypes))
+	cg.param_devices = (*C.int32_t)(cArenaCopy(a, g.ParamDevices))
+	cg.param_flags = (*C.uint32_t)(cArenaCopy(a, g.ParamFlags))
+	cg.param_name_offsets = (*C.int64_t)(cArenaCopy(a, g.ParamNameOffsets))
+	cg.param_names = (*C.char)(cArenaCopy(a, g.ParamNames))
+	return cg
+}
+
+func (a *cArena) config(c *rawConfig) *C.goddp_config {
+	if c == nil {
+		return nil
+	}
+	cc := (*C.goddp_config)(C.calloc(1, C.sizeof_goddp_config))
+	a.ptrs = append(a.ptrs, unsafe.Pointer(cc))
+	cc.mode = C.int32_t(c.Mode)
+	cc.bucket_cap_bytes = C.int64_t(c.BucketCapBytes)
+	cc.first_bucket_cap_bytes = C.int64_t(c.FirstBucketCapBytes)
+	cc.num_bucket_caps = C.int64_t(c.NumBucketCaps)
+	cc.bucket_caps_bytes = (*C.int64_t)(cArenaCopy(a, c.BucketCapsBytes))
+	cc.max_partitions = C.int64_t(c.MaxPartitions)
+	return cc
+}
+
+// convertGraphViaC copies g into C memory and runs the bridge's conversion.
+func convertGraphViaC(g *rawGraph) (*planner.Graph, error) {
+	var a cArena
+	defer a.release()
+	return graphFromC(a.graph(g))
+}
+
+// convertConfigViaC copies c into C memory and runs the bridge's conversion.
+func convertConfigViaC(c *rawConfig) (planner.Config, error) {
+	var a cArena
+	defer a.release()
+	return configFromC(a.config(c))
+}
+
+// planCall is what one goddp_plan_graph call returned, copied back to Go.
+type planCall struct {
+	Status  int
+	Msg     string
+	OutNull bool          // *out was NULL on return
+	Plan    *planner.Plan // nil unless Status == statusOK
+}
+
+// callPlanGraph runs the goddp_plan_graph export on C copies of g and c, the
+// way a C caller would, then copies the plan back into planner types and
+// frees it with goddp_plan_free. nullOut passes out == NULL.
+func callPlanGraph(g *rawGraph, c *rawConfig, nullOut bool) planCall {
+	var a cArena
+	defer a.release()
+	var out *C.goddp_plan
+	var msg *C.char
+	outPtr := &out
+	if nullOut {
+		outPtr = nil
+	}
+	// A sentinel that the export must overwrite with NULL on failure.
+	sentinel := C.malloc(1)
+	defer C.free(sentinel)
+	out = (*C.goddp_plan)(sentinel)
+	st := goddp_plan_graph((*C.goddp_graph_in)(a.graph(g)), (*C.goddp_config_in)(a.config(c)), outPtr, &msg)
+	res := planCall{Status: int(st), OutNull: out == nil}
+	if msg != nil {
+		res.Msg = C.GoString(msg)
+		goddp_string_free(msg)
+	}
+	if nullOut {
+		res.OutNull = true
+	}
+	if out != nil && !nullOut && st == C.GODDP_OK {
+		res.Plan = planFromCPlan(out)
+		goddp_plan_free(out)
+	}
+	return res
+}
+
+// planFromCPlan reads a C plan back into planner types, the reverse of
+// planToC.
+func planFromCPlan(cp *C.goddp_plan) *planner.Plan {
+	int32s := func(p *C.int32_t, n int64) []int32 {
+		if n == 0 {
+			return []int32{}
+		}
+		return append([]int32{}, unsafe.Slice((*int32)(unsafe.Pointer(p)), n)...)
+	}
+	int64s := func(p *C.int64_t, n int64) []int64 {
+		if n == 0 {
+			return []int64{}
+		}
+		return append([]int64{}, unsafe.Slice((*int64)(unsafe.Pointer(p)), n)...)
+	}
+	csr := func(offp *C.int64_t, valp *C.int32_t, n int64) [][]int32 {
+		offs := int64s(offp, n+1)
+		vals := int32s(valp, offs[n])
+		lists := make([][]int32, n)
+		for i := range lists {
+			lists[i] = vals[offs[i]:offs[i+1]:offs[i+1]]
+		}
+		return lists
+	}
+	nb := int64(cp.num_buckets)
+	p := &planner.Plan{
+		Fingerprint:      uint64(cp.fingerprint),
+		NodePartition:    int32s(cp.node_partitions, int64(cp.num_nodes)),
+		NumPartitions:    int(cp.num_partitions),
+		PartitionInputs:  csr(cp.partition_input_offsets, cp.partition_inputs, int64(cp.num_partitions)),
+		PartitionOutputs: csr(cp.partition_output_offsets, cp.partition_outputs, int64(cp.num_partitions)),
+	}
+	bytes := int64s(cp.bucket_bytes, nb)
+	parts := int32s(cp.bucket_partitions, nb)
+	begins := int64s(cp.bucket_node_begin, nb)
+	ends := int64s(cp.bucket_node_end, nb)
+	var extended []uint8
+	if nb > 0 {
+		extended = unsafe.Slice((*uint8)(unsafe.Pointer(cp.bucket_extended)), nb)
+	}
+	params := csr(cp.bucket_param_offsets, cp.bucket_params, nb)
+	for i := range nb {
+		p.Buckets = append(p.Buckets, planner.Bucket{
+			Bytes:     bytes[i],
+			Params:    params[i],
+			NodeBegin: int(begins[i]),
+			NodeEnd:   int(ends[i]),
+			Partition: int(parts[i]),
+			Extended:  extended[i] != 0,
+		})
+	}
+	return p
+}
+
+// callDebugPanic runs the goddp_debug_panic export.
+func callDebugPanic() (status int, msg string) {
+	var cmsg *C.char
+	st := goddp_debug_panic(&cmsg)
+	if cmsg != nil {
+		msg = C.GoString(cmsg)
+		goddp_string_free(cmsg)
+	}
+	return int(st), msg
+}
+
+// callSetMaxProcs runs the goddp_set_max_procs export.
+func callSetMaxProcs(n int32) (status int, previous int32) {
+	var prev C.int32_t = -1
+	st := goddp_set_max_procs(C.int32_t(n), &prev)
+	return int(st), int32(prev)
+}
+
+func callABIVersion() int { return int(goddp_abi_version()) }
+
+func callPlanFreeNil() { goddp_plan_free(nil) }
+
+func callStringFreeNil() { goddp_string_free(nil) }
+
+// statusOfInt exposes statusOf to tests as an int.
+func statusOfInt(err error) int { return int(statusOf(err)) }
