@@ -1,0 +1,369 @@
+/*
+ * plan_toy.c: plans a toy graph through libgoddp.so, the way any C caller
+ * would, and checks the result.
+ *
+ * The model is three Linear(1000, 1000) fp32 layers with ReLU. Its forward
+ * graph, in FX order:
+ *   0      placeholder x
+ *   1..6   placeholders w0 b0 w1 b1 w2 b2 (the parameters)
+ *   7+2i   linear_i = call_function(prev, w_i, b_i)   params w_i, b_i (REF_ARG)
+ *   8+2i   relu_i   = call_function(linear_i)
+ *   13     output(relu_2)
+ * Each weight is 4,000,000 B and each bias 4,000 B. With a 4 MB cap and a
+ * 1 MB first cap every layer fills a bucket of its own in both modes, so the
+ * plan has three pieces, one per layer.
+ *
+ * Build and run (from the repository root, after `make lib`):
+ *   gcc -std=c11 -Wall -Wextra -Werror -O2 -Icsrc tests/c/plan_toy.c \
+ *       -o build/plan_toy -Lbuild/lib -Wl,-rpath,'$ORIGIN/lib' -lgoddp -lpthread
+ *   build/plan_toy
+ * Exits non-zero when any check fails; the last line is "N passed, N failed".
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "goddp.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                              \
+    do {                                                              \
+        if (cond) {                                                   \
+            passed++;                                                 \
+        } else {                                                      \
+            failed++;                                                 \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);      \
+            fprintf(stderr, __VA_ARGS__);                             \
+            fputc('\n', stderr);                                      \
+        }                                                             \
+    } while (0)
+
+enum { LAYERS = 3, NUM_NODES = 7 + 2 * LAYERS + 1, NUM_PARAMS = 2 * LAYERS, MAX_EDGES = 64 };
+static const int64_t WEIGHT_BYTES = 4000000, BIAS_BYTES = 4000;
+static const int64_t CAP_BYTES = 4000000, FIRST_CAP_BYTES = 1000000;
+
+/* The toy graph's arrays, filled by build_toy_graph. */
+static int32_t node_ops[NUM_NODES], node_module_ids[NUM_NODES];
+static int64_t node_param_offsets[NUM_NODES + 1], node_user_offsets[NUM_NODES + 1];
+static int32_t node_params[MAX_EDGES], node_users[MAX_EDGES];
+static uint8_t node_param_refs[MAX_EDGES];
+static int64_t param_bytes[NUM_PARAMS], param_storage_bytes[NUM_PARAMS];
+static int32_t param_dtypes[NUM_PARAMS], param_devices[NUM_PARAMS];
+static uint32_t param_flags[NUM_PARAMS];
+static int64_t param_name_offsets[NUM_PARAMS + 1];
+static char param_names[256];
+
+static int linear_node(int layer) { return 7 + 2 * layer; }
+static int relu_node(int layer) { return 8 + 2 * layer; }
+static int weight_node(int layer) { return 1 + 2 * layer; }
+static int bias_node(int layer) { return 2 + 2 * layer; }
+
+static goddp_graph build_toy_graph(void) {
+    /* Users per node, collected first, then flattened to CSR. */
+    int32_t users[NUM_NODES][4];
+    int num_users[NUM_NODES] = {0};
+    for (int i = 0; i < NUM_NODES; i++) {
+        node_ops[i] = GODDP_OP_PLACEHOLDER;
+        node_module_ids[i] = -1;
+    }
+    int prev = 0; /* x */
+    for (int l = 0; l < LAYERS; l++) {
+        node_ops[linear_node(l)] = GODDP_OP_CALL_FUNCTION;
+        node_ops[relu_node(l)] = GODDP_OP_CALL_FUNCTION;
+        users[prev][num_users[prev]++] = linear_node(l);
+        users[weight_node(l)][num_users[weight_node(l)]++] = linear_node(l);
+        users[bias_node(l)][num_users[bias_node(l)]++] = linear_node(l);
+        users[linear_node(l)][num_users[linear_node(l)]++] = relu_node(l);
+        prev = relu_node(l);
+    }
+    node_ops[NUM_NODES - 1] = GODDP_OP_OUTPUT;
+    users[prev][num_users[prev]++] = NUM_NODES - 1;
+
+    int64_t np = 0, nu = 0;
+    for (int i = 0; i < NUM_NODES; i++) {
+        node_param_offsets[i] = np;
+        node_user_offsets[i] = nu;
+        for (int l = 0; l < LAYERS; l++) {
+            if (i == linear_node(l)) {
+                node_params[np] = 2 * l; /* weight */
+                node_param_refs[np++] = GODDP_REF_ARG;
+                node_params[np] = 2 * l + 1; /* bias */
+                node_param_refs[np++] = GODDP_REF_ARG;
+            }
+        }
+        for (int u = 0; u < num_users[i]; u++) node_users[nu++] = users[i][u];
+    }
+    node_param_offsets[NUM_NODES] = np;
+    node_user_offsets[NUM_NODES] = nu;
+
+    size_t names_len = 0;
+    for (int p = 0; p < NUM_PARAMS; p++) {
+        int is_weight = p % 2 == 0;
+        param_bytes[p] = param_storage_bytes[p] = is_weight ? WEIGHT_BYTES : BIAS_BYTES;
+        param_dtypes[p] = 0;  /* all float32 */
+        param_devices[p] = 0; /* all on one device */
+        param_flags[p] = GODDP_PARAM_REQUIRES_GRAD;
+        param_name_offsets[p] = (int64_t)names_len;
+        names_len += (size_t)snprintf(param_names + names_len, sizeof param_names - names_len,
+                                      "layers.%d.%s", p / 2, is_weight ? "weight" : "bias");
+    }
+    param_name_offsets[NUM_PARAMS] = (int64_t)names_len;
+
+    goddp_graph g = {
+        .num_nodes = NUM_NODES,
+        .node_ops = node_ops,
+        .node_module_ids = node_module_ids,
+        .node_param_offsets = node_param_offsets,
+        .node_params = node_params,
+        .node_param_refs = node_param_refs,
+        .node_user_offsets = node_user_offsets,
+        .node_users = node_users,
+        .num_params = NUM_PARAMS,
+        .param_bytes = param_bytes,
+        .param_storage_bytes = param_storage_bytes,
+        .param_dtypes = param_dtypes,
+        .param_devices = param_devices,
+        .param_flags = param_flags,
+        .param_name_offsets = param_name_offsets,
+        .param_names = param_names,
+    };
+    return g;
+}
+
+static goddp_config toy_config(int32_t mode) {
+    goddp_config c = {
+        .mode = mode,
+        .bucket_cap_bytes = CAP_BYTES,
+        .first_bucket_cap_bytes = FIRST_CAP_BYTES,
+        .num_bucket_caps = 0,
+        .bucket_caps_bytes = NULL,
+        .max_partitions = 0,
+    };
+    return c;
+}
+
+/* Checks that the CSR list [offsets[i], offsets[i+1]) of values equals want. */
+static void check_list(const char *what, int64_t i, const int64_t *offsets, const int32_t *values,
+                       const int32_t *want, int64_t want_len) {
+    int64_t len = offsets[i + 1] - offsets[i];
+    int same = len == want_len;
+    for (int64_t k = 0; same && k < len; k++) same = values[offsets[i] + k] == want[k];
+    CHECK(same, "%s[%" PRId64 "]: got %" PRId64 " entries, want %" PRId64 " (first %d)", what, i, len,
+          want_len, len > 0 ? values[offsets[i]] : -1);
+}
+
+/* Plans the toy graph in one mode and checks the plan in full. Returns its
+ * fingerprint. */
+static uint64_t plan_and_check(const goddp_graph *g, int32_t mode) {
+    const char *name = mode == GODDP_MODE_DDP ? "ddp" : "torch";
+    goddp_config cfg = toy_config(mode);
+    goddp_plan *plan = NULL;
+    char *msg = NULL;
+    goddp_status st = goddp_plan_graph(g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_OK && plan != NULL, "%s mode: status %d, message: %s", name, st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+    if (st != GODDP_OK || plan == NULL) return 0;
+    CHECK(msg == NULL, "%s mode: message set on success", name);
+
+    CHECK(plan->num_nodes == NUM_NODES, "%s: num_nodes %" PRId64, name, plan->num_nodes);
+    CHECK(plan->num_partitions == LAYERS, "%s: %" PRId64 " pieces, want %d", name, plan->num_partitions, LAYERS);
+    CHECK(plan->num_buckets == LAYERS, "%s: %" PRId64 " buckets, want %d", name, plan->num_buckets, LAYERS);
+    if (plan->num_nodes != NUM_NODES || plan->num_partitions != LAYERS || plan->num_buckets != LAYERS) {
+        goddp_plan_free(plan);
+        return 0;
+    }
+
+    /* node_partitions: -1 for placeholders and output, else in range and
+     * non-decreasing in forward order; here layer l is exactly piece l. */
+    int32_t last = 0;
+    for (int i = 0; i < NUM_NODES; i++) {
+        int32_t p = plan->node_partitions[i];
+        if (node_ops[i] == GODDP_OP_PLACEHOLDER || node_ops[i] == GODDP_OP_OUTPUT) {
+            CHECK(p == -1, "%s: node %d (placeholder/output) in piece %d", name, i, p);
+        } else {
+            CHECK(p >= last && p < plan->num_partitions, "%s: node %d in piece %d (previous %d)", name, i, p, last);
+            last = p;
+        }
+    }
+    for (int l = 0; l < LAYERS; l++) {
+        CHECK(plan->node_partitions[linear_node(l)] == l && plan->node_partitions[relu_node(l)] == l,
+              "%s: layer %d in pieces %d/%d", name, l, plan->node_partitions[linear_node(l)],
+              plan->node_partitions[relu_node(l)]);
+    }
+
+    /* Buckets in DDP order: bucket b holds layer LAYERS-1-b's weight and bias. */
+    CHECK(plan->bucket_param_offsets[0] == 0, "%s: bucket offsets start at %" PRId64, name,
+          plan->bucket_param_offsets[0]);
+    for (int b = 0; b < LAYERS; b++) {
+        int l = LAYERS - 1 - b;
+        CHECK(plan->bucket_bytes[b] == WEIGHT_BYTES + BIAS_BYTES, "%s: bucket %d holds %" PRId64 " B", name, b,
+              plan->bucket_bytes[b]);
+        CHECK(plan->bucket_partitions[b] == l, "%s: bucket %d completes in piece %d", name, b,
+              plan->bucket_partitions[b]);
+        CHECK(plan->bucket_node_begin[b] == linear_node(l) && plan->bucket_node_end[b] == linear_node(l) + 1,
+              "%s: bucket %d spans nodes [%" PRId64 ", %" PRId64 ")", name, b, plan->bucket_node_begin[b],
+              plan->bucket_node_end[b]);
+        CHECK(plan->bucket_extended[b] == 0, "%s: bucket %d extended", name, b);
+        int64_t lo = plan->bucket_param_offsets[b], hi = plan->bucket_param_offsets[b + 1];
+        int weight = 0, bias = 0;
+        for (int64_t k = lo; k < hi; k++) {
+            weight += plan->bucket_params[k] == 2 * l;
+            bias += plan->bucket_params[k] == 2 * l + 1;
+        }
+        CHECK(hi - lo == 2 && weight == 1 && bias == 1, "%s: bucket %d params wrong (%" PRId64 " entries)", name,
+              b, hi - lo);
+    }
+
+    /* Crossing values: piece l reads its input activation and its two
+     * parameter placeholders, and hands its relu to the next piece (or the
+     * output). */
+    CHECK(plan->partition_input_offsets[0] == 0 && plan->partition_output_offsets[0] == 0,
+          "%s: crossing offsets do not start at 0", name);
+    for (int l = 0; l < LAYERS; l++) {
+        /* Ascending node order: x (node 0) comes before w0 and b0, but
+         * relu_{l-1} comes after every placeholder. */
+        int32_t in[3];
+        if (l == 0) {
+            in[0] = 0, in[1] = weight_node(0), in[2] = bias_node(0);
+        } else {
+            in[0] = weight_node(l), in[1] = bias_node(l), in[2] = relu_node(l - 1);
+        }
+        int32_t out[1] = {relu_node(l)};
+        check_list("partition_inputs", l, plan->partition_input_offsets, plan->partition_inputs, in, 3);
+        check_list("partition_outputs", l, plan->partition_output_offsets, plan->partition_outputs, out, 1);
+    }
+
+    uint64_t fp = plan->fingerprint;
+    goddp_plan_free(plan);
+    return fp;
+}
+
+/* A second identical call must give an identical fingerprint. */
+static void check_fingerprint_stable(const goddp_graph *g, int32_t mode, uint64_t first) {
+    goddp_config cfg = toy_config(mode);
+    goddp_plan *plan = NULL;
+    goddp_status st = goddp_plan_graph(g, &cfg, &plan, NULL);
+    CHECK(st == GODDP_OK && plan != NULL && plan->fingerprint == first,
+          "mode %d: second call status %d fingerprint %016" PRIx64 " vs %016" PRIx64, mode, st,
+          plan ? plan->fingerprint : 0, first);
+    goddp_plan_free(plan);
+}
+
+static void check_errors(const goddp_graph *g) {
+    goddp_plan *plan = NULL;
+    char *msg = NULL;
+
+    /* A negative cap is the planner's to reject. */
+    goddp_config cfg = toy_config(GODDP_MODE_DDP);
+    cfg.bucket_cap_bytes = -1;
+    goddp_status st = goddp_plan_graph(g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG, "negative cap: status %d", st);
+    CHECK(plan == NULL, "negative cap: plan not NULL");
+    CHECK(msg != NULL && msg[0] != '\0', "negative cap: no message");
+    goddp_string_free(msg);
+    msg = NULL;
+
+    /* err_msg may be NULL: the status alone comes back. */
+    st = goddp_plan_graph(g, &cfg, &plan, NULL);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && plan == NULL, "negative cap, no err_msg: status %d", st);
+
+    /* Pointer/length pairs are checked before any caller memory is read. */
+    goddp_graph bad = *g;
+    bad.node_ops = NULL;
+    cfg = toy_config(GODDP_MODE_DDP);
+    st = goddp_plan_graph(&bad, &cfg, &plan, &msg);
+    CHECK(st == GODDP_ERR_INVALID_GRAPH && plan == NULL, "NULL node_ops: status %d", st);
+    CHECK(msg != NULL && strstr(msg, "node_ops") != NULL, "NULL node_ops: message %s", msg ? msg : "(none)");
+    goddp_string_free(msg);
+    msg = NULL;
+
+    cfg.num_bucket_caps = -2;
+    st = goddp_plan_graph(g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && plan == NULL, "negative num_bucket_caps: status %d", st);
+    CHECK(msg != NULL && strstr(msg, "bucket_caps_bytes") != NULL, "negative num_bucket_caps: message %s",
+          msg ? msg : "(none)");
+    goddp_string_free(msg);
+    msg = NULL;
+
+    /* A deliberate Go panic comes back as a status, not an abort. */
+    st = goddp_debug_panic(&msg);
+    CHECK(st == GODDP_ERR_PANIC, "debug panic: status %d", st);
+    CHECK(msg != NULL && strstr(msg, "deliberate panic") != NULL, "debug panic: message %s", msg ? msg : "(none)");
+    goddp_string_free(msg);
+    msg = NULL;
+    CHECK(goddp_debug_panic(NULL) == GODDP_ERR_PANIC, "debug panic without err_msg");
+
+    goddp_plan_free(NULL);
+    goddp_string_free(NULL);
+}
+
+static void check_max_procs(void) {
+    int32_t original = -1, previous = -1;
+    CHECK(goddp_set_max_procs(0, &original) == GODDP_OK && original >= 1, "query GOMAXPROCS: %d", original);
+    CHECK(goddp_set_max_procs(2, &previous) == GODDP_OK && previous == original, "set 2: previous %d", previous);
+    CHECK(goddp_set_max_procs(-1, &previous) == GODDP_OK && previous == 2, "query after set: %d", previous);
+    CHECK(goddp_set_max_procs(original, NULL) == GODDP_OK, "restore GOMAXPROCS");
+}
+
+/* Several threads plan at once; every call must agree. */
+enum { THREADS = 4, CALLS_PER_THREAD = 50 };
+
+struct worker {
+    pthread_t thread;
+    const goddp_graph *graph;
+    int ok_calls;
+    int disagreements;
+    uint64_t fingerprint;
+};
+
+static void *plan_repeatedly(void *arg) {
+    struct worker *w = arg;
+    goddp_config cfg = toy_config(GODDP_MODE_DDP);
+    for (int i = 0; i < CALLS_PER_THREAD; i++) {
+        goddp_plan *plan = NULL;
+        if (goddp_plan_graph(w->graph, &cfg, &plan, NULL) != GODDP_OK || plan == NULL) continue;
+        w->ok_calls++;
+        if (w->ok_calls == 1) w->fingerprint = plan->fingerprint;
+        else if (plan->fingerprint != w->fingerprint) w->disagreements++;
+        goddp_plan_free(plan);
+    }
+    return NULL;
+}
+
+static void check_threads(const goddp_graph *g, uint64_t want) {
+    struct worker workers[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        workers[t] = (struct worker){.graph = g};
+        CHECK(pthread_create(&workers[t].thread, NULL, plan_repeatedly, &workers[t]) == 0, "pthread_create %d", t);
+    }
+    for (int t = 0; t < THREADS; t++) {
+        pthread_join(workers[t].thread, NULL);
+        CHECK(workers[t].ok_calls == CALLS_PER_THREAD, "thread %d: %d of %d calls succeeded", t,
+              workers[t].ok_calls, CALLS_PER_THREAD);
+        CHECK(workers[t].disagreements == 0 && workers[t].fingerprint == want,
+              "thread %d: fingerprint %016" PRIx64 " (want %016" PRIx64 "), %d disagreements", t,
+              workers[t].fingerprint, want, workers[t].disagreements);
+    }
+}
+
+int main(void) {
+    CHECK(goddp_abi_version() == GODDP_ABI_VERSION, "library ABI %d, header ABI %d", goddp_abi_version(),
+          GODDP_ABI_VERSION);
+    goddp_graph g = build_toy_graph();
+
+    uint64_t fp_ddp = plan_and_check(&g, GODDP_MODE_DDP);
+    uint64_t fp_torch = plan_and_check(&g, GODDP_MODE_TORCH);
+    check_fingerprint_stable(&g, GODDP_MODE_DDP, fp_ddp);
+    check_fingerprint_stable(&g, GODDP_MODE_TORCH, fp_torch);
+    check_errors(&g);
+    check_max_procs();
+    check_threads(&g, fp_ddp);
+
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}
