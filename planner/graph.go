@@ -1,21 +1,3 @@
-// Package planner decides where to cut the forward graph of a model wrapped
-// in DistributedDataParallel so that each piece's gradients form one
-// allreduce bucket, letting that bucket's allreduce start while the rest of
-// backward still runs.
-//
-// The graph model is flat and array based (see Graph) so that it crosses a C
-// ABI without per-element calls. Build validates a graph and a Config and
-// returns a Plan: a piece index for every node, the bucket list in DDP order,
-// the values that cross each cut, and a fingerprint that every rank can
-// compare before the first collective.
-//
-// Two modes exist. ModeDDP (the default) places cuts where the buckets that
-// DDP builds after its first-iteration rebuild close. ModeTorch reproduces
-// the cuts of torch's own DDPOptimizer, quirks included, and serves as the
-// oracle-checked baseline.
-//
-// The package keeps no global mutable state; Build is safe to call from
-// several goroutines at once.
 package planner
 
 // OpKind is the kind of an FX node, as in torch.fx.Node.op.

@@ -46,8 +46,32 @@ func errorf(code ErrorCode, format string, args ...any) error {
 	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
 }
 
-// Build validates g and cfg and plans the cuts.
-// PLACEHOLDER: replaced by the real implementation.
+// Build validates g and cfg and plans the cuts. It never modifies g or cfg,
+// keeps no state between calls, and gives identical plans (and fingerprints)
+// for identical inputs, so every rank that plans the same graph agrees. Any
+// failure is an *Error whose Code says whether the config, the graph or a
+// byte sum was at fault.
 func Build(g *Graph, cfg Config) (*Plan, error) {
-	return nil, errorf(ErrInvalidConfig, "planner: not implemented yet")
+	if err := validateConfig(&cfg); err != nil {
+		return nil, err
+	}
+	if err := validateGraph(g); err != nil {
+		return nil, err
+	}
+	lastUser := lastUsers(g)
+	var (
+		pl  *Plan
+		err error
+	)
+	if cfg.Mode == ModeTorch {
+		pl, err = planTorch(g, &cfg, lastUser)
+	} else {
+		pl, err = planDDP(g, &cfg, lastUser)
+	}
+	if err != nil {
+		return nil, err
+	}
+	pl.PartitionInputs, pl.PartitionOutputs = crossings(g, pl.NodePartition, pl.NumPartitions)
+	pl.Fingerprint = fingerprint(g, &cfg, pl)
+	return pl, nil
 }

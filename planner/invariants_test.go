@@ -1,0 +1,461 @@
+package planner
+
+import (
+	"cmp"
+	"fmt"
+	"reflect"
+	"slices"
+	"sort"
+)
+
+// This file checks plans against the documented invariants and against
+// deliberately naive reference implementations of both modes: maps, sets
+// and sorting where Build uses flat arrays and a single pass, so that the
+// two share no code and no shortcuts.
+
+// checkPlan returns every violated invariant of pl as planned from g and
+// cfg; an empty result means the plan is valid.
+func checkPlan(g *Graph, cfg Config, pl *Plan) []string {
+	var bad []string
+	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	n := len(g.Ops)
+
+	// Pieces: contiguous, non-empty, numbered in forward order.
+	if len(pl.NodePartition) != n {
+		fail("NodePartition has %d entries, want %d", len(pl.NodePartition), n)
+		return bad
+	}
+	prev := int32(-1)
+	anyCompute := false
+	for i, op := range g.Ops {
+		q := pl.NodePartition[i]
+		if !isCompute(op) {
+			if q != -1 {
+				fail("node %d (op %d) has piece %d, want -1", i, op, q)
+			}
+			continue
+		}
+		anyCompute = true
+		if q < prev || q > prev+1 {
+			fail("node %d has piece %d after piece %d: pieces must be contiguous and increase by one", i, q, prev)
+		}
+		prev = q
+	}
+	if anyCompute && int(prev) != pl.NumPartitions-1 {
+		fail("last piece is %d but NumPartitions is %d", prev, pl.NumPartitions)
+	}
+	if !anyCompute && pl.NumPartitions != 0 {
+		fail("no compute nodes but NumPartitions is %d", pl.NumPartitions)
+	}
+	if cfg.MaxPartitions > 0 && pl.NumPartitions > cfg.MaxPartitions {
+		fail("NumPartitions %d exceeds MaxPartitions %d", pl.NumPartitions, cfg.MaxPartitions)
+	}
+	if len(bad) > 0 {
+		return bad
+	}
+
+	// Crossings, recomputed naively.
+	wantIn, wantOut := naiveCrossings(g, pl.NodePartition, pl.NumPartitions)
+	if len(pl.PartitionInputs) != pl.NumPartitions || len(pl.PartitionOutputs) != pl.NumPartitions {
+		fail("crossing lists have %d/%d entries, want %d", len(pl.PartitionInputs), len(pl.PartitionOutputs), pl.NumPartitions)
+		return bad
+	}
+	for p := range pl.NumPartitions {
+		if !slices.Equal(pl.PartitionInputs[p], wantIn[p]) {
+			fail("piece %d inputs %v, want %v", p, pl.PartitionInputs[p], wantIn[p])
+		}
+		if !slices.Equal(pl.PartitionOutputs[p], wantOut[p]) {
+			fail("piece %d outputs %v, want %v", p, pl.PartitionOutputs[p], wantOut[p])
+		}
+		// Every piece after the first was cut off only once it had an
+		// output; in ModeDDP the first piece too, when there is a cut.
+		needsOutput := p > 0 || (cfg.Mode == ModeDDP && pl.NumPartitions > 1)
+		if needsOutput && len(wantOut[p]) == 0 {
+			fail("piece %d has no output", p)
+		}
+	}
+
+	for k, b := range pl.Buckets {
+		if b.Partition < 0 || b.Partition >= pl.NumPartitions {
+			fail("bucket %d: piece %d out of range", k, b.Partition)
+		}
+		if b.NodeBegin < 0 || b.NodeEnd > n || b.NodeBegin >= b.NodeEnd {
+			fail("bucket %d: bad node range [%d, %d)", k, b.NodeBegin, b.NodeEnd)
+		}
+		seen := map[int32]bool{}
+		for _, p := range b.Params {
+			if seen[p] {
+				fail("bucket %d lists parameter %d twice", k, p)
+			}
+			seen[p] = true
+			if !g.Params[p].counted() {
+				fail("bucket %d lists parameter %d (%q), which DDP does not reduce", k, p, g.Params[p].Name)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return bad
+	}
+	if cfg.Mode == ModeTorch {
+		bad = append(bad, checkTorch(g, cfg, pl)...)
+	} else {
+		bad = append(bad, checkDDP(g, cfg, pl)...)
+	}
+	return bad
+}
+
+// naiveCrossings computes piece inputs and outputs with sets.
+func naiveCrossings(g *Graph, part []int32, numPieces int) (inputs, outputs [][]int32) {
+	inSets := make([]map[int32]bool, numPieces)
+	outSets := make([]map[int32]bool, numPieces)
+	for p := range numPieces {
+		inSets[p], outSets[p] = map[int32]bool{}, map[int32]bool{}
+	}
+	for j := range g.Ops {
+		for _, u := range g.Users[g.UserOffsets[j]:g.UserOffsets[j+1]] {
+			if g.Ops[u] == OpOutput {
+				if part[j] >= 0 {
+					outSets[part[j]][int32(j)] = true
+				}
+				continue
+			}
+			if part[u] != part[j] {
+				inSets[part[u]][int32(j)] = true
+				if part[j] >= 0 {
+					outSets[part[j]][int32(j)] = true
+				}
+			}
+		}
+	}
+	sorted := func(set map[int32]bool) []int32 {
+		list := []int32{}
+		for j := range set {
+			list = append(list, j)
+		}
+		slices.Sort(list)
+		return list
+	}
+	inputs, outputs = make([][]int32, numPieces), make([][]int32, numPieces)
+	for p := range numPieces {
+		inputs[p], outputs[p] = sorted(inSets[p]), sorted(outSets[p])
+	}
+	return inputs, outputs
+}
+
+// refTorchBucket is a bucket of referenceTorch, kept as torch keeps it.
+type refTorchBucket struct {
+	size     int64
+	names    []int32 // every counted use, duplicates included, like torch's bucket.params
+	nodes    []int   // in walk (reverse) order
+	extended bool
+	added    map[int]int64 // bytes each node counted
+}
+
+// referenceTorch transliterates DDPOptimizer.compile_fn's bucketing:
+// buckets[0] is the forward-first bucket.
+func referenceTorch(g *Graph, cfg Config) []*refTorchBucket {
+	buckets := []*refTorchBucket{{added: map[int]int64{}}}
+	processed := map[int32]bool{}
+	hasExternalOutput := func(b *refTorchBucket) bool {
+		in := map[int]bool{}
+		for _, node := range b.nodes {
+			in[node] = true
+			for _, u := range g.Users[g.UserOffsets[node]:g.UserOffsets[node+1]] {
+				if !in[int(u)] {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for i := len(g.Ops) - 1; i >= 0; i-- {
+		op := g.Ops[i]
+		if op == OpOutput || op == OpPlaceholder {
+			continue
+		}
+		if buckets[0].size >= cfg.BucketCapBytes || len(buckets) == 1 && buckets[0].size >= cfg.FirstBucketCapBytes {
+			if hasExternalOutput(buckets[0]) {
+				buckets = append([]*refTorchBucket{{added: map[int]int64{}}}, buckets...)
+			} else {
+				buckets[0].extended = true
+			}
+		}
+		cur := buckets[0]
+		ps := g.ParamIndex[g.ParamOffsets[i]:g.ParamOffsets[i+1]]
+		refs := g.ParamRefs[g.ParamOffsets[i]:g.ParamOffsets[i+1]]
+		addKind := func(kind RefKind) {
+			for k, p := range ps {
+				if refs[k] == kind && g.Params[p].RequiresGrad && !g.Params[p].Ignored {
+					cur.size += g.Params[p].StorageBytes
+					cur.added[i] += g.Params[p].StorageBytes
+					cur.names = append(cur.names, p)
+				}
+			}
+		}
+		addModule := func() {
+			if !processed[g.ModuleIDs[i]] {
+				processed[g.ModuleIDs[i]] = true
+				addKind(RefModule)
+			}
+		}
+		switch op {
+		case OpCallFunction:
+			addKind(RefArg)
+		case OpCallModule:
+			addModule()
+		case OpCallMethod:
+			addModule()
+			addKind(RefArg)
+		case OpGetAttr:
+			addKind(RefAttr)
+		}
+		cur.nodes = append(cur.nodes, i)
+	}
+	if len(buckets) > 1 && buckets[0].size == 0 {
+		buckets[1].nodes = append(buckets[1].nodes, buckets[0].nodes...)
+		buckets[1].names = append(buckets[1].names, buckets[0].names...)
+		buckets = buckets[1:]
+	}
+	if len(buckets) == 1 && len(buckets[0].nodes) == 0 {
+		return nil // no compute nodes: no pieces
+	}
+	return buckets
+}
+
+func firstOccurrences(list []int32) []int32 {
+	out := []int32{}
+	seen := map[int32]bool{}
+	for _, p := range list {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// checkTorch compares a ModeTorch plan with referenceTorch and checks the
+// cap bound: a bucket that was not extended exceeds its cap (the first
+// bucket's cap for bucket 0) by less than the bytes counted at the
+// forward-first node that counted any.
+func checkTorch(g *Graph, cfg Config, pl *Plan) []string {
+	var bad []string
+	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	ref := referenceTorch(g, cfg)
+	nb := len(ref)
+	if pl.NumPartitions != nb || len(pl.Buckets) != nb {
+		fail("torch: %d pieces and %d buckets, reference has %d", pl.NumPartitions, len(pl.Buckets), nb)
+		return bad
+	}
+	for k, b := range pl.Buckets {
+		r := ref[nb-1-k]
+		if b.Bytes != r.size {
+			fail("torch: bucket %d bytes %d, reference %d", k, b.Bytes, r.size)
+		}
+		if want := firstOccurrences(r.names); !slices.Equal(b.Params, want) {
+			fail("torch: bucket %d params %v, reference %v", k, b.Params, want)
+		}
+		if b.Extended != r.extended {
+			fail("torch: bucket %d extended %t, reference %t", k, b.Extended, r.extended)
+		}
+		if b.Partition != nb-1-k || b.DType != -1 || b.Device != -1 {
+			fail("torch: bucket %d piece %d dtype %d device %d, want %d, -1, -1", k, b.Partition, b.DType, b.Device, nb-1-k)
+		}
+		lo, hi := slices.Min(r.nodes), slices.Max(r.nodes)
+		if b.NodeBegin != lo || b.NodeEnd != hi+1 {
+			fail("torch: bucket %d nodes [%d, %d), reference [%d, %d)", k, b.NodeBegin, b.NodeEnd, lo, hi+1)
+		}
+		for _, i := range r.nodes {
+			if int(pl.NodePartition[i]) != nb-1-k {
+				fail("torch: node %d in piece %d, reference %d", i, pl.NodePartition[i], nb-1-k)
+			}
+		}
+		if !b.Extended {
+			limit := cfg.BucketCapBytes
+			if k == 0 {
+				limit = cfg.FirstBucketCapBytes
+			}
+			var lastAdded int64
+			for _, i := range r.nodes { // walk order: the last adder wins
+				if r.added[i] > 0 {
+					lastAdded = r.added[i]
+				}
+			}
+			if b.Bytes-lastAdded >= limit {
+				fail("torch: bucket %d: %d bytes minus %d counted at its first node reaches cap %d", k, b.Bytes, lastAdded, limit)
+			}
+		}
+	}
+	return bad
+}
+
+// refDDPBucket is a bucket of referenceDDP.
+type refDDPBucket struct {
+	params []int32
+	bytes  int64
+	key    bucketKey
+	closed bool
+	cap    int64 // the cap it was filled against
+}
+
+// referenceDDP returns the first use of every counted parameter and the
+// buckets of a straightforward simulation of DDP's rebuild.
+func referenceDDP(g *Graph, cfg Config) (map[int32]int, []refDDPBucket) {
+	firstUse := map[int32]int{}
+	// Every listing of a counted parameter at its first-use node.
+	type listing struct {
+		node, pos int
+		p         int32
+	}
+	var uses []listing
+	for i, op := range g.Ops {
+		if !isCompute(op) {
+			continue
+		}
+		for k := g.ParamOffsets[i]; k < g.ParamOffsets[i+1]; k++ {
+			p := g.ParamIndex[k]
+			if !g.Params[p].RequiresGrad || g.Params[p].Ignored {
+				continue
+			}
+			if first, ok := firstUse[p]; !ok {
+				firstUse[p] = i
+			} else if first != i {
+				continue
+			}
+			uses = append(uses, listing{i, int(k), p})
+		}
+	}
+	// Ready order: later nodes first; within a node, later listings first.
+	sort.SliceStable(uses, func(a, b int) bool {
+		if uses[a].node != uses[b].node {
+			return uses[a].node > uses[b].node
+		}
+		return uses[a].pos > uses[b].pos
+	})
+	var order []int32
+	emitted := map[int32]bool{}
+	for _, u := range uses {
+		if !emitted[u.p] {
+			emitted[u.p] = true
+			order = append(order, u.p)
+		}
+	}
+
+	caps := cfg.BucketCapsBytes
+	if len(caps) == 0 {
+		caps = []int64{cfg.BucketCapBytes}
+		if cfg.FirstBucketCapBytes < cfg.BucketCapBytes {
+			caps = []int64{cfg.FirstBucketCapBytes, cfg.BucketCapBytes}
+		}
+	}
+	open := map[bucketKey]*refDDPBucket{}
+	capAt := map[bucketKey]int{}
+	firstReady := map[bucketKey]int{}
+	var result []refDDPBucket
+	for pos, p := range order {
+		key := bucketKey{g.Params[p].DType, g.Params[p].Device}
+		b := open[key]
+		if b == nil {
+			b = &refDDPBucket{key: key}
+			open[key] = b
+			firstReady[key] = pos
+		}
+		b.params = append(b.params, p)
+		b.bytes += g.Params[p].Bytes
+		b.cap = caps[capAt[key]]
+		if b.bytes >= b.cap {
+			b.closed = true
+			result = append(result, *b)
+			delete(open, key)
+			capAt[key] = min(capAt[key]+1, len(caps)-1)
+		}
+	}
+	var rest []refDDPBucket
+	var restFirst []int
+	for key, b := range open {
+		rest = append(rest, *b)
+		restFirst = append(restFirst, firstReady[key])
+	}
+	idx := make([]int, len(rest))
+	for k := range idx {
+		idx[k] = k
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(restFirst[a], restFirst[b]) })
+	for _, k := range idx {
+		result = append(result, rest[k])
+	}
+	return firstUse, result
+}
+
+// checkDDP compares a ModeDDP plan with referenceDDP and checks the cuts.
+func checkDDP(g *Graph, cfg Config, pl *Plan) []string {
+	var bad []string
+	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	firstUse, ref := referenceDDP(g, cfg)
+	if len(pl.Buckets) != len(ref) {
+		fail("ddp: %d buckets, reference has %d", len(pl.Buckets), len(ref))
+		return bad
+	}
+	firstComputeOfPiece := map[int32]int{}
+	for i := len(g.Ops) - 1; i >= 0; i-- {
+		if q := pl.NodePartition[i]; q >= 0 {
+			firstComputeOfPiece[q] = i
+		}
+	}
+	for k, b := range pl.Buckets {
+		r := ref[k]
+		if !slices.Equal(b.Params, r.params) || b.Bytes != r.bytes || b.DType != r.key.dtype || b.Device != r.key.device {
+			fail("ddp: bucket %d = %v %d bytes key (%d,%d), reference %v %d bytes key %v",
+				k, b.Params, b.Bytes, b.DType, b.Device, r.params, r.bytes, r.key)
+			continue
+		}
+		// The exact cap bound: a closed bucket reached its cap, and every
+		// bucket was below it before its last parameter.
+		last := g.Params[r.params[len(r.params)-1]].Bytes
+		if b.Bytes-last >= r.cap || (r.closed && b.Bytes < r.cap) {
+			fail("ddp: bucket %d: %d bytes (last parameter %d) against cap %d, closed %t", k, b.Bytes, last, r.cap, r.closed)
+		}
+		lo, hi := len(g.Ops), -1
+		for _, p := range b.Params {
+			lo, hi = min(lo, firstUse[p]), max(hi, firstUse[p])
+		}
+		if b.NodeBegin != lo || b.NodeEnd != hi+1 {
+			fail("ddp: bucket %d nodes [%d, %d), want [%d, %d)", k, b.NodeBegin, b.NodeEnd, lo, hi+1)
+		}
+		if b.Partition != int(pl.NodePartition[lo]) {
+			fail("ddp: bucket %d piece %d, but its forward-first parameter use is in piece %d", k, b.Partition, pl.NodePartition[lo])
+		}
+		// A closed bucket that kept its cut starts its piece, unless that
+		// cut was dropped (forward-first piece) or merged away.
+		if r.closed && !b.Extended && cfg.MaxPartitions == 0 {
+			q := pl.NodePartition[lo]
+			if q != 0 && firstComputeOfPiece[q] != lo {
+				fail("ddp: bucket %d closed at node %d without extension, but its piece %d starts at node %d", k, lo, q, firstComputeOfPiece[q])
+			}
+		}
+	}
+	// Every non-first piece, and the first when there is a cut, holds the
+	// first use of a counted parameter.
+	hasParam := make([]bool, pl.NumPartitions)
+	for _, i := range firstUse {
+		hasParam[pl.NodePartition[i]] = true
+	}
+	for p := range pl.NumPartitions {
+		if pl.NumPartitions > 1 && !hasParam[p] {
+			fail("ddp: piece %d holds no counted parameter", p)
+		}
+	}
+	return bad
+}
+
+// buildTwice plans g twice and reports whether both plans are identical.
+func buildTwiceSame(g *Graph, cfg Config, first *Plan) error {
+	again, err := Build(g, cfg)
+	if err != nil {
+		return fmt.Errorf("second Build failed: %v", err)
+	}
+	if !reflect.DeepEqual(first, again) {
+		return fmt.Errorf("second Build differs")
+	}
+	return nil
+}
