@@ -89,9 +89,6 @@ func (w *torchWalk) countNode(i int) error {
 	g := w.g
 	op := g.Ops[i]
 	lo, hi := g.ParamOffsets[i], g.ParamOffsets[i+1]
-	if lo == hi {
-		return nil
-	}
 	if op == OpCallModule || op == OpCallMethod {
 		// torch marks a module as processed the first time any node calls
 		// it, whether or not that node refers to its parameters.
