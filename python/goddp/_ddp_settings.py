@@ -1,0 +1,118 @@
+"""Reading the active DistributedDataParallel module's real settings."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from goddp._options import Options
+from goddp._plan import DEFAULT_FIRST_BUCKET_BYTES, MIB, Caps
+
+logger = logging.getLogger("goddp")
+
+
+def active_ddp_module() -> nn.Module | None:
+    """The DDP module whose forward is running (Dynamo compiles inside it),
+    or None outside any DDP forward."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+
+    getter = getattr(DistributedDataParallel, "_get_active_ddp_module", None)
+    return getter() if getter is not None else None
+
+
+@dataclass(frozen=True)
+class DDPSettings:
+    """What goddp needs from a DDP module."""
+
+    bucket_cap_bytes: int
+    first_bucket_cap_bytes: int
+    bucket_caps_bytes: tuple[int, ...]
+    ignored_names: frozenset[str]
+    find_unused_parameters: bool
+    static_graph: bool
+    param_name_of: Callable[[torch.Tensor], str | None]
+
+
+def _first_bucket_cap(ddp: Any, cap: int) -> int:
+    config = getattr(ddp, "_bucket_config", None)
+    first = getattr(config, "first_bucket_bytes_cap", None)
+    if first is not None:
+        return int(first)
+    # Older torch: DDP used 1 MiB for the first bucket only when the user
+    # left bucket_cap_mb at its default.
+    if getattr(ddp, "bucket_bytes_cap_default", False):
+        return min(getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", DEFAULT_FIRST_BUCKET_BYTES), cap)
+    return cap
+
+
+def _per_bucket_caps(ddp: Any) -> tuple[int, ...]:
+    config = getattr(ddp, "_bucket_config", None)
+    caps = getattr(config, "per_bucket_bytes_caps", None)
+    if caps is None:
+        caps = getattr(ddp, "bucket_bytes_cap_list", None)
+    return tuple(int(c) for c in caps or ())
+
+
+def read_ddp_settings(ddp: Any) -> DDPSettings:
+    cap = int(ddp.bucket_bytes_cap)
+    module = getattr(ddp, "module", ddp)
+    names: dict[int, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), name)
+    ignored = frozenset(getattr(ddp, "parameters_to_ignore", ()) or ())
+    return DDPSettings(
+        bucket_cap_bytes=cap,
+        first_bucket_cap_bytes=_first_bucket_cap(ddp, cap),
+        bucket_caps_bytes=_per_bucket_caps(ddp),
+        ignored_names=ignored,
+        find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),
+        static_graph=bool(getattr(ddp, "static_graph", False)),
+        param_name_of=lambda p: names.get(id(p)),
+    )
+
+
+def caps_for(settings: DDPSettings, options: Options) -> Caps:
+    """The caps to plan with: the DDP module's, unless options override.
+
+    ddp mode follows DDP itself (its first-bucket cap and per-bucket caps);
+    an overridden bucket_cap_mb drops DDP's per-bucket caps and clamps its
+    first cap. torch mode follows DDPOptimizer: DDP's bucket_bytes_cap and a
+    1 MiB first bucket (at most the cap), unless first_bucket_cap_mb is given.
+    """
+    overridden = options.bucket_cap_mb is not None
+    cap = int(options.bucket_cap_mb * MIB) if overridden else settings.bucket_cap_bytes
+    if options.first_bucket_cap_mb is not None:
+        first = int(options.first_bucket_cap_mb * MIB)
+    elif options.mode == "torch":
+        first = min(DEFAULT_FIRST_BUCKET_BYTES, cap)
+    else:
+        first = min(settings.first_bucket_cap_bytes, cap)
+    per_bucket = () if (overridden or options.mode == "torch") else settings.bucket_caps_bytes
+    return Caps(cap, first, per_bucket, options.max_pieces)
+
+
+_noted_modules: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def note_ddp_settings(ddp: Any, settings: DDPSettings, options: Options) -> None:
+    """Logs, once per DDP module, facts that affect how well cuts match."""
+    try:
+        if ddp in _noted_modules:
+            return
+        _noted_modules.add(ddp)
+    except TypeError:
+        pass
+    if settings.find_unused_parameters and not settings.static_graph and options.mode == "ddp":
+        logger.info(
+            "goddp: this DDP module has find_unused_parameters=True and static_graph=False, so DDP "
+            "never rebuilds its buckets: they stay in parameter declaration order while goddp's "
+            "ddp-mode cuts follow gradient-ready order. Cuts still overlap communication, but "
+            "buckets may not close exactly at them."
+        )

@@ -1,0 +1,183 @@
+"""Validation of the goddp backend's options.
+
+Options arrive either as keyword arguments of ``goddp.backend(**options)`` or
+as the ``options=`` dict of ``torch.compile(m, backend="goddp", options=...)``.
+Every bad key or value raises ValueError naming what is accepted, so a typo
+never silently changes behaviour.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+MODES = ("ddp", "torch")
+
+# The inner compilers most users pick; any other registered Dynamo backend
+# name (or a callable) is accepted as well.
+COMMON_INNER = ("inductor", "aot_eager", "eager")
+
+OPTION_KEYS = (
+    "inner",
+    "inner_options",
+    "mode",
+    "bucket_cap_mb",
+    "first_bucket_cap_mb",
+    "max_pieces",
+    "strict",
+    "log_plan",
+    "check_plans",
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated options of one goddp backend instance.
+
+    inner: the compiler each piece goes to: a registered Dynamo backend name
+        ("inductor", "aot_eager", "eager", ...) or a callable
+        ``(gm, example_inputs) -> callable``.
+    inner_options: keyword ``options=`` handed to a named inner backend
+        (Inductor's config dict, for instance); None for none.
+    mode: "ddp" cuts where DDP's rebuilt buckets close; "torch" reproduces
+        torch's DDPOptimizer.
+    bucket_cap_mb / first_bucket_cap_mb: override the DDP module's caps (MiB).
+    max_pieces: at most this many pieces (ddp mode), decoupling the piece
+        count from the bucket size; None for no limit.
+    strict: raise instead of warning and compiling the whole graph when
+        planning or a piece's compilation fails.
+    log_plan: log the bucket table at INFO on logger "goddp".
+    check_plans: compare plan fingerprints across ranks before training.
+    """
+
+    inner: str | Callable[..., Any] = "inductor"
+    inner_options: Mapping[str, Any] | None = None
+    mode: str = "ddp"
+    bucket_cap_mb: float | None = None
+    first_bucket_cap_mb: float | None = None
+    max_pieces: int | None = None
+    strict: bool = False
+    log_plan: bool = True
+    check_plans: bool = True
+    # Not an option: set by goddp_backend from torch.compile(mode=...), and
+    # forwarded to a named inner backend that understands it (Inductor).
+    compile_mode: str | None = field(default=None, compare=False)
+
+    def with_compile_mode(self, compile_mode: str | None) -> "Options":
+        return replace(self, compile_mode=compile_mode)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_cap(key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"goddp option {key!r} must be a number of MiB greater than 0 "
+            f"(or None to use the DDP module's setting), got {value!r}"
+        )
+    return float(value)
+
+
+def _check_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"goddp option {key!r} must be True or False, got {value!r}")
+    return value
+
+
+def _check_inner(value: Any) -> str | Callable[..., Any]:
+    if callable(value) and not isinstance(value, str):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(
+            "goddp option 'inner' must be a Dynamo backend name "
+            f"(for example {', '.join(repr(c) for c in COMMON_INNER)}) or a callable, "
+            f"got {value!r}"
+        )
+    if value == "goddp":
+        raise ValueError(
+            "goddp option 'inner' cannot be 'goddp' itself; choose the compiler for "
+            f"each piece, for example {', '.join(repr(c) for c in COMMON_INNER)}"
+        )
+    if value in COMMON_INNER:
+        return value
+    # Only unusual names pay for the registry scan.
+    from torch._dynamo.backends.registry import list_backends
+
+    known = list_backends(exclude_tags=())
+    if value not in known:
+        choices = [b for b in known if b != "goddp"]
+        raise ValueError(
+            f"goddp option 'inner' names an unknown Dynamo backend {value!r}; "
+            f"valid choices: {', '.join(repr(c) for c in choices)} (or a callable)"
+        )
+    return value
+
+
+def parse_options(raw: Mapping[str, Any] | None) -> Options:
+    """Validates a mapping of options and returns an Options.
+
+    Raises ValueError naming the valid keys (for an unknown key) or the valid
+    values (for a bad value).
+    """
+    raw = dict(raw or {})
+    unknown = sorted(k for k in raw if k not in OPTION_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown goddp option(s) {', '.join(repr(k) for k in unknown)}; "
+            f"valid keys: {', '.join(OPTION_KEYS)}"
+        )
+    values: dict[str, Any] = {}
+    if "inner" in raw:
+        values["inner"] = _check_inner(raw["inner"])
+    if "inner_options" in raw:
+        inner_options = raw["inner_options"]
+        if inner_options is not None and not isinstance(inner_options, Mapping):
+            raise ValueError(
+                "goddp option 'inner_options' must be a dict (passed as options= to "
+                f"the inner backend) or None, got {inner_options!r}"
+            )
+        values["inner_options"] = dict(inner_options) if inner_options else None
+    if "mode" in raw:
+        mode = raw["mode"]
+        if mode not in MODES:
+            raise ValueError(
+                f"goddp option 'mode' must be one of {', '.join(repr(m) for m in MODES)}, got {mode!r}"
+            )
+        values["mode"] = mode
+    for key in ("bucket_cap_mb", "first_bucket_cap_mb"):
+        if key in raw:
+            values[key] = _check_cap(key, raw[key])
+    if "max_pieces" in raw:
+        max_pieces = raw["max_pieces"]
+        if max_pieces is not None and (
+            not isinstance(max_pieces, int) or isinstance(max_pieces, bool) or max_pieces < 1
+        ):
+            raise ValueError(
+                f"goddp option 'max_pieces' must be an int >= 1 or None (no limit), got {max_pieces!r}"
+            )
+        values["max_pieces"] = max_pieces
+    for key in ("strict", "log_plan", "check_plans"):
+        if key in raw:
+            values[key] = _check_bool(key, raw[key])
+
+    options = Options(**values)
+    if options.max_pieces is not None and options.mode != "ddp":
+        raise ValueError(
+            "goddp option 'max_pieces' applies only to mode='ddp' "
+            f"(mode='torch' reproduces torch's DDPOptimizer exactly), got mode={options.mode!r}"
+        )
+    if (
+        options.bucket_cap_mb is not None
+        and options.first_bucket_cap_mb is not None
+        and options.first_bucket_cap_mb > options.bucket_cap_mb
+    ):
+        raise ValueError(
+            "goddp option 'first_bucket_cap_mb' must be <= 'bucket_cap_mb', got "
+            f"{options.first_bucket_cap_mb!r} > {options.bucket_cap_mb!r}"
+        )
+    return options

@@ -1,0 +1,341 @@
+"""Plans: the native planner's answer, decoded into Python objects.
+
+Nothing here decides where to cut: the Go planner does. This module packs
+the request (graph arrays plus caps), calls ``_native.plan_graph`` and turns
+the flat reply into a GraphPlan that names nodes, pieces and parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from torch import fx, nn
+
+from goddp._export import ExportedGraph, export_graph
+
+MIB = 1 << 20
+DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
+# torch.distributed._DEFAULT_FIRST_BUCKET_BYTES; spelled out so that planning
+# works on torch builds without the distributed package.
+DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
+
+MODE_CODES = {"ddp": 0, "torch": 1}
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The bucket caps a plan was made with, in bytes."""
+
+    bucket_cap_bytes: int
+    first_bucket_cap_bytes: int
+    bucket_caps_bytes: tuple[int, ...] = ()
+    max_pieces: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bucket_cap_bytes": self.bucket_cap_bytes,
+            "first_bucket_cap_bytes": self.first_bucket_cap_bytes,
+            "bucket_caps_bytes": list(self.bucket_caps_bytes),
+            "max_pieces": self.max_pieces,
+        }
+
+
+@dataclass(frozen=True)
+class BucketInfo:
+    """One DDP allreduce bucket of a plan.
+
+    index: position in DDP order (bucket 0 holds the gradients ready first,
+        i.e. the parameters used last in forward).
+    bytes: the bytes the planner counted for it (numel*element size in ddp
+        mode, storage bytes per use in torch mode).
+    param_names: fully qualified names, in gradient-ready order.
+    piece: the piece whose backward completes the bucket.
+    extended: its cut moved so that the piece has an output.
+    """
+
+    index: int
+    bytes: int
+    param_names: tuple[str, ...]
+    piece: int
+    extended: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "bytes": self.bytes,
+            "param_names": list(self.param_names),
+            "piece": self.piece,
+            "extended": self.extended,
+        }
+
+
+@dataclass
+class GraphPlan:
+    """Where goddp cuts one graph, as planned by the Go core.
+
+    fingerprint: a 64-bit hash of the plan, equal on every rank for equal
+        graphs and settings.
+    mode: "ddp" or "torch".
+    num_pieces: how many pieces the graph is cut into.
+    node_pieces: FX node name -> piece index (-1 for placeholders and output).
+    buckets: BucketInfo list in DDP order.
+    caps: the caps used.
+    piece_inputs / piece_outputs: per piece, the names of the nodes that cross
+        into / out of it (the planner's crossing values, ascending node order).
+    """
+
+    fingerprint: int
+    mode: str
+    num_pieces: int
+    node_pieces: dict[str, int]
+    buckets: list[BucketInfo]
+    caps: Caps
+    piece_inputs: list[list[str]] = field(default_factory=list)
+    piece_outputs: list[list[str]] = field(default_factory=list)
+    # Index form of the same plan, for the cutter (not part of the public API).
+    node_partition_list: list[int] = field(default_factory=list, repr=False)
+    piece_input_indices: list[list[int]] = field(default_factory=list, repr=False)
+    piece_output_indices: list[list[int]] = field(default_factory=list, repr=False)
+
+    def piece_param_names(self) -> list[list[str]]:
+        """Per piece in forward order: the names of the parameters in the
+        buckets that piece completes, in forward (declaration-like) order."""
+        per_piece: list[list[str]] = [[] for _ in range(self.num_pieces)]
+        # Buckets are in DDP order (last piece first) and list parameters in
+        # gradient-ready order; walking both backwards gives forward order.
+        for bucket in reversed(self.buckets):
+            if 0 <= bucket.piece < self.num_pieces:
+                per_piece[bucket.piece].extend(reversed(bucket.param_names))
+        return per_piece
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable summary (node map omitted: it can be large)."""
+        piece_params = self.piece_param_names()
+        pieces = []
+        for p in range(self.num_pieces):
+            pieces.append(
+                {
+                    "index": p,
+                    "num_nodes": sum(1 for q in self.node_partition_list if q == p),
+                    "inputs": list(self.piece_inputs[p]) if p < len(self.piece_inputs) else [],
+                    "outputs": list(self.piece_outputs[p]) if p < len(self.piece_outputs) else [],
+                    "param_names": piece_params[p],
+                }
+            )
+        return {
+            "fingerprint": self.fingerprint,
+            "fingerprint_hex": f"{self.fingerprint:016x}",
+            "mode": self.mode,
+            "num_pieces": self.num_pieces,
+            "caps": self.caps.to_dict(),
+            "buckets": [b.to_dict() for b in self.buckets],
+            "pieces": pieces,
+        }
+
+    def table(self) -> str:
+        """A readable bucket table: one row per parameter, the bucket's index,
+        size (MiB) and piece on its first row."""
+        caps = self.caps
+        head = (
+            f"goddp plan: mode={self.mode} fingerprint={self.fingerprint:016x} "
+            f"pieces={self.num_pieces} buckets={len(self.buckets)} "
+            f"cap={caps.bucket_cap_bytes / MIB:.2f} MiB first={caps.first_bucket_cap_bytes / MIB:.2f} MiB"
+        )
+        if caps.bucket_caps_bytes:
+            head += " per-bucket=[" + ", ".join(f"{c / MIB:.2f}" for c in caps.bucket_caps_bytes) + "] MiB"
+        if caps.max_pieces is not None:
+            head += f" max_pieces={caps.max_pieces}"
+        rows = [("bucket", "MiB", "piece", "params")]
+        for bucket in self.buckets:
+            names = list(bucket.param_names) or ["(none)"]
+            mark = " (extended)" if bucket.extended else ""
+            rows.append((str(bucket.index), f"{bucket.bytes / MIB:.3f}", f"{bucket.piece}{mark}", names[0]))
+            rows.extend(("", "", "", name) for name in names[1:])
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [head]
+        for row in rows:
+            lines.append("  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3])
+        return "\n".join(lines)
+
+
+def native_config(mode: str, caps: Caps) -> dict[str, Any]:
+    """The goddp_config fields for _native.plan_graph."""
+    return {
+        "mode": MODE_CODES[mode],
+        "bucket_cap_bytes": int(caps.bucket_cap_bytes),
+        "first_bucket_cap_bytes": int(caps.first_bucket_cap_bytes),
+        "bucket_caps_bytes": [int(c) for c in caps.bucket_caps_bytes],
+        "max_partitions": int(caps.max_pieces or 0),
+    }
+
+
+def _ints(raw: Any, code: str) -> list[int]:
+    if raw is None:
+        return []
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        view = memoryview(raw)
+        if view.nbytes == 0:
+            return []
+        return view.cast("B").cast(code).tolist()
+    return list(raw)
+
+
+def _csr(offsets: list[int], values: list[int], count: int) -> list[list[int]]:
+    if not offsets:
+        return [[] for _ in range(count)]
+    return [values[offsets[i]: offsets[i + 1]] for i in range(count)]
+
+
+def call_planner(exported: ExportedGraph, mode: str, caps: Caps) -> dict[str, Any]:
+    """Runs the Go planner. Loads the extension on first use (never at import,
+    so that fork-based workers created before it are unaffected)."""
+    from goddp import _native
+
+    _native.load()
+    return _native.plan_graph(exported.arrays, native_config(mode, caps))
+
+
+def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps: Caps) -> GraphPlan:
+    """Turns the planner's flat reply into a GraphPlan, checking its shape."""
+    num_nodes = int(raw["num_nodes"])
+    if num_nodes != len(exported.nodes):
+        raise RuntimeError(
+            f"goddp planner returned {num_nodes} node entries for a graph of {len(exported.nodes)} nodes"
+        )
+    num_pieces = int(raw["num_partitions"])
+    num_buckets = int(raw["num_buckets"])
+    node_partitions = _ints(raw["node_partitions"], "i")
+    if len(node_partitions) != num_nodes:
+        raise RuntimeError("goddp planner returned a node_partitions array of the wrong length")
+
+    bucket_bytes = _ints(raw["bucket_bytes"], "q")
+    bucket_partitions = _ints(raw["bucket_partitions"], "i")
+    bucket_extended = _ints(raw["bucket_extended"], "B")
+    bucket_param_offsets = _ints(raw["bucket_param_offsets"], "q")
+    bucket_params = _ints(raw["bucket_params"], "i")
+    bucket_param_lists = _csr(bucket_param_offsets, bucket_params, num_buckets)
+    names = exported.param_names
+    buckets = [
+        BucketInfo(
+            index=b,
+            bytes=bucket_bytes[b],
+            param_names=tuple(names[i] for i in bucket_param_lists[b]),
+            piece=bucket_partitions[b],
+            extended=bool(bucket_extended[b]),
+        )
+        for b in range(num_buckets)
+    ]
+
+    inputs = _csr(_ints(raw["partition_input_offsets"], "q"), _ints(raw["partition_inputs"], "i"), num_pieces)
+    outputs = _csr(_ints(raw["partition_output_offsets"], "q"), _ints(raw["partition_outputs"], "i"), num_pieces)
+    nodes = exported.nodes
+    return GraphPlan(
+        fingerprint=int(raw["fingerprint"]),
+        mode=mode,
+        num_pieces=num_pieces,
+        node_pieces={node.name: node_partitions[i] for i, node in enumerate(nodes)},
+        buckets=buckets,
+        caps=caps,
+        piece_inputs=[[nodes[i].name for i in ins] for ins in inputs],
+        piece_outputs=[[nodes[i].name for i in outs] for outs in outputs],
+        node_partition_list=node_partitions,
+        piece_input_indices=inputs,
+        piece_output_indices=outputs,
+    )
+
+
+def resolve_caps(
+    mode: str,
+    bucket_cap_bytes: int | None,
+    first_bucket_cap_bytes: int | None,
+    bucket_caps_bytes: Iterable[int] = (),
+    max_pieces: int | None = None,
+) -> Caps:
+    """Fills in defaults the way DDP (ddp mode) or DDPOptimizer (torch mode)
+    would, without deciding anything about cuts."""
+    cap_given = bucket_cap_bytes is not None
+    cap = int(bucket_cap_bytes) if cap_given else DEFAULT_BUCKET_CAP_BYTES
+    if first_bucket_cap_bytes is not None:
+        first = int(first_bucket_cap_bytes)
+    elif mode == "torch":
+        # DDPOptimizer always uses 1 MiB; it asserts when that exceeds the
+        # cap, goddp clamps instead.
+        first = min(DEFAULT_FIRST_BUCKET_BYTES, cap)
+    else:
+        # DDP: 1 MiB with the default cap, else the cap itself.
+        first = cap if cap_given else DEFAULT_FIRST_BUCKET_BYTES
+    return Caps(cap, first, tuple(int(c) for c in bucket_caps_bytes), max_pieces)
+
+
+def _name_lookup(param_names: Any) -> Any:
+    if param_names is None:
+        return None
+    if isinstance(param_names, nn.parallel.DistributedDataParallel):
+        param_names = param_names.module
+    if isinstance(param_names, nn.Module):
+        # remove_duplicate=False lists a shared parameter under every name;
+        # keep the first, as named_parameters() does.
+        first: dict[int, str] = {}
+        for n, p in param_names.named_parameters(remove_duplicate=False):
+            first.setdefault(id(p), n)
+        by_id = first
+        return lambda p: by_id.get(id(p))
+    if isinstance(param_names, Mapping):
+        by_id = {id(k): v for k, v in param_names.items()}
+        return lambda p: by_id.get(id(p))
+    raise TypeError(
+        "param_names must be None, an nn.Module (names from named_parameters()) "
+        f"or a mapping from parameter to name, got {type(param_names).__name__}"
+    )
+
+
+def plan_graph_module(
+    gm: fx.GraphModule,
+    *,
+    mode: str = "ddp",
+    bucket_cap_bytes: int | None = None,
+    first_bucket_cap_bytes: int | None = None,
+    bucket_caps_bytes: Iterable[int] = (),
+    ignored: Iterable[str] = (),
+    max_pieces: int | None = None,
+    param_names: Any = None,
+) -> GraphPlan:
+    """Plans a Dynamo-captured GraphModule without compiling anything.
+
+    mode: "ddp" (DDP's rebuilt buckets) or "torch" (torch's DDPOptimizer).
+    bucket_cap_bytes: the bucket cap; default DDP's 25 MiB.
+    first_bucket_cap_bytes: default as DDP computes it (1 MiB with the
+        default cap, else the cap) in ddp mode, 1 MiB (at most the cap) in
+        torch mode.
+    bucket_caps_bytes: optional per-bucket caps in DDP order (ddp mode).
+    ignored: FQNs DDP ignores (parameters marked ``_ddp_ignored`` are
+        ignored as well).
+    max_pieces: at most this many pieces (ddp mode); None for no limit.
+    param_names: where parameter names come from: an nn.Module (or DDP
+        wrapper) whose named_parameters() name them, or a mapping
+        parameter -> name; by default Dynamo's sources, then node names.
+
+    Raises ValueError for a bad mode or max_pieces; the planner's errors
+    (goddp._goddp.PlannerError) for an invalid graph or caps.
+    """
+    if mode not in MODE_CODES:
+        raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODE_CODES)}, got {mode!r}")
+    if max_pieces is not None and (not isinstance(max_pieces, int) or isinstance(max_pieces, bool) or max_pieces < 1):
+        raise ValueError(f"max_pieces must be an int >= 1 or None, got {max_pieces!r}")
+    if max_pieces is not None and mode != "ddp":
+        raise ValueError("max_pieces applies only to mode='ddp'")
+    caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces)
+    exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored)
+    return decode_plan(call_planner(exported, mode, caps), exported, mode, caps)
+
+
+def example_value(node: fx.Node) -> Any:
+    """Dynamo's fake value for a node (meta["example_value"], or "val")."""
+    meta = node.meta
+    if "example_value" in meta:
+        return meta["example_value"]
+    if "val" in meta:
+        return meta["val"]
+    raise KeyError(f"node {node.name!r} has no example_value/val metadata")
+

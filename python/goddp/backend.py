@@ -1,0 +1,67 @@
+"""``goddp.backend``: both the module holding the Dynamo entry point and a
+callable that makes a configured backend.
+
+- ``goddp.backend.goddp_backend`` is the entry-point target
+  (``goddp = "goddp.backend:goddp_backend"`` in group
+  ``torch_dynamo_backends``), i.e. what ``backend="goddp"`` resolves to.
+- ``goddp.backend(**options)`` returns a backend with those options bound:
+  ``torch.compile(ddp_model, backend=goddp.backend(inner="aot_eager"))``.
+  With no options it returns ``goddp_backend`` itself.
+
+Options (also accepted as ``torch.compile(..., backend="goddp", options={...})``):
+
+- ``inner``: compiler for each piece: "inductor" (default), "aot_eager",
+  "eager", any registered Dynamo backend name, or a callable
+  ``(gm, example_inputs) -> callable``.
+- ``inner_options``: dict passed as ``options=`` to a named inner backend
+  (for Inductor: its config), or None.
+- ``mode``: "ddp" (default) cuts where DDP's rebuilt buckets close (each
+  parameter counted once, at its earliest use, numel*element size, DDP's
+  first-bucket cap and per-bucket caps); "torch" reproduces torch's
+  DDPOptimizer.
+- ``bucket_cap_mb`` / ``first_bucket_cap_mb``: numbers > 0 overriding the
+  DDP module's caps.
+- ``max_pieces``: int >= 1 or None: at most this many pieces, whatever the
+  bucket size (ddp mode only).
+- ``strict`` (False): raise instead of warning and compiling the whole
+  graph when planning or a piece's compilation fails.
+- ``log_plan`` (True): log the bucket table at INFO on logger "goddp".
+- ``check_plans`` (True): compare plan fingerprints across ranks through the
+  default c10d store before training (see goddp._plan_check for the
+  GODDP_PLAN_CHECK_TIMEOUT and GODDP_TEST_PERTURB_RANK variables).
+
+An unknown key or a bad value raises ValueError naming the valid choices.
+Importing this module switches ``torch._dynamo.config.optimize_ddp`` off
+(see goddp._backend).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, Callable
+
+from goddp._backend import ConfiguredBackend, compile_graph, goddp_backend, make_backend
+from goddp._options import MODES, OPTION_KEYS, Options, parse_options
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``goddp.backend(**options)`` work while ``goddp.backend`` stays the
+    module that holds the entry point."""
+
+    def __call__(self, **options: Any) -> Callable[..., Any]:
+        return make_backend(**options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = [
+    "ConfiguredBackend",
+    "MODES",
+    "OPTION_KEYS",
+    "Options",
+    "compile_graph",
+    "goddp_backend",
+    "make_backend",
+    "parse_options",
+]
