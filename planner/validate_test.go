@@ -93,7 +93,11 @@ func TestBuildRejectsBadInput(t *testing.T) {
 			lin := b.call("twice", in(x), arg(w), arg(w))
 			b.output(lin)
 			return b.graph()
-		}, cfg: func(c *Config) { c.Mode = ModeTorch; c.BucketCapBytes = math.MaxInt64; c.FirstBucketCapBytes = math.MaxInt64 }, code: ErrOverflow, message: "overflow"},
+		}, cfg: func(c *Config) {
+			c.Mode = ModeTorch
+			c.BucketCapBytes = math.MaxInt64
+			c.FirstBucketCapBytes = math.MaxInt64
+		}, code: ErrOverflow, message: "overflow"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
