@@ -1,0 +1,236 @@
+"""Turn the two ranks' raw step measurements into the reported figures.
+
+Definitions (all per job, i.e. per model, inner compiler, link rate, batch):
+  step        the slower rank's wall time of one training step (zero_grad,
+              forward, loss, backward including DDP's allreduce wait, SGD step)
+  T_comm      allreduce time of all gradient bytes in one call, from the fit
+              time = a + b*bytes over several sizes measured on the link
+  compute     the "compute only" variant (compiled, unsplit, under no_sync):
+              F forward, B backward, O optimizer + zero_grad, from its profile
+  exposed     step - compute-only step (same rounds): communication not hidden
+  hidden      (compute-only step + T_comm) - step: what overlap saved
+  hideable    min(B, T_comm): at most this much can overlap with backward
+  ideal       F + O + max(B, T_comm): perfect overlap, no slowdown of compute
+              by the network stack, one allreduce of everything with no
+              per-bucket latency; a lower bound
+  vs torch    per round, this variant's median step / torch DDPOptimizer's
+              median step; median and spread over rounds (paired, so slow
+              drifts of the shared machine cancel)
+"""
+
+from __future__ import annotations
+
+import math
+
+from bench import stats, variants
+
+MiB = 1 << 20
+
+
+def _slower_rank(ranks: list[dict], vname: str, key: str) -> list[dict]:
+    """Per step index, the record of the rank whose `key` was larger."""
+    series = [r["variants"][vname][key] for r in ranks]
+    return [max(recs, key=lambda x: x["total"]) for recs in zip(*series)]
+
+
+def link_fit(ranks: list[dict]) -> dict:
+    # Both ranks time the same collectives; keep the slower view of each.
+    points = [max(ps, key=lambda p: p["seconds"]) for ps in zip(*(r["link"]["points"] for r in ranks))]
+    fit = stats.fit_line([p["bytes"] for p in points], [p["seconds"] for p in points])
+    fit["bandwidth_mib_s"] = 1.0 / fit["b"] / MiB if fit["b"] > 0 else float("nan")
+    fit["points"] = points
+    return fit
+
+
+def cpu_cost(ranks: list[dict]) -> dict:
+    """CPU seconds burnt per second of allreduce, per rank and machine-wide."""
+    out = {}
+    for r in ranks:
+        c = r["link"]["cpu_during_allreduce"]
+        wall = c["wall"]
+        out[f"rank{r['rank']}"] = {"user_per_s": c["user"] / wall, "sys_per_s": c["sys"] / wall,
+                                   "MiB_per_s": c["bytes_each"] * c["count"] / wall / MiB}
+        machine = {k[len("machine_"):]: v / wall for k, v in c.items() if k.startswith("machine_")}
+        if machine:
+            # Both ranks measure the same machine at about the same time;
+            # keep one view.
+            machine["busy_cores"] = sum(v for k, v in machine.items() if k not in ("idle", "iowait"))
+            out["machine"] = machine
+    inter = [r["link"]["interference"] for r in ranks]
+    out["compute_slowdown_during_allreduce"] = max(
+        i["compute_during_allreduce_s"] / i["compute_alone_s"] for i in inter)
+    out["interference"] = inter
+    return out
+
+
+def summarize_job(ranks: list[dict]) -> dict:
+    r0 = ranks[0]
+    job = r0["job"]
+    grad_bytes = r0["workload"]["grad_bytes"]
+    fit = link_fit(ranks)
+    t_comm = fit["a"] + fit["b"] * grad_bytes
+    names = [n for n in job["variants"] if all("steps" in r["variants"].get(n, {}) for r in ranks)]
+    failed = {n: r0["variants"].get(n, {}).get("error", "missing")
+              for n in job["variants"] if n not in names}
+
+    rows: dict[str, dict] = {}
+    for n in names:
+        steps = _slower_rank(ranks, n, "steps")
+        prof = _slower_rank(ranks, n, "profile")
+        per_round: dict[int, list[float]] = {}
+        for s in steps:
+            per_round.setdefault(s["round"], []).append(s["total"])
+        info = [r["variants"][n]["info"] for r in ranks]
+        lb = [r["variants"][n]["link_bytes"] for r in ranks]
+        bytes_per_step = [
+            stats.median(b["qdisc_bytes"] / b["steps"] for b in rank_lb) if rank_lb else None
+            for rank_lb in lb
+        ]
+        rows[n] = {
+            "label": r0["variants"][n]["label"],
+            "step": stats.summarize(s["total"] for s in steps),
+            "samples": [s["total"] for s in steps],
+            "round_medians": {r: stats.median(v) for r, v in per_round.items()},
+            "fwd": stats.median(p["fwd"] for p in prof),
+            "bwd": stats.median(p["bwd"] for p in prof),
+            "opt": stats.median(p["opt"] for p in prof),
+            "cpu_per_step": stats.median(s["user"] + s["sys"] for s in steps),
+            "first_step_s": max(i["first_step_s"] for i in info),
+            "compile_wall_s": max(i.get("compile_wall_s", float("nan")) for i in info),
+            "graphs": info[0].get("graphs_after_warmup"),
+            "recompiled": any(r["variants"][n].get("recompiled") for r in ranks),
+            "link_bytes_per_step": bytes_per_step,
+            "link_drops": sum(b["drops"] for rank_lb in lb for b in rank_lb),
+            "ddp_buckets": r0["variants"][n].get("ddp_buckets_end") or info[0].get("ddp_buckets"),
+            "pieces": _pieces(info[0]),
+        }
+        rows[n]["compute"] = rows[n]["fwd"] + rows[n]["bwd"] + rows[n]["opt"]
+
+    out = {
+        "name": job["name"], "job": job, "workload": r0["workload"], "grad_bytes": grad_bytes,
+        "link": {k: v for k, v in fit.items()}, "t_comm": t_comm, "cpu": cpu_cost(ranks),
+        "variants": rows, "failed": failed,
+    }
+    ref = rows.get("compute_only")
+    if ref:
+        f, b, o = ref["fwd"], ref["bwd"], ref["opt"]
+        compute_step = ref["step"]["median"]
+        out["ideal"] = f + o + max(b, t_comm)
+        out["compute_step"] = compute_step
+        out["hideable"] = min(b, t_comm)
+        out["regime"] = _regime(b, t_comm)
+        for n, row in rows.items():
+            med = row["step"]["median"]
+            row["vs_ideal"] = med / out["ideal"]
+            if n != "compute_only":
+                row["exposed"] = med - compute_step
+                row["hidden"] = compute_step + t_comm - med
+                row["hidden_of_hideable"] = row["hidden"] / out["hideable"] if out["hideable"] > 0 else float("nan")
+    base = rows.get(variants.BASELINE)
+    for n, row in rows.items():
+        if base and n != variants.BASELINE:
+            row["vs_torch"] = stats.paired_ratios(row["round_medians"], base["round_medians"])
+        if row["link_bytes_per_step"][0] is not None and n != "compute_only":
+            row["link_bytes_vs_grad"] = max(row["link_bytes_per_step"]) / grad_bytes
+    return out
+
+
+def _regime(backward: float, t_comm: float) -> str:
+    q = backward / t_comm if t_comm > 0 else math.inf
+    if q > 1.5:
+        return "compute-bound"
+    if q < 1 / 1.5:
+        return "communication-bound"
+    return "balanced"
+
+
+def _pieces(info: dict) -> dict | None:
+    """What the splitter decided: piece count and bucket bytes in DDP order."""
+    if info.get("ddp_optimizer"):
+        call = info["ddp_optimizer"][-1]
+        # torch lists buckets in forward order; DDP order is the reverse.
+        return {"count": len(call["buckets"]),
+                "bucket_bytes": [b["bytes"] for b in reversed(call["buckets"])],
+                "extended": sum(b["extended"] for b in call["buckets"])}
+    plans = info.get("goddp_plans")
+    if plans:
+        p = plans[-1]
+        return {"count": p.get("num_pieces"), "bucket_bytes": p.get("bucket_bytes"),
+                "extended": p.get("extended"), "fallback": p.get("fallback")}
+    return None
+
+
+# ----------------------------------------------------------------- printing
+
+COLUMNS = ("variant", "median", "p90", "spread", "vs torch (paired)", "exposed", "hidden", "overlap eff",
+           "x ideal", "compute", "CPU/step", "link B/step", "first step", "graphs")
+
+
+def job_table(s: dict) -> str:
+    rows = []
+    for n, r in s["variants"].items():
+        st = r["step"]
+        vt = r.get("vs_torch")
+        reference = n == "compute_only"
+        vs = "baseline" if n == variants.BASELINE else "-" if reference else (
+            f"{stats.fmt_ratio(vt['median'])} [{stats.fmt_ratio(vt['min'])}-{stats.fmt_ratio(vt['max'])}]"
+            + (" SLOWER" if n.startswith("goddp") and vt["median"] > 1.0 else "") if vt else "-")
+        lb = r.get("link_bytes_vs_grad")
+        rows.append([
+            r["label"] + (" (RECOMPILED)" if r["recompiled"] else ""),
+            stats.fmt_s(st["median"]), stats.fmt_s(st["p90"]),
+            f"{stats.fmt_s(st['min'])}-{stats.fmt_s(st['max'])}", vs,
+            stats.fmt_s(r.get("exposed")), stats.fmt_s(r.get("hidden")),
+            _overlap_text(r, s), "-" if reference else stats.fmt_ratio(r.get("vs_ideal")), stats.fmt_s(r["compute"]), stats.fmt_s(r["cpu_per_step"]),
+            "-" if lb is None else f"{lb:.2f}x grads", stats.fmt_s(r["first_step_s"]),
+            "eager" if r["graphs"] is None else r["graphs"],
+        ])
+    fit = s["link"]
+    wl = s["workload"]
+    head = (f"== {s['name']}: {wl['description']}, inner={s['job']['inner']}, "
+            f"link {s['job'].get('rate', 'unshaped')}, grads {stats.fmt_bytes(s['grad_bytes'])}, "
+            f"n={s['variants'][next(iter(s['variants']))]['step']['n']} steps/variant ==")
+    lines = [stats.table(COLUMNS, rows, title=head)]
+    if "ideal" in s:
+        co = s["variants"]["compute_only"]
+        lines.append(
+            f"ideal {stats.fmt_s(s['ideal'])} = F {stats.fmt_s(co['fwd'])} + O {stats.fmt_s(co['opt'])} "
+            f"+ max(B {stats.fmt_s(co['bwd'])}, T_comm {stats.fmt_s(s['t_comm'])}); "
+            f"regime: {s['regime']}; allreduce fit {fit['a'] * 1e3:.1f}ms + bytes/"
+            f"{fit['bandwidth_mib_s']:.0f}MiB/s (R^2 {fit['r2']:.3f})")
+    cpu = s["cpu"]
+    m = cpu.get("machine", {})
+    lines.append(
+        "during allreduce: rank0 CPU {:.2f} user + {:.2f} sys per s, machine {:.2f} cores busy "
+        "(softirq {:.2f}); compute runs {:.2f}x slower while an allreduce is in flight".format(
+            cpu["rank0"]["user_per_s"], cpu["rank0"]["sys_per_s"], m.get("busy_cores", float("nan")),
+            m.get("softirq", float("nan")), cpu["compute_slowdown_during_allreduce"]))
+    for n, err in s["failed"].items():
+        lines.append(f"FAILED {n}: {err.splitlines()[0] if err else ''}")
+    for n, r in s["variants"].items():
+        if r.get("link_drops"):
+            lines.append(f"note: {n} saw {r['link_drops']} qdisc drops")
+    lines.append(alignment_text(s))
+    return "\n".join(lines)
+
+
+def _overlap_text(row: dict, s: dict) -> str:
+    # Below 10 ms of possible overlap the ratio is noise over noise.
+    if "hidden_of_hideable" not in row or s.get("hideable", 0) < 0.01:
+        return "-"
+    return f"{row['hidden_of_hideable']:.0%}"
+
+
+def alignment_text(s: dict) -> str:
+    """DDP's real buckets next to the pieces each splitter cut (DDP order)."""
+    out = []
+    for n, r in s["variants"].items():
+        ddp = (r.get("ddp_buckets") or {}).get("rebuilt_bucket_sizes")
+        pieces = r.get("pieces")
+        if not pieces and n not in ("compiled", "eager_ddp"):
+            continue
+        ddp_mib = "-" if not ddp else " ".join(f"{int(x) / MiB:.1f}" for x in str(ddp).split(","))
+        cut = "-" if not pieces or not pieces.get("bucket_bytes") else " ".join(
+            f"{x / MiB:.1f}" for x in pieces["bucket_bytes"])
+        out.append(f"  {n:13s} DDP buckets (MiB): {ddp_mib:40s} pieces' buckets: {cut}")
+    return "bucket alignment, gradient-ready order:\n" + "\n".join(out) if out else ""

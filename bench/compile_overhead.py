@@ -1,0 +1,264 @@
+"""Compile overhead of splitting: goddp's cut-and-compile path vs torch's DDPOptimizer.
+
+    .venv/bin/python -m bench.compile_overhead [--nodes 1000 4000 16000] [--e2e gpt:quick]
+
+Synthetic graph: a deep stack of small Linear + tanh layers (about 4 FX
+nodes per layer), captured by Dynamo under a one-rank gloo DDP forward, with
+bucket_cap_mb=1 so that the graph falls into hundreds of buckets (8 layers
+each). The inner compiler is trivial (returns gm.forward), so what is timed
+is the splitter itself. Every (tool, size) runs in a fresh process, which
+gives a clean peak-memory figure (ru_maxrss growth across the compile).
+
+Tools:
+  unsplit       optimize_ddp=False: Dynamo's capture alone, the common floor
+  torch         torch's DDPOptimizer, phases timed by bench.probes
+  goddp_torch   goddp, torch mode: phases from goddp.last_plans()[-1]["timings"]
+  goddp_ddp     goddp, ddp mode
+
+"dynamo" in the phase list is the first call's wall time minus everything
+the splitter reports, i.e. Dynamo's tracing plus one real forward.
+
+--e2e MODEL:SIZE also times a real inductor compile of a bench model end to
+end (first forward, first backward) for the same tools, caches off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import stats
+
+TOOLS = ("unsplit", "torch", "goddp_torch", "goddp_ddp")
+TRIVIAL = "bench_trivial"
+LAYER_WIDTH = 192  # 148 KiB per layer: 8 layers fill DDPOptimizer's 1 MiB minimum cap
+
+
+# ------------------------------------------------------------------ child
+
+def _child(args) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from bench import models, probes
+
+    torch.set_num_threads(1)
+    goddp = probes.goddp_module()  # import first: it turns optimize_ddp off
+    if args.tool.startswith("goddp") and goddp is None:
+        return {"tool": args.tool, "nodes": args.nodes, "error": "goddp unavailable"}
+
+    compiled_graph_nodes: list[int] = []
+
+    @torch._dynamo.register_backend(name=TRIVIAL)
+    def trivial(gm, example_inputs, **_):
+        compiled_graph_nodes.append(len(gm.graph.nodes))
+        return gm.forward
+
+    args.compiled_graph_nodes = compiled_graph_nodes
+
+    store_file = tempfile.NamedTemporaryFile(prefix="goddp-bench-store-", delete=False)
+    store_file.close()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store_file.name}", rank=0, world_size=1)
+    try:
+        if args.e2e:
+            return _e2e(args, torch, DDP, models, probes)
+        wl = models.deep_stack(args.nodes, width=LAYER_WIDTH, batch=4)
+        ddp = DDP(wl.model, bucket_cap_mb=1)
+        return _compile_once(args, torch, ddp, wl, TRIVIAL, probes)
+    finally:
+        dist.destroy_process_group()
+        if os.path.exists(store_file.name):  # the store may remove it itself
+            os.unlink(store_file.name)
+
+
+def _compiled(torch, ddp, tool: str, inner: str):
+    if tool.startswith("goddp"):
+        return torch.compile(ddp, backend="goddp", options={"inner": inner, "mode": tool.split("_")[1]})
+    return torch.compile(ddp, backend=inner)
+
+
+def _compile_once(args, torch, ddp, wl, inner: str, probes) -> dict:
+    rss0 = stats.max_rss_mib()
+    probe = probes.DDPOptimizerProbe()
+    plans0 = len(probes.goddp_plans())
+    compiled = _compiled(torch, ddp, args.tool, inner)
+    with probe.installed(), torch._dynamo.config.patch(optimize_ddp=args.tool == "torch"):
+        t = time.perf_counter()
+        out = compiled(*wl.inputs)
+        first_call = time.perf_counter() - t
+    rec = {"tool": args.tool, "nodes": args.nodes, "first_call_s": first_call,
+           "peak_rss_delta_mib": stats.max_rss_mib() - rss0, "rss_before_mib": rss0,
+           "params_mib": wl.grad_bytes / 2**20, "layers": len(wl.model.layers)}
+    phases: dict = {}
+    if args.tool == "torch" and probe.calls:
+        call = probe.calls[-1]
+        phases = dict(call["phases"])
+        rec.update(graph_nodes=call["graph_nodes"], pieces=len(call["buckets"]))
+    elif args.tool.startswith("goddp"):
+        plans = probes.goddp_plans()[plans0:]
+        if plans:
+            p = probes.summarize_goddp_plan(plans[-1])
+            phases = {k: float(v) for k, v in (p.get("timings") or {}).items()
+                      if isinstance(v, (int, float))}
+            rec.update(pieces=p.get("num_pieces"), graph_nodes=p.get("graph_nodes"), goddp_plan=p)
+            if p.get("fallback"):
+                rec["error"] = f"goddp fell back to the whole graph: {p['fallback']}"
+        else:
+            rec["error"] = "goddp recorded no plan"
+    elif args.tool == "unsplit":
+        rec.update(graph_nodes=sum(args.compiled_graph_nodes), pieces=len(args.compiled_graph_nodes))
+    splitter = sum(phases.values())
+    rec["phases"] = {"dynamo": first_call - splitter, **phases}
+    rec["splitter_s"] = splitter
+    del out
+    return rec
+
+
+def _e2e(args, torch, DDP, models, probes) -> dict:
+    name, size = args.e2e.split(":")
+    wl = models.build(name, size)
+    ddp = DDP(wl.model)  # default caps, as a user would
+    rss0 = stats.max_rss_mib()
+    plans0 = len(probes.goddp_plans())
+    compiled = _compiled(torch, ddp, args.tool, "inductor")
+    with torch._dynamo.config.patch(optimize_ddp=args.tool == "torch"):
+        t0 = time.perf_counter()
+        loss = wl.loss(compiled(*wl.inputs))
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        steady = []
+        for _ in range(3):
+            s = time.perf_counter()
+            wl.loss(compiled(*wl.inputs)).backward()
+            steady.append(time.perf_counter() - s)
+    rec = {"tool": args.tool, "model": args.e2e, "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
+           "steady_step_s": stats.median(steady), "peak_rss_delta_mib": stats.max_rss_mib() - rss0}
+    rec["compile_s"] = rec["first_forward_s"] + rec["first_backward_s"] - rec["steady_step_s"]
+    plans = probes.goddp_plans()[plans0:]
+    if plans:
+        p = probes.summarize_goddp_plan(plans[-1])
+        rec["pieces"] = p.get("num_pieces")
+        rec["fallback"] = p.get("fallback")
+    return rec
+
+
+# ------------------------------------------------------------------ parent
+
+def _run_child(extra: list[str], timeout: float, core: int | None) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1",
+               TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    with tempfile.TemporaryDirectory(prefix="goddp-bench-") as tmp:
+        env["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "bench.compile_overhead", "--child", "--out", str(out), *extra]
+        if core is not None:
+            cmd = ["taskset", "-c", str(core), *cmd]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f}s"}
+        if proc.returncode != 0 or not out.exists():
+            return {"error": f"exit {proc.returncode}: " + proc.stderr.strip()[-2000:]}
+        return json.loads(out.read_text())
+
+
+def run(nodes: list[int], tools: list[str], e2e: list[str], timeout: float = 1800,
+        core: int | None = 0, log=print) -> dict:
+    """Run every (tool, size) in its own process; returns all records."""
+    synthetic, end_to_end = [], []
+    jobs = [(n, t) for n in nodes for t in tools]
+    t_start = time.perf_counter()
+    for i, (n, tool) in enumerate(jobs):
+        rec = _run_child(["--nodes", str(n), "--tool", tool], timeout, core)
+        rec.setdefault("tool", tool)
+        rec.setdefault("nodes", n)
+        synthetic.append(rec)
+        log(f"[compile {i + 1}/{len(jobs)}, {time.perf_counter() - t_start:.0f}s] {tool} at {n} nodes: "
+            + (rec["error"].splitlines()[-1] if "error" in rec else
+               f"first call {rec['first_call_s']:.2f}s, splitter {rec['splitter_s']:.2f}s, "
+               f"pieces {rec.get('pieces')}, peak RSS +{rec['peak_rss_delta_mib']:.0f} MiB"))
+    for model in e2e:
+        for tool in tools:
+            rec = _run_child(["--e2e", model, "--tool", tool], timeout, core)
+            rec.setdefault("tool", tool)
+            rec.setdefault("model", model)
+            end_to_end.append(rec)
+            log(f"[compile e2e] {tool} {model}: " + (rec["error"].splitlines()[-1] if "error" in rec else
+                f"compile {rec['compile_s']:.1f}s (fwd {rec['first_forward_s']:.1f}s, "
+                f"bwd {rec['first_backward_s']:.1f}s), steady step {rec['steady_step_s'] * 1e3:.0f}ms"))
+    return {"synthetic": synthetic, "e2e": end_to_end}
+
+
+def report(res: dict) -> str:
+    ok = [r for r in res["synthetic"] if "error" not in r]
+    phases: list[str] = []
+    for r in ok:
+        phases += [k for k in r["phases"] if k not in phases]
+    rows = []
+    for r in res["synthetic"]:
+        if "error" in r:
+            rows.append([f"{r['tool']} @ {r['nodes']}", "FAILED: " + r["error"].splitlines()[-1][:60]]
+                        + [""] * (len(phases) + 3))
+            continue
+        rows.append([f"{r['tool']} @ {r['nodes']}", r.get("graph_nodes", "-"), r.get("pieces", "-")]
+                    + [stats.fmt_s(r["phases"].get(p)) for p in phases]
+                    + [stats.fmt_s(r["first_call_s"]), f"{r['peak_rss_delta_mib']:.0f}"])
+    out = [stats.table(["tool @ target nodes", "graph nodes", "pieces", *phases, "first call", "RSS+ MiB"],
+                       rows, title="== compile overhead, trivial inner compiler ==")]
+    by_size: dict[int, dict] = {}
+    for r in ok:
+        by_size.setdefault(r["nodes"], {})[r["tool"]] = r
+    for n, tools in sorted(by_size.items()):
+        if "torch" in tools:
+            for g in ("goddp_torch", "goddp_ddp"):
+                if g in tools and tools["torch"]["splitter_s"] > 0:
+                    q = tools[g]["splitter_s"] / tools["torch"]["splitter_s"]
+                    out.append(f"{n} nodes: {g} splitter time / torch's = {q:.3f}"
+                               + (" SLOWER" if q > 1 else ""))
+    if res["e2e"]:
+        rows = [[f"{r['tool']} {r.get('model')}"] + (["FAILED: " + r["error"].splitlines()[-1][:60], "", "", "", ""]
+                if "error" in r else [stats.fmt_s(r["compile_s"]), stats.fmt_s(r["first_forward_s"]),
+                                       stats.fmt_s(r["first_backward_s"]), stats.fmt_s(r["steady_step_s"]),
+                                       f"{r['peak_rss_delta_mib']:.0f}"]) for r in res["e2e"]]
+        out.append(stats.table(["tool model", "compile", "1st fwd", "1st bwd", "steady step", "RSS+ MiB"],
+                               rows, title="== end-to-end inductor compile (1 rank, caches off) =="))
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, nargs="*", default=[1000, 4000, 16000])
+    ap.add_argument("--tools", nargs="*", default=list(TOOLS), choices=TOOLS)
+    ap.add_argument("--e2e", nargs="*", default=[], help="MODEL:SIZE, e.g. gpt:quick")
+    ap.add_argument("--out", help="JSON output (parent: all results; child: one record)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tool", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        args.nodes = args.nodes[0] if args.nodes else 0
+        args.e2e = args.e2e[0] if args.e2e else None
+        Path(args.out).write_text(json.dumps(_child(args)))
+        return 0
+    res = run(args.nodes, args.tools, args.e2e, args.timeout)
+    print(report(res))
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        from bench import plots
+        plots.compile_phases([r for r in res["synthetic"] if "error" not in r],
+                             Path(args.out).with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Matplotlib figures for the bench results (PNG, no display needed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from bench import variants  # noqa: E402
+
+COLORS = {
+    "compute_only": "#9e9e9e", "eager_ddp": "#6d8fb3", "compiled": "#3b5b92",
+    "torch_ddpopt": "#1f3a5f", "goddp_torch": "#e07b39", "goddp_ddp": "#2e9e5b",
+}
+
+
+def _grid(n: int, width: float = 5.0, height: float = 3.6):
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _job_title(s: dict) -> str:
+    return (f"{s['name']}\n{s['workload']['description']}, {s['job']['inner']}, "
+            f"{s['job'].get('rate', 'unshaped')}")
+
+
+def step_times(summaries: list[dict], path: Path) -> None:
+    """Per job: the distribution of step times of every variant."""
+    fig, axes = _grid(len(summaries))
+    for ax, s in zip(axes, summaries):
+        names = list(s["variants"])
+        data = [s["variants"][n]["samples"] for n in names]
+        box = ax.boxplot(data, patch_artist=True, widths=0.6, showfliers=True)
+        for patch, n in zip(box["boxes"], names):
+            patch.set_facecolor(COLORS.get(n, "#cccccc"))
+            patch.set_alpha(0.8)
+        if "ideal" in s:
+            ax.axhline(s["ideal"], color="#2e9e5b", ls="--", lw=1, label="ideal step")
+            ax.axhline(s["compute_step"] + s["t_comm"], color="#b33", ls=":", lw=1,
+                       label="compute + comm (no overlap)")
+            ax.legend(fontsize=7, loc="upper right")
+        ax.set_xticks(range(1, len(names) + 1), [s["variants"][n]["label"] for n in names],
+                      rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("step time (s), slower rank")
+        ax.set_ylim(bottom=0)
+        ax.set_title(_job_title(s), fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Step time per variant (box: quartiles; whiskers 1.5 IQR)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ratios_vs_torch(summaries: list[dict], path: Path) -> None:
+    """Paired per-round ratios to torch's DDPOptimizer: below 1 is faster."""
+    rows = []
+    for s in summaries:
+        for n, r in s["variants"].items():
+            if "vs_torch" in r and r["vs_torch"]["n"]:
+                rows.append((s["name"], n, r["label"], r["vs_torch"]))
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.5))
+    for i, (job, n, label, vt) in enumerate(rows):
+        ax.errorbar(vt["median"], i, xerr=[[vt["median"] - vt["min"]], [vt["max"] - vt["median"]]],
+                    fmt="o", color=COLORS.get(n, "k"), capsize=3)
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_yticks(range(len(rows)), [f"{job}: {label}" for job, _, label, _ in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"step time / {variants.SPECS[variants.BASELINE].label} (same round); "
+                  "dot median, bar min-max over rounds")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def regimes(summaries: list[dict], path: Path) -> None:
+    """Gain from splitting vs how compute-bound the job is."""
+    pts = [s for s in summaries if "ideal" in s and "compiled" in s["variants"]]
+    if len(pts) < 2:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for n in ("torch_ddpopt", "goddp_torch", "goddp_ddp"):
+        xs, ys, labels = [], [], []
+        for s in pts:
+            if n in s["variants"]:
+                b = s["variants"]["compute_only"]["bwd"]
+                xs.append(b / s["t_comm"])
+                ys.append(s["variants"]["compiled"]["step"]["median"] / s["variants"][n]["step"]["median"])
+                labels.append(s["name"])
+        if xs:
+            ax.scatter(xs, ys, color=COLORS[n], label=variants.SPECS[n].label)
+            for x, y, lab in zip(xs, ys, labels):
+                ax.annotate(lab, (x, y), fontsize=6, alpha=0.7)
+    ax.axhline(1.0, color="k", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("backward compute / allreduce time of all gradients (B / T_comm)")
+    ax.set_ylabel("speed-up over compiled unsplit (median step)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+PHASE_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+                "#ff9da7", "#9c755f", "#bab0ac"]
+
+
+def compile_phases(results: list[dict], path: Path) -> None:
+    """Stacked per-phase compile cost of each splitter at each graph size."""
+    if not results:
+        return
+    phases: list[str] = []
+    for r in results:
+        for k in r.get("phases", {}):
+            if k not in phases:
+                phases.append(k)
+    fig, (ax, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 1.3]})
+    labels = [f"{r['tool']}\n{r['nodes']} nodes" for r in results]
+    bottoms = [0.0] * len(results)
+    for k, phase in enumerate(phases):
+        vals = [r.get("phases", {}).get(phase, 0.0) for r in results]
+        ax.bar(range(len(results)), vals, bottom=bottoms, label=phase,
+               color=PHASE_COLORS[k % len(PHASE_COLORS)])
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set_xticks(range(len(results)), labels, fontsize=7)
+    ax.set_ylabel("seconds")
+    ax.set_title("Splitter compile cost by phase (trivial inner compiler)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    mem = [r.get("peak_rss_delta_mib", float("nan")) for r in results]
+    ax_mem.bar(range(len(results)), mem, color=["#1f3a5f" if r["tool"].startswith("torch") else "#2e9e5b"
+                                                 for r in results])
+    ax_mem.set_xticks(range(len(results)), labels, fontsize=6)
+    ax_mem.set_ylabel("peak RSS growth during compile (MiB)")
+    ax_mem.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

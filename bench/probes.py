@@ -1,0 +1,179 @@
+"""Instrumentation of the two graph splitters being compared.
+
+torch's DDPOptimizer records no timings, so `DDPOptimizerProbe` wraps the
+functions its `compile_fn` calls, in place, for the duration of a `with`
+block, and derives the phases from the timestamps:
+
+    bucketing   compile_fn start -> split_module start (includes bucket logging)
+    split       split_module itself
+    metadata    split_module end -> SubmodCompiler.run start (metadata
+                propagation and the debug strings built even when logging is off)
+    propagate   SubmodCompiler.run minus the inner compiler's own time: running
+                each piece under fake tensors to get the next piece's inputs
+    inner       time inside the inner compiler for all pieces
+    stitch      SubmodCompiler.run end -> compile_fn return (recompile)
+
+goddp records its own phases in `goddp.last_plans()[-1]["timings"]`;
+`goddp_plans()` reads them without assuming more than a list of dicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+
+import torch
+import torch.fx.passes.split_module as split_module_mod
+from torch._dynamo.backends import distributed as ddp_backend
+
+
+class DDPOptimizerProbe:
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self._active: dict | None = None
+
+    @contextlib.contextmanager
+    def installed(self):
+        orig_compile = ddp_backend.DDPOptimizer.compile_fn
+        orig_split = split_module_mod.split_module
+        orig_run = ddp_backend.SubmodCompiler.run
+        probe = self
+
+        @functools.wraps(orig_compile)
+        def compile_fn(opt_self, gm, example_inputs, **kw):
+            rec = {"t_start": time.perf_counter(), "inner": 0.0, "inner_calls": 0,
+                   "graph_nodes": len(gm.graph.nodes)}
+            inner = opt_self.backend_compile_fn
+
+            def timed_inner(*a, **k):
+                t = time.perf_counter()
+                try:
+                    return inner(*a, **k)
+                finally:
+                    rec["inner"] += time.perf_counter() - t
+                    rec["inner_calls"] += 1
+
+            opt_self.backend_compile_fn = timed_inner
+            probe._active = rec
+            try:
+                return orig_compile(opt_self, gm, example_inputs, **kw)
+            finally:
+                rec["t_end"] = time.perf_counter()
+                opt_self.backend_compile_fn = inner
+                probe._active = None
+                rec["buckets"] = [
+                    {"bytes": b.size, "params": len(b.params), "nodes": len(b.nodes),
+                     "extended": b.opcount_increased_to_capture_external_output > 0}
+                    for b in getattr(opt_self, "buckets", [])
+                ]
+                rec["bucket_cap"] = opt_self.bucket_bytes_cap
+                rec["first_bucket_cap"] = opt_self.first_bucket_cap
+                probe.calls.append(_phases(rec))
+
+        @functools.wraps(orig_split)
+        def split_module(*a, **k):
+            rec = probe._active
+            if rec is not None:
+                rec["t_split_start"] = time.perf_counter()
+            try:
+                return orig_split(*a, **k)
+            finally:
+                if rec is not None:
+                    rec["t_split_end"] = time.perf_counter()
+
+        @functools.wraps(orig_run)
+        def run(interp_self, *a, **k):
+            rec = probe._active
+            if rec is not None:
+                rec["t_run_start"] = time.perf_counter()
+            try:
+                return orig_run(interp_self, *a, **k)
+            finally:
+                if rec is not None:
+                    rec["t_run_end"] = time.perf_counter()
+
+        ddp_backend.DDPOptimizer.compile_fn = compile_fn
+        split_module_mod.split_module = split_module
+        ddp_backend.SubmodCompiler.run = run
+        try:
+            yield self
+        finally:
+            ddp_backend.DDPOptimizer.compile_fn = orig_compile
+            split_module_mod.split_module = orig_split
+            ddp_backend.SubmodCompiler.run = orig_run
+
+
+def _phases(rec: dict) -> dict:
+    start, end = rec["t_start"], rec["t_end"]
+    out = {k: rec[k] for k in ("graph_nodes", "buckets", "bucket_cap", "first_bucket_cap",
+                               "inner_calls")}
+    if "t_split_start" not in rec:  # a single bucket: torch skips splitting
+        out["phases"] = {"bucketing": end - start - rec["inner"], "inner": rec["inner"]}
+    else:
+        run_start = rec.get("t_run_start", rec["t_split_end"])
+        run_end = rec.get("t_run_end", run_start)
+        out["phases"] = {
+            "bucketing": rec["t_split_start"] - start,
+            "split": rec["t_split_end"] - rec["t_split_start"],
+            "metadata": run_start - rec["t_split_end"],
+            "propagate": (run_end - run_start) - rec["inner"],
+            "inner": rec["inner"],
+            "stitch": end - run_end,
+        }
+    out["total"] = end - start
+    return out
+
+
+def goddp_module():
+    """The goddp package if it imports and registers its backend, else None."""
+    try:
+        import goddp  # noqa: F401  (import registers the backend)
+    except Exception:  # noqa: BLE001 - any failure means "not available yet"
+        return None
+    from torch._dynamo import list_backends
+
+    if "goddp" not in list_backends(exclude_tags=()):
+        return None
+    return goddp
+
+
+def goddp_plans() -> list[dict]:
+    """A copy of goddp's recorded plans (empty if goddp is unavailable)."""
+    goddp = goddp_module()
+    if goddp is None or not hasattr(goddp, "last_plans"):
+        return []
+    return [dict(p) for p in goddp.last_plans()]
+
+
+def summarize_goddp_plan(plan: dict) -> dict:
+    """The fields of a goddp plan record that the bench reports.
+
+    goddp records (see goddp._records.last_plans): num_pieces, buckets (DDP
+    order, each with bytes), timings (export, plan, cut, example_inputs,
+    compile, stitch), fallback, graph (num_nodes, num_params), caps, mode.
+    """
+    buckets = plan.get("buckets") or []
+    return {
+        "mode": plan.get("mode"),
+        "num_pieces": plan.get("num_pieces"),
+        "bucket_bytes": [b.get("bytes") for b in buckets if isinstance(b, dict)],
+        "extended": sum(1 for b in buckets if isinstance(b, dict) and b.get("extended")),
+        "timings": _jsonable(plan.get("timings") or {}),
+        "fallback": plan.get("fallback"),
+        "graph_nodes": (plan.get("graph") or {}).get("num_nodes"),
+        "caps": _jsonable(plan.get("caps")),
+        "fingerprint": plan.get("fingerprint"),
+    }
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    if isinstance(v, torch.Tensor) and v.numel() < 10000:
+        return v.tolist()
+    return repr(v)

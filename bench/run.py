@@ -1,0 +1,246 @@
+"""goddp benchmarks: step time over a shaped two-host link, and compile overhead.
+
+    .venv/bin/python -m bench.run --quick        # < 10 min on 2 quiet cores
+    .venv/bin/python -m bench.run --full         # about 2 h; see --list
+    .venv/bin/python -m bench.run --full --only step --models mlp --inners aot_eager
+    .venv/bin/python -m bench.run --tiny --no-link   # harness smoke test, ~2 min
+
+Needs root (network namespaces, tc). Everything it creates (namespaces,
+veth pair, worker processes) is removed on exit, Ctrl-C or SIGTERM.
+
+Writes bench/results/<time>-<mode>/: summary.json, report.txt,
+step_times.png, ratios_vs_torch.png, regimes.png, compile_phases.png and
+raw/ (per-rank JSON and logs of every job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from bench import analysis, compile_overhead, link as linkmod, plots, stats, step_bench, variants
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# How much each mode measures. Steps per variant after warm-up = rounds * steps_per_round.
+MODES = {
+    "tiny": dict(size="tiny", rounds=2, steps_per_round=2, warmup=3, profile_steps=2,
+                 link_sizes_mib=[1, 4], link_reps=2, interference_compute_s=0.1,
+                 compile_nodes=[400], compile_e2e=[]),
+    "quick": dict(size="quick", rounds=4, steps_per_round=2, warmup=3, profile_steps=3,
+                  link_sizes_mib=[1, 8, 32], link_reps=2, interference_compute_s=0.3,
+                  compile_nodes=[1000, 4000], compile_e2e=[]),
+    "full": dict(size="full", rounds=8, steps_per_round=3, warmup=3, profile_steps=5,
+                 link_sizes_mib=[1, 4, 16, 64], link_reps=3, interference_compute_s=0.5,
+                 compile_nodes=[1000, 4000, 16000], compile_e2e=["gpt:quick"]),
+}
+
+# The variants of the regime and alignment sweeps: enough to see whether
+# and how much splitting helps, without paying for every variant.
+SWEEP_VARIANTS = ["compute_only", "compiled", "torch_ddpopt", "goddp_torch", "goddp_ddp"]
+
+
+def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> list[dict]:
+    """The step-benchmark jobs of a mode (before --models/--inners filtering)."""
+    m = MODES[mode]
+    common = {k: m[k] for k in ("rounds", "steps_per_round", "warmup", "profile_steps",
+                                "link_sizes_mib", "link_reps", "interference_compute_s")}
+
+    def job(name, model, inner, overrides=None, job_rate=rate, var=None, cap=None, size=None):
+        return dict(name=name, model=model, size=size or m["size"], overrides=overrides or {},
+                    inner=inner, rate=job_rate, variants=var or variants.ALL,
+                    bucket_cap_mb=cap, timeout_s=7200, **common)
+
+    jobs = []
+    if mode == "tiny":
+        jobs.append(job("tiny-mlp", "mlp", "aot_eager"))
+        jobs.append(job("tiny-gpt", "gpt", "aot_eager"))
+    elif mode == "quick":
+        # One balanced job (backward ~ allreduce), where splitting matters
+        # most, and one small transformer through inductor.
+        jobs.append(job("mlp-b256-aot", "mlp", "aot_eager", {"batch": 256}))
+        jobs.append(job("gpt-quick-inductor", "gpt", "inductor"))
+    else:
+        for model in ("mlp", "gpt", "conv"):
+            for inner in ("aot_eager", "inductor"):
+                short = "aot" if inner == "aot_eager" else "ind"
+                jobs.append(job(f"{model}-{short}", model, inner))
+        # Regimes: vary the work per step (batch) and the link rate.
+        for batch in (256, 1024):
+            jobs.append(job(f"mlp-b{batch}-aot", "mlp", "aot_eager", {"batch": batch}, var=SWEEP_VARIANTS))
+        for r in ("250mbit", "4gbit"):
+            jobs.append(job(f"mlp-b256-aot-{r}", "mlp", "aot_eager", {"batch": 256}, job_rate=r,
+                            var=SWEEP_VARIANTS))
+        # Alignment: an explicit bucket_cap_mb makes DDP's first bucket as
+        # large as the others (torch's DDPOptimizer still assumes 1 MiB);
+        # a small cap gives more, smaller buckets.
+        for cap in (25, 4):
+            jobs.append(job(f"mlp-b256-aot-cap{cap}", "mlp", "aot_eager", {"batch": 256}, cap=cap,
+                            var=SWEEP_VARIANTS))
+    return [j for j in jobs if j["model"] in models and j["inner"] in inners]
+
+
+def _progress(t0: float, done: int, total: int, what: str) -> None:
+    el = time.perf_counter() - t0
+    print(f"\n### [{done + 1}/{total}] {what} (elapsed {el / 60:.1f} min)", flush=True)
+
+
+def run_steps(jobs: list[dict], out: Path, use_link: bool, default_rate: str) -> list[dict]:
+    summaries = []
+    t0 = time.perf_counter()
+
+    def go(names):
+        for i, job in enumerate(jobs):
+            _progress(t0, i, len(jobs), f"step job {job['name']} at {job['rate'] if names else 'loopback'}")
+            if names and job["rate"] != default_rate:
+                linkmod.set_rate(job["rate"])
+            try:
+                ranks = step_bench.run_job(job, out / "raw" / job["name"], names, port=29500 + 7 * i)
+            except Exception as err:  # noqa: BLE001 - one failed job must not lose the others
+                print(f"!!! job {job['name']} failed: {err}", flush=True)
+                summaries.append({"name": job["name"], "job": job, "error": str(err)})
+                continue
+            finally:
+                if names and job["rate"] != default_rate:
+                    linkmod.set_rate(default_rate)
+            s = analysis.summarize_job(ranks)
+            if not names:
+                s["job"]["rate"] = "loopback, unshaped"
+            summaries.append(s)
+            print(analysis.job_table(s), flush=True)
+            _save(out, summaries, None)
+
+    if use_link:
+        with linkmod.shaped_link(default_rate) as names:
+            print(f"link up: {names.namespaces[0]}({names.addresses[0]}, {names.devices[0]}) <-> "
+                  f"{names.namespaces[1]}({names.addresses[1]}, {names.devices[1]}), tbf {default_rate}",
+                  flush=True)
+            go(names)
+        print("link down", flush=True)
+    else:
+        go(None)
+    return summaries
+
+
+def _save(out: Path, summaries: list[dict], compile_res: dict | None) -> None:
+    doc = {"steps": summaries, "compile": compile_res}
+    (out / "summary.json").write_text(json.dumps(doc, indent=1, default=str))
+
+
+def overview(summaries: list[dict]) -> str:
+    """Cross-job tables: goddp vs torch, and where splitting helps."""
+    ok = [s for s in summaries if "variants" in s]
+    lines = []
+    rows = []
+    for s in ok:
+        for n in ("goddp_torch", "goddp_ddp"):
+            r = s["variants"].get(n)
+            if r and r.get("vs_torch") and r["vs_torch"]["n"]:
+                vt = r["vs_torch"]
+                base = s["variants"][variants.BASELINE]
+                rows.append([s["name"], r["label"], f"{vt['median']:.3f}",
+                             f"{vt['min']:.3f}-{vt['max']:.3f}", f"{vt['wins']}/{vt['n']}",
+                             f"{r['first_step_s'] / base['first_step_s']:.2f}",
+                             "SLOWER" if vt["median"] > 1.0 else ""])
+            elif s["failed"].get(n):
+                rows.append([s["name"], variants.SPECS[n].label, "FAILED", "", "", "", ""])
+    if rows:
+        lines.append(stats.table(
+            ["job", "variant", "step / torch DDPOptimizer", "range over rounds", "rounds faster",
+             "first step / torch's", ""], rows,
+            title="== goddp vs torch's DDPOptimizer (paired per round; < 1 is faster) =="))
+    rows = []
+    for s in ok:
+        if "ideal" not in s or "compiled" not in s["variants"]:
+            continue
+        unsplit = s["variants"]["compiled"]["step"]["median"]
+        b = s["variants"]["compute_only"]["bwd"]
+        cells = [s["name"], s["job"]["rate"], s["regime"], f"{b / s['t_comm']:.2f}",
+                 stats.fmt_s(s["ideal"]), stats.fmt_s(unsplit)]
+        for n in ("torch_ddpopt", "goddp_torch", "goddp_ddp"):
+            r = s["variants"].get(n)
+            cells.append("-" if not r else f"{unsplit / r['step']['median']:.2f}x "
+                                            f"({r['step']['median'] / s['ideal']:.2f} ideal)")
+        rows.append(cells)
+    if rows:
+        lines.append(stats.table(
+            ["job", "link", "regime", "B/T_comm", "ideal", "unsplit", "torch DDPOpt", "goddp torch",
+             "goddp ddp"], rows,
+            title="== where splitting helps: speed-up over compiled unsplit (and step / ideal) =="))
+    failed = [s for s in summaries if "error" in s]
+    for s in failed:
+        lines.append(f"job {s['name']} FAILED: {s['error'].splitlines()[0]}")
+    return "\n\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", dest="mode", action="store_const", const="quick")
+    g.add_argument("--full", dest="mode", action="store_const", const="full")
+    g.add_argument("--tiny", dest="mode", action="store_const", const="tiny", help="harness smoke test")
+    ap.add_argument("--rate", default="1gbit", help="tbf rate of the link (default 1gbit)")
+    ap.add_argument("--only", choices=("step", "compile"), help="run one of the two benchmarks")
+    ap.add_argument("--models", nargs="*", default=["mlp", "gpt", "conv"])
+    ap.add_argument("--inners", nargs="*", default=["aot_eager", "inductor"])
+    ap.add_argument("--rounds", type=int, help="override the mode's rounds")
+    ap.add_argument("--no-link", action="store_true", help="development: ranks over loopback, unshaped")
+    ap.add_argument("--out", type=Path, help="output directory (default bench/results/<time>-<mode>)")
+    ap.add_argument("--list", action="store_true", help="print the jobs and exit")
+    args = ap.parse_args(argv)
+    mode = args.mode or "quick"
+
+    jobs = [] if args.only == "compile" else plan_jobs(mode, args.rate, args.models, args.inners)
+    if args.rounds:
+        for j in jobs:
+            j["rounds"] = args.rounds
+    if args.list:
+        for j in jobs:
+            print(f"{j['name']:24s} {j['model']}/{j['size']} {j['overrides']} inner={j['inner']} "
+                  f"rate={j['rate']} cap={j['bucket_cap_mb']} variants={','.join(j['variants'])} "
+                  f"steps={j['rounds']}x{j['steps_per_round']}")
+        return 0
+    if jobs and not args.no_link and os.geteuid() != 0:
+        print("the shaped link needs root (ip netns, tc); use --no-link for a loopback run", file=sys.stderr)
+        return 2
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = args.out or RESULTS / f"{stamp}-{mode}"
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"goddp bench, mode {mode}: {len(jobs)} step jobs; results in {out}", flush=True)
+    t0 = time.perf_counter()
+
+    summaries = run_steps(jobs, out, not args.no_link, args.rate) if jobs else []
+    compile_res = None
+    if args.only != "step":
+        print(f"\n### compile overhead (elapsed {(time.perf_counter() - t0) / 60:.1f} min)", flush=True)
+        m = MODES[mode]
+        compile_res = compile_overhead.run(m["compile_nodes"], list(compile_overhead.TOOLS), m["compile_e2e"])
+    _save(out, summaries, compile_res)
+
+    texts = [analysis.job_table(s) for s in summaries if "variants" in s]
+    texts.append(overview(summaries))
+    if compile_res:
+        texts.append(compile_overhead.report(compile_res))
+    report = "\n\n".join(t for t in texts if t)
+    (out / "report.txt").write_text(report + "\n")
+    ok = [s for s in summaries if "variants" in s]
+    if ok:
+        plots.step_times(ok, out / "step_times.png")
+        plots.ratios_vs_torch(ok, out / "ratios_vs_torch.png")
+        plots.regimes(ok, out / "regimes.png")
+    if compile_res:
+        plots.compile_phases([r for r in compile_res["synthetic"] if "error" not in r],
+                             out / "compile_phases.png")
+    print("\n" + "=" * 100 + "\n" + report, flush=True)
+    print(f"\ndone in {(time.perf_counter() - t0) / 60:.1f} min; results, plots and report in {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The training-step variants the step benchmark compares.
+
+Each variant owns its own copy of the model, its own DDP wrapper and its own
+optimizer, so all of them can live in one process and be interleaved.
+
+Two details keep the variants honest in one process:
+  * Dynamo reads `optimize_ddp` when it converts a frame, so every call of a
+    variant runs under that variant's own setting (`Variant.config()`);
+    importing goddp switches the global setting off.
+  * All compiled copies share one forward code object. Each torch-side
+    variant therefore gets its own backend object (`CountingBackend`):
+    Dynamo's cache never hands one backend's graph to another, and the count
+    of compiled graphs proves the variant really compiled (and split).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch._dynamo
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from bench import models, probes
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    name: str
+    label: str
+    kind: str  # "eager", "compiled" or "goddp"
+    optimize_ddp: bool = False
+    no_sync: bool = False
+    goddp_mode: str | None = None
+
+
+SPECS = {s.name: s for s in (
+    VariantSpec("compute_only", "compute only (no_sync)", "compiled", no_sync=True),
+    VariantSpec("eager_ddp", "eager DDP", "eager"),
+    VariantSpec("compiled", "compiled, unsplit", "compiled"),
+    VariantSpec("torch_ddpopt", "torch DDPOptimizer", "compiled", optimize_ddp=True),
+    VariantSpec("goddp_torch", "goddp torch mode", "goddp", goddp_mode="torch"),
+    VariantSpec("goddp_ddp", "goddp ddp mode", "goddp", goddp_mode="ddp"),
+)}
+ALL = list(SPECS)
+BASELINE = "torch_ddpopt"
+
+
+class CountingBackend:
+    """Delegates to a named Dynamo backend and counts the graphs it compiles."""
+
+    def __init__(self, inner: str) -> None:
+        self.inner = inner
+        self.graphs: list[int] = []  # FX node count of each compiled graph
+        self.seconds = 0.0
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        self.graphs.append(len(gm.graph.nodes))
+        t = time.perf_counter()
+        try:
+            return lookup_backend(self.inner)(gm, example_inputs, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+
+@dataclass
+class Variant:
+    spec: VariantSpec
+    ddp: DDP
+    runner: object
+    optimizer: torch.optim.Optimizer
+    backend: CountingBackend | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def config(self):
+        if self.spec.kind == "eager":
+            return contextlib.nullcontext()
+        return torch._dynamo.config.patch(optimize_ddp=self.spec.optimize_ddp)
+
+    def step(self, workload, no_sync: bool | None = None) -> dict:
+        """One training step; returns its phase times in seconds."""
+        sync_off = self.spec.no_sync if no_sync is None else no_sync
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        # no_sync must cover the forward: DDP decides there whether to reduce.
+        with self.config(), (self.ddp.no_sync() if sync_off else contextlib.nullcontext()):
+            t1 = time.perf_counter()
+            loss = workload.loss(self.runner(*workload.inputs))
+            t2 = time.perf_counter()
+            loss.backward()  # returns once DDP's allreduces are done
+            t3 = time.perf_counter()
+        self.optimizer.step()
+        t4 = time.perf_counter()
+        return {"total": t4 - t0, "fwd": t2 - t1, "bwd": t3 - t2, "opt": (t4 - t3) + (t1 - t0)}
+
+    def compiled_graphs(self) -> int | None:
+        """How many graphs this variant's backend compiled (None for eager)."""
+        if self.backend is not None:
+            return len(self.backend.graphs)
+        return None
+
+
+def make_variant(spec: VariantSpec, base_model: torch.nn.Module, inner: str,
+                 ddp_kwargs: dict, lr: float = 1e-4) -> Variant:
+    model = copy.deepcopy(base_model)
+    ddp = DDP(model, **ddp_kwargs)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    backend = None
+    if spec.kind == "eager":
+        runner = ddp
+    elif spec.kind == "compiled":
+        backend = CountingBackend(inner)
+        runner = torch.compile(ddp, backend=backend)
+    elif spec.kind == "goddp":
+        if probes.goddp_module() is None:
+            raise RuntimeError("goddp is not importable or has not registered its backend")
+        # goddp accepts a callable inner compiler: counting its calls shows
+        # how many pieces were really compiled.
+        backend = CountingBackend(inner)
+        runner = torch.compile(ddp, backend="goddp", options={"inner": backend, "mode": spec.goddp_mode})
+    else:
+        raise ValueError(spec.kind)
+    return Variant(spec, ddp, runner, optimizer, backend)
+
+
+def warm_up(variant: Variant, workload, steps: int) -> dict:
+    """Compile (first call) and settle DDP's bucket rebuild; returns what was seen."""
+    plans_before = len(probes.goddp_plans()) if variant.spec.kind == "goddp" else 0
+    times = [variant.step(workload)["total"] for _ in range(max(1, steps))]
+    info = {"first_step_s": times[0], "warm_steps_s": times[1:]}
+    if variant.spec.kind == "goddp":
+        plans = probes.goddp_plans()[plans_before:]
+        info["goddp_plans"] = [probes.summarize_goddp_plan(p) for p in plans]
+        info["goddp_fallbacks"] = [p["fallback"] for p in plans if p.get("fallback")]
+    variant.info.update(info)
+    return info
+
+
+def warm_compiler(inner: str) -> None:
+    """Compile and run a throwaway module so that one-time start-up costs
+    (imports, caches, the C++ toolchain probe) do not land on a variant."""
+    model = models.MLPStack(8, 2)
+    compiled = torch.compile(model, backend=CountingBackend(inner))
+    compiled(torch.randn(2, 8)).sum().backward()
+
+
+def ddp_buckets(ddp: DDP) -> dict:
+    """The buckets DDP itself built (after its first-iteration rebuild)."""
+    try:
+        data = ddp._get_ddp_logging_data()
+    except Exception as err:  # noqa: BLE001 - logging data is best effort
+        return {"error": repr(err)}
+    keep = ("rebuilt_bucket_sizes", "rebuilt_per_bucket_param_indices", "has_rebuilt_buckets",
+            "bucket_cap_bytes", "bucket_sizes", "num_buckets_reduced")
+    return {k: data[k] for k in keep if k in data}
