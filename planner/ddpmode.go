@@ -16,6 +16,7 @@ type ddpBucket struct {
 	key        int     // index into the (dtype, device) key table
 	firstReady int     // ready position of its first parameter
 	closedAt   int     // node whose parameter closed it; -1 while open
+	cutAt      int     // first node of the piece its cut starts; -1 if none
 	nodeBegin  int     // forward-first node holding a first use of its parameters
 	nodeEnd    int     // one past the forward-last such node
 	extended   bool
@@ -48,7 +49,7 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 	caps := capList(cfg)
 	cursors := make([]keyCursor, len(keys))
 	for k := range cursors {
-		cursors[k].open = ddpBucket{key: k, closedAt: -1}
+		cursors[k].open = ddpBucket{key: k, closedAt: -1, cutAt: -1}
 	}
 
 	firstCompute := -1
@@ -96,7 +97,7 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 				b.closedAt = i
 				buckets = append(buckets, *b)
 				pending = append(pending, len(buckets)-1)
-				cur.open = ddpBucket{key: b.key, closedAt: -1}
+				cur.open = ddpBucket{key: b.key, closedAt: -1, cutAt: -1}
 				if cur.capIdx < len(caps)-1 {
 					cur.capIdx++
 				}
@@ -110,6 +111,9 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 				hasOutput = false
 			}
 			for _, bi := range pending {
+				if i != firstCompute {
+					buckets[bi].cutAt = i
+				}
 				if buckets[bi].closedAt != i {
 					buckets[bi].extended = true
 				}
@@ -133,8 +137,20 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 	for k, c := range cutsDesc {
 		cuts[len(cuts)-1-k] = c
 	}
-	if len(cuts) > 0 && !firstPieceUsable(g, firstUse, lastUser, firstCompute, cuts[0]) {
-		cuts = cuts[1:]
+	if len(cuts) > 0 {
+		hasParam, hasOutput := firstPieceContents(g, firstUse, lastUser, firstCompute, cuts[0])
+		if !hasParam || !hasOutput {
+			// Dropping a cut for want of an output moves it, as extension
+			// does; a parameter-free preamble merely joins the next piece.
+			if !hasOutput {
+				for k := range buckets {
+					if buckets[k].cutAt == cuts[0] {
+						buckets[k].extended = true
+					}
+				}
+			}
+			cuts = cuts[1:]
+		}
 	}
 	numPieces := 0
 	if firstCompute >= 0 {
@@ -258,12 +274,11 @@ func capList(cfg *Config) []int64 {
 	return []int64{cfg.BucketCapBytes}
 }
 
-// firstPieceUsable reports whether the forward-first piece, the compute
-// nodes before cut, deserves its own piece: it must hold the first use of a
+// firstPieceContents inspects the forward-first piece, the compute nodes
+// before cut. It deserves its own piece only if it holds the first use of a
 // counted parameter (else its backward completes no gradient and the cut
-// only adds overhead) and must have an output (else it cannot be split off).
-func firstPieceUsable(g *Graph, firstUse, lastUser []int32, firstCompute, cut int) bool {
-	hasParam, hasOutput := false, false
+// only adds overhead) and has an output (else it cannot be split off).
+func firstPieceContents(g *Graph, firstUse, lastUser []int32, firstCompute, cut int) (hasParam, hasOutput bool) {
 	for i := firstCompute; i < cut; i++ {
 		if !isCompute(g.Ops[i]) {
 			continue
@@ -277,8 +292,8 @@ func firstPieceUsable(g *Graph, firstUse, lastUser []int32, firstCompute, cut in
 			}
 		}
 		if hasParam && hasOutput {
-			return true
+			break
 		}
 	}
-	return false
+	return hasParam, hasOutput
 }

@@ -250,6 +250,23 @@ var planCases = []planCase{
 		},
 	},
 	{
+		// fc.weight's cut would leave update_ alone in a piece without an
+		// output: the cut is dropped and its bucket marked extended.
+		name: "dead_head_ddp", model: deadHeadModel, cfg: ddpCfg(100, 100),
+		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
+			wantPieces(t, b, pl, 1, map[string]int32{"update_": 0, "linear": 0})
+			wantBucket(t, b, pl, 0, 100, 0, true, "fc.weight")
+			wantBucket(t, b, pl, 1, 100, 0, false, "stat.weight")
+		},
+	},
+	{
+		// torch keeps a first piece without outputs.
+		name: "dead_head_torch", model: deadHeadModel, cfg: torchCfg(100, 100),
+		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
+			wantPieces(t, b, pl, 2, map[string]int32{"update_": 0, "linear": 1})
+		},
+	},
+	{
 		name: "no_compute_ddp", model: noComputeModel, cfg: ddpCfg(100, 100),
 		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
 			wantPieces(t, b, pl, 0, nil)

@@ -188,3 +188,18 @@ func noComputeModel() *graphBuilder {
 	b.output(x)
 	return b
 }
+
+// deadHeadModel starts with a node whose result nothing reads (an in-place
+// update) and that alone uses a parameter, so a piece holding just that
+// node would have no output.
+func deadHeadModel() *graphBuilder {
+	b := &graphBuilder{}
+	w1 := b.param("stat.weight", 100)
+	w2 := b.param("fc.weight", 100)
+	x := b.placeholder("x")
+	p1, p2 := b.placeholder("l_stat_weight"), b.placeholder("l_fc_weight")
+	b.node("update_", OpCallMethod, -1, in(x, p1), arg(w1))
+	lin := b.call("linear", in(x, p2), arg(w2))
+	b.output(lin)
+	return b
+}
