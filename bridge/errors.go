@@ -94,7 +94,7 @@ func panicMessage(r any) string {
 		if !strings.HasPrefix(f.Function, "runtime.") &&
 			!strings.HasSuffix(f.Function, ".panicMessage") &&
 			!strings.HasSuffix(f.Function, ".recoverAsStatus") &&
-			!strings.HasPrefix(f.Function, "main._cgoexp") {
+			!strings.Contains(f.Function, "_cgoexp_") {
 			fmt.Fprintf(&b, "  %s\n      %s:%d\n", f.Function, f.File, f.Line)
 			shown++
 		}

@@ -134,7 +134,10 @@ typedef struct goddp_plan {
     int64_t num_buckets;
     int64_t *bucket_bytes;              /* [num_buckets] counted bytes */
     int32_t *bucket_partitions;         /* [num_buckets] the piece whose backward completes the bucket */
-    int64_t *bucket_node_begin;         /* [num_buckets] first node (forward order) holding its params */
+    /* Node span of each bucket, forward order, end exclusive. ddp mode:
+     * from the first to the last node holding the first use of one of its
+     * params. torch mode: the bucket's whole node range. */
+    int64_t *bucket_node_begin;         /* [num_buckets] first node of the span */
     int64_t *bucket_node_end;           /* [num_buckets] one past its last node */
     uint8_t *bucket_extended;           /* [num_buckets] 1 if its cut moved to give the piece an output */
     int64_t *bucket_param_offsets;      /* [num_buckets + 1] CSR */

@@ -205,7 +205,10 @@ static uint64_t plan_and_check(const goddp_graph *g, int32_t mode) {
               plan->bucket_bytes[b]);
         CHECK(plan->bucket_partitions[b] == l, "%s: bucket %d completes in piece %d", name, b,
               plan->bucket_partitions[b]);
-        CHECK(plan->bucket_node_begin[b] == linear_node(l) && plan->bucket_node_end[b] == linear_node(l) + 1,
+        /* ddp mode spans the first uses of the bucket's parameters (linear_l);
+         * torch mode spans the bucket's whole node range (linear_l, relu_l). */
+        int64_t want_end = mode == GODDP_MODE_DDP ? linear_node(l) + 1 : relu_node(l) + 1;
+        CHECK(plan->bucket_node_begin[b] == linear_node(l) && plan->bucket_node_end[b] == want_end,
               "%s: bucket %d spans nodes [%" PRId64 ", %" PRId64 ")", name, b, plan->bucket_node_begin[b],
               plan->bucket_node_end[b]);
         CHECK(plan->bucket_extended[b] == 0, "%s: bucket %d extended", name, b);
