@@ -1,0 +1,759 @@
+/*
+ * goddp_module.c: the CPython extension goddp._goddp.
+ *
+ * It links the Go planner (a c-archive of ./bridge) and exposes the C ABI of
+ * goddp.h to Python. Like the bridge, it only converts: Python dicts of
+ * buffers become a goddp_graph and a goddp_config, a goddp_plan becomes a
+ * dict of bytes, a goddp_status becomes PlannerError. The Python side
+ * (goddp/_native.py) imports this module lazily, because loading it starts
+ * the Go runtime.
+ *
+ * Rules kept here:
+ *   - the GIL is released while Go plans; the caller's buffers stay
+ *     exported (and so cannot be resized) until the call returns;
+ *   - a process forked after this module was loaded must never call into Go
+ *     (the Go runtime does not survive fork and the call would hang): every
+ *     entry point that calls Go checks a flag set by a pthread_atfork child
+ *     handler and raises ForkedChildError instead;
+ *   - every C plan and message from the library is freed before returning.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "goddp.h"
+
+static PyObject *PlannerError;     /* RuntimeError subclass with .code */
+static PyObject *ForkedChildError; /* RuntimeError subclass */
+
+/* Set in the child of a fork() by the atfork handler. sig_atomic_t because
+ * the handler runs in the child right after fork, when only async-signal-safe
+ * work is allowed. */
+static volatile sig_atomic_t forked_after_load;
+
+static void mark_forked_after_load(void) { forked_after_load = 1; }
+
+static const char forked_child_message[] =
+    "goddp's Go planner cannot run in a process forked after it was loaded; "
+    "plan in the parent or use the 'spawn' start method";
+
+/* Returns -1 with ForkedChildError set when Go must not be called. */
+static int refuse_in_forked_child(void) {
+    if (forked_after_load) {
+        PyErr_SetString(ForkedChildError, forked_child_message);
+        return -1;
+    }
+    return 0;
+}
+
+/* Raises PlannerError(message) with .code = status, then frees msg (which may
+ * be NULL). The message is decoded leniently: a panic value could in
+ * principle hold bytes that are not UTF-8. */
+static void raise_planner_error(goddp_status status, char *msg) {
+    PyObject *text;
+    if (msg != NULL) {
+        text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    } else {
+        text = PyUnicode_FromFormat("goddp planner failed with status %d and no message", (int)status);
+    }
+    goddp_string_free(msg);
+    if (text == NULL) return;
+    PyObject *exc = PyObject_CallOneArg(PlannerError, text);
+    Py_DECREF(text);
+    if (exc == NULL) return;
+    PyObject *code = PyLong_FromLong((long)status);
+    if (code == NULL || PyObject_SetAttrString(exc, "code", code) < 0) {
+        Py_XDECREF(code);
+        Py_DECREF(exc);
+        return;
+    }
+    Py_DECREF(code);
+    PyErr_SetObject(PlannerError, exc);
+    Py_DECREF(exc);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Dict keys                                                               */
+
+/* Checks that d (a dict called what) has exactly the given string keys,
+ * raising ValueError that names every unknown and missing key. */
+static int check_keys(PyObject *d, const char *what, const char *const *keys, size_t nkeys) {
+    PyObject *unknown = PyList_New(0), *missing = PyList_New(0);
+    int result = -1;
+    if (unknown == NULL || missing == NULL) goto done;
+
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &key, &value)) {
+        int known = 0;
+        if (PyUnicode_Check(key)) {
+            for (size_t i = 0; i < nkeys && !known; i++) known = PyUnicode_CompareWithASCIIString(key, keys[i]) == 0;
+        }
+        if (!known) {
+            PyObject *r = PyObject_Repr(key);
+            if (r == NULL || PyList_Append(unknown, r) < 0) {
+                Py_XDECREF(r);
+                goto done;
+            }
+            Py_DECREF(r);
+        }
+    }
+    for (size_t i = 0; i < nkeys; i++) {
+        PyObject *v = PyDict_GetItemString(d, keys[i]); /* borrowed; cannot raise */
+        if (v == NULL) {
+            PyObject *r = PyUnicode_FromFormat("'%s'", keys[i]);
+            if (r == NULL || PyList_Append(missing, r) < 0) {
+                Py_XDECREF(r);
+                goto done;
+            }
+            Py_DECREF(r);
+        }
+    }
+    if (PyList_GET_SIZE(unknown) == 0 && PyList_GET_SIZE(missing) == 0) {
+        result = 0;
+        goto done;
+    }
+    PyObject *sep = PyUnicode_FromString(", ");
+    if (sep == NULL) goto done;
+    PyObject *unknown_s = PyUnicode_Join(sep, unknown), *missing_s = PyUnicode_Join(sep, missing);
+    Py_DECREF(sep);
+    if (unknown_s != NULL && missing_s != NULL) {
+        if (PyList_GET_SIZE(unknown) > 0 && PyList_GET_SIZE(missing) > 0) {
+            PyErr_Format(PyExc_ValueError, "%s has unknown key(s) %U and is missing key(s) %U", what, unknown_s,
+                         missing_s);
+        } else if (PyList_GET_SIZE(unknown) > 0) {
+            PyErr_Format(PyExc_ValueError, "%s has unknown key(s) %U", what, unknown_s);
+        } else {
+            PyErr_Format(PyExc_ValueError, "%s is missing key(s) %U", what, missing_s);
+        }
+    }
+    Py_XDECREF(unknown_s);
+    Py_XDECREF(missing_s);
+done:
+    Py_XDECREF(unknown);
+    Py_XDECREF(missing);
+    return result;
+}
+
+/* Reads d[key] as an int64 (anything with __index__), raising TypeError or
+ * ValueError naming what[key]. */
+static int get_int64(PyObject *d, const char *what, const char *key, int64_t *out) {
+    PyObject *obj = PyDict_GetItemString(d, key); /* present: keys were checked */
+    if (obj == NULL) {
+        PyErr_Format(PyExc_ValueError, "%s is missing key '%s'", what, key);
+        return -1;
+    }
+    PyObject *index = PyNumber_Index(obj);
+    if (index == NULL) {
+        PyErr_Format(PyExc_TypeError, "%s['%s'] must be an int, not %.100s", what, key, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(index);
+    Py_DECREF(index);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "%s['%s'] does not fit in a signed 64-bit integer", what, key);
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Graph arrays                                                            */
+
+enum graph_array {
+    NODE_OPS,
+    NODE_MODULE_IDS,
+    NODE_PARAM_OFFSETS,
+    NODE_PARAMS,
+    NODE_PARAM_REFS,
+    NODE_USER_OFFSETS,
+    NODE_USERS,
+    PARAM_BYTES,
+    PARAM_STORAGE_BYTES,
+    PARAM_DTYPES,
+    PARAM_DEVICES,
+    PARAM_FLAGS,
+    PARAM_NAME_OFFSETS,
+    PARAM_NAMES,
+    NUM_GRAPH_ARRAYS
+};
+
+static const struct {
+    const char *name;
+    Py_ssize_t itemsize;
+    const char *hint; /* a Python type that has this item size */
+} graph_arrays[NUM_GRAPH_ARRAYS] = {
+    [NODE_OPS] = {"node_ops", 4, "int32, e.g. array('i')"},
+    [NODE_MODULE_IDS] = {"node_module_ids", 4, "int32, e.g. array('i')"},
+    [NODE_PARAM_OFFSETS] = {"node_param_offsets", 8, "int64, e.g. array('q')"},
+    [NODE_PARAMS] = {"node_params", 4, "int32, e.g. array('i')"},
+    [NODE_PARAM_REFS] = {"node_param_refs", 1, "uint8, e.g. bytes or array('B')"},
+    [NODE_USER_OFFSETS] = {"node_user_offsets", 8, "int64, e.g. array('q')"},
+    [NODE_USERS] = {"node_users", 4, "int32, e.g. array('i')"},
+    [PARAM_BYTES] = {"param_bytes", 8, "int64, e.g. array('q')"},
+    [PARAM_STORAGE_BYTES] = {"param_storage_bytes", 8, "int64, e.g. array('q')"},
+    [PARAM_DTYPES] = {"param_dtypes", 4, "int32, e.g. array('i')"},
+    [PARAM_DEVICES] = {"param_devices", 4, "int32, e.g. array('i')"},
+    [PARAM_FLAGS] = {"param_flags", 4, "uint32, e.g. array('I')"},
+    [PARAM_NAME_OFFSETS] = {"param_name_offsets", 8, "int64, e.g. array('q')"},
+    [PARAM_NAMES] = {"param_names", 1, "UTF-8 bytes"},
+};
+
+static const char *const graph_keys[] = {
+    "num_nodes",          "node_ops",          "node_module_ids", "node_param_offsets",  "node_params",
+    "node_param_refs",    "node_user_offsets", "node_users",      "num_params",          "param_bytes",
+    "param_storage_bytes", "param_dtypes",     "param_devices",   "param_flags",         "param_name_offsets",
+    "param_names",
+};
+#define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
+
+static const char *const config_keys[] = {
+    "mode", "bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "max_partitions",
+};
+#define NUM_CONFIG_KEYS (sizeof config_keys / sizeof config_keys[0])
+
+static const char *const plan_keys[] = {
+    "fingerprint",         "num_nodes",         "node_partitions",         "num_partitions",
+    "num_buckets",         "bucket_bytes",      "bucket_partitions",       "bucket_node_begin",
+    "bucket_node_end",     "bucket_extended",   "bucket_param_offsets",    "bucket_params",
+    "partition_input_offsets", "partition_inputs", "partition_output_offsets", "partition_outputs",
+};
+#define NUM_PLAN_KEYS (sizeof plan_keys / sizeof plan_keys[0])
+
+/* True when a buffer format names a single integer in native byte order, so
+ * that reading its items as C integers of the same size is exact. Item sizes
+ * are checked separately. A float array of the right size is refused here
+ * rather than reinterpreted. */
+static int is_native_integer_format(const char *fmt) {
+    if (fmt == NULL) return 1; /* NULL means unsigned bytes */
+    const uint16_t probe = 1;
+    const int little_endian = *(const uint8_t *)&probe == 1;
+    if (*fmt == '@' || *fmt == '=') {
+        fmt++;
+    } else if (*fmt == '<' || *fmt == '>' || *fmt == '!') {
+        int little = *fmt == '<';
+        if (little != little_endian) return 0;
+        fmt++;
+    }
+    return fmt[0] != '\0' && fmt[1] == '\0' && strchr("bBhHiIlLqQnN", fmt[0]) != NULL;
+}
+
+/* The caller's arrays, exported for the duration of one plan_graph call. */
+struct graph_views {
+    Py_buffer views[NUM_GRAPH_ARRAYS];
+    int held[NUM_GRAPH_ARRAYS];
+};
+
+static void release_graph_views(struct graph_views *gv) {
+    for (int i = 0; i < NUM_GRAPH_ARRAYS; i++) {
+        if (gv->held[i]) {
+            PyBuffer_Release(&gv->views[i]);
+            gv->held[i] = 0;
+        }
+    }
+}
+
+static Py_ssize_t view_len(const struct graph_views *gv, enum graph_array a) {
+    return gv->views[a].len / graph_arrays[a].itemsize;
+}
+
+/* Exports graph[name] as a C-contiguous buffer of the field's item size. */
+static int get_graph_view(PyObject *graph, struct graph_views *gv, enum graph_array a) {
+    const char *name = graph_arrays[a].name;
+    PyObject *obj = PyDict_GetItemString(graph, name);
+    if (obj == NULL) {
+        PyErr_Format(PyExc_ValueError, "graph is missing key '%s'", name);
+        return -1;
+    }
+    Py_buffer *view = &gv->views[a];
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear(); /* replaced by an error that names the field */
+        int not_a_buffer = !PyObject_CheckBuffer(obj);
+        PyErr_Format(not_a_buffer ? PyExc_TypeError : PyExc_ValueError,
+                     "graph['%s'] must be a C-contiguous buffer of %s, not %.100s%s", name, graph_arrays[a].hint,
+                     Py_TYPE(obj)->tp_name, not_a_buffer ? "" : " (not C-contiguous)");
+        return -1;
+    }
+    gv->held[a] = 1;
+    if (view->itemsize != graph_arrays[a].itemsize || !is_native_integer_format(view->format)) {
+        PyErr_Format(PyExc_ValueError,
+                     "graph['%s'] must hold %s (native integers of %zd bytes); got format '%s' with item size %zd",
+                     name, graph_arrays[a].hint, graph_arrays[a].itemsize, view->format ? view->format : "B",
+                     view->itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+/* Checks that array a has exactly want items; count_desc says where want
+ * came from. */
+static int check_len(const struct graph_views *gv, enum graph_array a, int64_t want, const char *count_desc) {
+    Py_ssize_t got = view_len(gv, a);
+    if ((int64_t)got != want) {
+        PyErr_Format(PyExc_ValueError, "graph['%s'] has %zd items but %s is %lld", graph_arrays[a].name, got,
+                     count_desc, (long long)want);
+        return -1;
+    }
+    return 0;
+}
+
+/* The length of a CSR values array: the last entry of its offsets array,
+ * which must already have passed check_len. */
+static int csr_values_len(const struct graph_views *gv, enum graph_array offsets, int64_t *out) {
+    Py_ssize_t n = view_len(gv, offsets);
+    int64_t last = ((const int64_t *)gv->views[offsets].buf)[n - 1];
+    if (last < 0) {
+        PyErr_Format(PyExc_ValueError, "graph['%s'][-1] is %lld; offsets must be >= 0", graph_arrays[offsets].name,
+                     (long long)last);
+        return -1;
+    }
+    *out = last;
+    return 0;
+}
+
+/* Fills g from the graph dict, exporting every array into gv. On failure
+ * some views may be held: the caller always calls release_graph_views. */
+static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph *g) {
+    if (!PyDict_Check(graph)) {
+        PyErr_Format(PyExc_TypeError, "graph must be a dict, not %.100s", Py_TYPE(graph)->tp_name);
+        return -1;
+    }
+    if (check_keys(graph, "graph", graph_keys, NUM_GRAPH_KEYS) < 0) return -1;
+
+    int64_t num_nodes, num_params;
+    if (get_int64(graph, "graph", "num_nodes", &num_nodes) < 0) return -1;
+    if (get_int64(graph, "graph", "num_params", &num_params) < 0) return -1;
+    if (num_nodes < 0 || num_nodes >= INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "graph['num_nodes'] is %lld; must be in [0, 2**31 - 1)", (long long)num_nodes);
+        return -1;
+    }
+    if (num_params < 0 || num_params >= INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "graph['num_params'] is %lld; must be in [0, 2**31 - 1)",
+                     (long long)num_params);
+        return -1;
+    }
+    for (int a = 0; a < NUM_GRAPH_ARRAYS; a++) {
+        if (get_graph_view(graph, gv, (enum graph_array)a) < 0) return -1;
+    }
+
+    if (check_len(gv, NODE_OPS, num_nodes, "num_nodes") < 0 ||
+        check_len(gv, NODE_MODULE_IDS, num_nodes, "num_nodes") < 0 ||
+        check_len(gv, NODE_PARAM_OFFSETS, num_nodes + 1, "num_nodes + 1") < 0 ||
+        check_len(gv, NODE_USER_OFFSETS, num_nodes + 1, "num_nodes + 1") < 0 ||
+        check_len(gv, PARAM_BYTES, num_params, "num_params") < 0 ||
+        check_len(gv, PARAM_STORAGE_BYTES, num_params, "num_params") < 0 ||
+        check_len(gv, PARAM_DTYPES, num_params, "num_params") < 0 ||
+        check_len(gv, PARAM_DEVICES, num_params, "num_params") < 0 ||
+        check_len(gv, PARAM_FLAGS, num_params, "num_params") < 0 ||
+        check_len(gv, PARAM_NAME_OFFSETS, num_params + 1, "num_params + 1") < 0) {
+        return -1;
+    }
+    int64_t num_refs, num_users, names_len;
+    if (csr_values_len(gv, NODE_PARAM_OFFSETS, &num_refs) < 0 ||
+        csr_values_len(gv, NODE_USER_OFFSETS, &num_users) < 0 ||
+        csr_values_len(gv, PARAM_NAME_OFFSETS, &names_len) < 0) {
+        return -1;
+    }
+    if (check_len(gv, NODE_PARAMS, num_refs, "node_param_offsets[num_nodes]") < 0 ||
+        check_len(gv, NODE_PARAM_REFS, num_refs, "node_param_offsets[num_nodes]") < 0 ||
+        check_len(gv, NODE_USERS, num_users, "node_user_offsets[num_nodes]") < 0 ||
+        check_len(gv, PARAM_NAMES, names_len, "param_name_offsets[num_params]") < 0) {
+        return -1;
+    }
+
+    g->num_nodes = num_nodes;
+    g->node_ops = gv->views[NODE_OPS].buf;
+    g->node_module_ids = gv->views[NODE_MODULE_IDS].buf;
+    g->node_param_offsets = gv->views[NODE_PARAM_OFFSETS].buf;
+    g->node_params = gv->views[NODE_PARAMS].buf;
+    g->node_param_refs = gv->views[NODE_PARAM_REFS].buf;
+    g->node_user_offsets = gv->views[NODE_USER_OFFSETS].buf;
+    g->node_users = gv->views[NODE_USERS].buf;
+    g->num_params = num_params;
+    g->param_bytes = gv->views[PARAM_BYTES].buf;
+    g->param_storage_bytes = gv->views[PARAM_STORAGE_BYTES].buf;
+    g->param_dtypes = gv->views[PARAM_DTYPES].buf;
+    g->param_devices = gv->views[PARAM_DEVICES].buf;
+    g->param_flags = gv->views[PARAM_FLAGS].buf;
+    g->param_name_offsets = gv->views[PARAM_NAME_OFFSETS].buf;
+    g->param_names = gv->views[PARAM_NAMES].buf;
+    return 0;
+}
+
+/* Fills cfg from the config dict. *caps receives a PyMem buffer for the
+ * per-bucket caps (NULL when there are none) that the caller frees. */
+static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps) {
+    *caps = NULL;
+    if (!PyDict_Check(config)) {
+        PyErr_Format(PyExc_TypeError, "config must be a dict, not %.100s", Py_TYPE(config)->tp_name);
+        return -1;
+    }
+    if (check_keys(config, "config", config_keys, NUM_CONFIG_KEYS) < 0) return -1;
+    int64_t mode;
+    if (get_int64(config, "config", "mode", &mode) < 0) return -1;
+    if (mode < INT32_MIN || mode > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "config['mode'] is %lld; must fit in int32", (long long)mode);
+        return -1;
+    }
+    cfg->mode = (int32_t)mode;
+    int64_t cap, first_cap, max_partitions;
+    if (get_int64(config, "config", "bucket_cap_bytes", &cap) < 0 ||
+        get_int64(config, "config", "first_bucket_cap_bytes", &first_cap) < 0 ||
+        get_int64(config, "config", "max_partitions", &max_partitions) < 0) {
+        return -1;
+    }
+    cfg->bucket_cap_bytes = cap;
+    cfg->first_bucket_cap_bytes = first_cap;
+    cfg->max_partitions = max_partitions;
+
+    PyObject *seq_obj = PyDict_GetItemString(config, "bucket_caps_bytes");
+    if (PyUnicode_Check(seq_obj) || PyBytes_Check(seq_obj) || PyByteArray_Check(seq_obj)) {
+        PyErr_Format(PyExc_TypeError, "config['bucket_caps_bytes'] must be a sequence of ints, not %.100s",
+                     Py_TYPE(seq_obj)->tp_name);
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(seq_obj, "config['bucket_caps_bytes'] must be a sequence of ints");
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    cfg->num_bucket_caps = n;
+    cfg->bucket_caps_bytes = NULL;
+    if (n > 0) {
+        *caps = PyMem_New(int64_t, n);
+        if (*caps == NULL) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+            PyObject *index = PyNumber_Index(item);
+            long long v = index ? PyLong_AsLongLong(index) : -1;
+            Py_XDECREF(index);
+            if (v == -1 && PyErr_Occurred()) {
+                PyErr_Format(PyExc_ValueError, "config['bucket_caps_bytes'][%zd] must be an int64, got %R", i,
+                             item);
+                Py_DECREF(seq);
+                return -1;
+            }
+            (*caps)[i] = (int64_t)v;
+        }
+        cfg->bucket_caps_bytes = *caps;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Plan to dict                                                            */
+
+/* d[key] = bytes of count items of itemsize at p. */
+static int set_bytes(PyObject *d, const char *key, const void *p, int64_t count, size_t itemsize) {
+    if (count < 0 || (count > 0 && p == NULL) || (uint64_t)count > (uint64_t)PY_SSIZE_T_MAX / itemsize) {
+        PyErr_Format(PyExc_RuntimeError, "goddp: library returned a malformed plan (%s: %lld items)", key,
+                     (long long)count);
+        return -1;
+    }
+    PyObject *b = PyBytes_FromStringAndSize(count > 0 ? p : NULL, (Py_ssize_t)(count * (int64_t)itemsize));
+    if (b == NULL) return -1;
+    int rc = PyDict_SetItemString(d, key, b);
+    Py_DECREF(b);
+    return rc;
+}
+
+static int set_int(PyObject *d, const char *key, PyObject *v) {
+    if (v == NULL) return -1;
+    int rc = PyDict_SetItemString(d, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* The last offset of a CSR offsets array of count + 1 entries. */
+static int64_t csr_total(const int64_t *offsets, int64_t count) { return offsets == NULL ? -1 : offsets[count]; }
+
+static PyObject *plan_to_dict(const goddp_plan *p) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    int64_t nn = p->num_nodes, np = p->num_partitions, nb = p->num_buckets;
+    if (nn < 0 || np < 0 || nb < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "goddp: library returned a plan with negative counts");
+        goto fail;
+    }
+    if (set_int(d, "fingerprint", PyLong_FromUnsignedLongLong(p->fingerprint)) < 0 ||
+        set_int(d, "num_nodes", PyLong_FromLongLong(nn)) < 0 ||
+        set_int(d, "num_partitions", PyLong_FromLongLong(np)) < 0 ||
+        set_int(d, "num_buckets", PyLong_FromLongLong(nb)) < 0 ||
+        set_bytes(d, "node_partitions", p->node_partitions, nn, sizeof(int32_t)) < 0 ||
+        set_bytes(d, "bucket_bytes", p->bucket_bytes, nb, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "bucket_partitions", p->bucket_partitions, nb, sizeof(int32_t)) < 0 ||
+        set_bytes(d, "bucket_node_begin", p->bucket_node_begin, nb, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "bucket_node_end", p->bucket_node_end, nb, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "bucket_extended", p->bucket_extended, nb, sizeof(uint8_t)) < 0 ||
+        set_bytes(d, "bucket_param_offsets", p->bucket_param_offsets, nb + 1, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "bucket_params", p->bucket_params, csr_total(p->bucket_param_offsets, nb), sizeof(int32_t)) <
+            0 ||
+        set_bytes(d, "partition_input_offsets", p->partition_input_offsets, np + 1, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "partition_inputs", p->partition_inputs, csr_total(p->partition_input_offsets, np),
+                  sizeof(int32_t)) < 0 ||
+        set_bytes(d, "partition_output_offsets", p->partition_output_offsets, np + 1, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "partition_outputs", p->partition_outputs, csr_total(p->partition_output_offsets, np),
+                  sizeof(int32_t)) < 0) {
+        goto fail;
+    }
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Module functions                                                        */
+
+PyDoc_STRVAR(plan_graph_doc,
+             "plan_graph(graph, config) -> dict\n\n"
+             "Plans a forward graph. graph and config are dicts whose keys are exactly the\n"
+             "field names of goddp_graph and goddp_config (csrc/goddp.h); arrays are buffers\n"
+             "of native integers (int32: array('i'), int64: array('q'), uint8: bytes,\n"
+             "uint32: array('I')). The result's keys are the field names of goddp_plan;\n"
+             "arrays come back as bytes of native values. The GIL is released while Go\n"
+             "plans. Raises ValueError/TypeError for malformed input, PlannerError (with\n"
+             ".code, a goddp_status) when the planner rejects it.");
+
+static PyObject *py_plan_graph(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kwlist[] = {"graph", "config", NULL};
+    PyObject *graph_obj, *config_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:plan_graph", kwlist, &graph_obj, &config_obj)) return NULL;
+    if (refuse_in_forked_child() < 0) return NULL;
+
+    struct graph_views gv;
+    memset(&gv, 0, sizeof gv);
+    goddp_graph g;
+    memset(&g, 0, sizeof g);
+    goddp_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    int64_t *caps = NULL;
+    PyObject *result = NULL;
+
+    if (graph_from_dict(graph_obj, &gv, &g) < 0 || config_from_dict(config_obj, &cfg, &caps) < 0) goto done;
+
+    goddp_plan *plan = NULL;
+    char *msg = NULL;
+    goddp_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = goddp_plan_graph(&g, &cfg, &plan, &msg);
+    Py_END_ALLOW_THREADS
+
+    if (status != GODDP_OK) {
+        goddp_plan_free(plan); /* NULL by contract; freed in case */
+        raise_planner_error(status, msg);
+        goto done;
+    }
+    goddp_string_free(msg);
+    if (plan == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "goddp: library returned GODDP_OK without a plan");
+        goto done;
+    }
+    result = plan_to_dict(plan);
+    goddp_plan_free(plan);
+done:
+    release_graph_views(&gv);
+    PyMem_Free(caps);
+    return result;
+}
+
+PyDoc_STRVAR(abi_version_doc, "abi_version() -> int\n\nGODDP_ABI_VERSION of the linked Go library.");
+
+static PyObject *py_abi_version(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    if (refuse_in_forked_child() < 0) return NULL;
+    return PyLong_FromLong((long)goddp_abi_version());
+}
+
+PyDoc_STRVAR(set_max_procs_doc,
+             "set_max_procs(n) -> int\n\n"
+             "Sets the Go runtime's GOMAXPROCS to n and returns the previous value; n <= 0\n"
+             "only returns the current value. The GOMAXPROCS environment variable is read\n"
+             "once when the process starts, so use this instead.");
+
+static PyObject *py_set_max_procs(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "set_max_procs: n = %ld does not fit in int32", n);
+        return NULL;
+    }
+    if (n < 0) n = 0;
+    if (refuse_in_forked_child() < 0) return NULL;
+    int32_t previous = 0;
+    goddp_status status;
+    /* GOMAXPROCS stops the Go world briefly; other Python threads may run. */
+    Py_BEGIN_ALLOW_THREADS
+    status = goddp_set_max_procs((int32_t)n, &previous);
+    Py_END_ALLOW_THREADS
+    if (status != GODDP_OK) {
+        raise_planner_error(status, NULL);
+        return NULL;
+    }
+    return PyLong_FromLong((long)previous);
+}
+
+PyDoc_STRVAR(debug_panic_doc,
+             "debug_panic()\n\n"
+             "Test hook: makes Go panic on purpose. Always raises PlannerError with code\n"
+             "ERR_PANIC, proving that a panic never takes the process down.");
+
+static PyObject *py_debug_panic(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    if (refuse_in_forked_child() < 0) return NULL;
+    char *msg = NULL;
+    goddp_status status = goddp_debug_panic(&msg);
+    if (status == GODDP_OK) {
+        goddp_string_free(msg);
+        PyErr_SetString(PyExc_RuntimeError, "goddp_debug_panic returned GODDP_OK; the panic was not raised");
+        return NULL;
+    }
+    raise_planner_error(status, msg);
+    return NULL;
+}
+
+static PyMethodDef goddp_methods[] = {
+    {"plan_graph", (PyCFunction)(void (*)(void))py_plan_graph, METH_VARARGS | METH_KEYWORDS, plan_graph_doc},
+    {"abi_version", py_abi_version, METH_NOARGS, abi_version_doc},
+    {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
+    {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(module_doc,
+             "goddp's Go planner (csrc/goddp.h) for Python.\n\n"
+             "Loading this module starts the Go runtime; import it through\n"
+             "goddp._native.load(), never at goddp import time.");
+
+static struct PyModuleDef goddp_module = {
+    PyModuleDef_HEAD_INIT, "goddp._goddp", module_doc, -1, goddp_methods, NULL, NULL, NULL, NULL,
+};
+
+static PyObject *string_tuple(const char *const *items, size_t n) {
+    PyObject *t = PyTuple_New((Py_ssize_t)n);
+    if (t == NULL) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *s = PyUnicode_FromString(items[i]);
+        if (s == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, (Py_ssize_t)i, s);
+    }
+    return t;
+}
+
+static int add_constants(PyObject *m) {
+    static const struct {
+        const char *name;
+        long value;
+    } constants[] = {
+        {"ABI_VERSION", GODDP_ABI_VERSION},
+        {"OP_PLACEHOLDER", GODDP_OP_PLACEHOLDER},
+        {"OP_GET_ATTR", GODDP_OP_GET_ATTR},
+        {"OP_CALL_MODULE", GODDP_OP_CALL_MODULE},
+        {"OP_CALL_FUNCTION", GODDP_OP_CALL_FUNCTION},
+        {"OP_CALL_METHOD", GODDP_OP_CALL_METHOD},
+        {"OP_OUTPUT", GODDP_OP_OUTPUT},
+        {"REF_ARG", GODDP_REF_ARG},
+        {"REF_OTHER", GODDP_REF_OTHER},
+        {"REF_MODULE", GODDP_REF_MODULE},
+        {"REF_ATTR", GODDP_REF_ATTR},
+        {"PARAM_REQUIRES_GRAD", GODDP_PARAM_REQUIRES_GRAD},
+        {"PARAM_DDP_IGNORED", GODDP_PARAM_DDP_IGNORED},
+        {"MODE_DDP", GODDP_MODE_DDP},
+        {"MODE_TORCH", GODDP_MODE_TORCH},
+        {"OK", GODDP_OK},
+        {"ERR_INVALID_CONFIG", GODDP_ERR_INVALID_CONFIG},
+        {"ERR_INVALID_GRAPH", GODDP_ERR_INVALID_GRAPH},
+        {"ERR_OVERFLOW", GODDP_ERR_OVERFLOW},
+        {"ERR_PANIC", GODDP_ERR_PANIC},
+        {"ERR_INTERNAL", GODDP_ERR_INTERNAL},
+    };
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++) {
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) return -1;
+    }
+    PyObject *t;
+    if ((t = string_tuple(graph_keys, NUM_GRAPH_KEYS)) == NULL || PyModule_AddObject(m, "GRAPH_KEYS", t) < 0) {
+        Py_XDECREF(t);
+        return -1;
+    }
+    if ((t = string_tuple(config_keys, NUM_CONFIG_KEYS)) == NULL || PyModule_AddObject(m, "CONFIG_KEYS", t) < 0) {
+        Py_XDECREF(t);
+        return -1;
+    }
+    if ((t = string_tuple(plan_keys, NUM_PLAN_KEYS)) == NULL || PyModule_AddObject(m, "PLAN_KEYS", t) < 0) {
+        Py_XDECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC PyInit__goddp(void) {
+    /* Registered once per process, before anything can call Go. */
+    static int atfork_registered;
+    if (!atfork_registered) {
+        if (pthread_atfork(NULL, NULL, mark_forked_after_load) != 0) {
+            PyErr_SetString(PyExc_ImportError, "goddp._goddp: pthread_atfork failed");
+            return NULL;
+        }
+        atfork_registered = 1;
+    }
+    if (forked_after_load) {
+        PyErr_SetString(PyExc_ImportError, forked_child_message);
+        return NULL;
+    }
+    /* The library is linked in statically, so a mismatch means a stale
+     * build mixed with a newer header. */
+    if (goddp_abi_version() != GODDP_ABI_VERSION) {
+        PyErr_Format(PyExc_ImportError, "goddp._goddp: Go library ABI %d does not match header ABI %d; rebuild",
+                     (int)goddp_abi_version(), GODDP_ABI_VERSION);
+        return NULL;
+    }
+
+    PyObject *m = PyModule_Create(&goddp_module);
+    if (m == NULL) return NULL;
+
+    PyObject *planner_dict = Py_BuildValue("{s:O}", "code", Py_None);
+    if (planner_dict == NULL) goto fail;
+    PlannerError = PyErr_NewExceptionWithDoc("goddp._goddp.PlannerError",
+                                             "The Go planner rejected the input or failed; .code is the "
+                                             "goddp_status (ERR_INVALID_CONFIG, ERR_INVALID_GRAPH, "
+                                             "ERR_OVERFLOW, ERR_PANIC, ERR_INTERNAL).",
+                                             PyExc_RuntimeError, planner_dict);
+    Py_DECREF(planner_dict);
+    if (PlannerError == NULL) goto fail;
+    ForkedChildError = PyErr_NewExceptionWithDoc("goddp._goddp.ForkedChildError",
+                                                 "Raised instead of calling Go in a process forked after goddp's "
+                                                 "Go runtime was loaded (the call would hang).",
+                                                 PyExc_RuntimeError, NULL);
+    if (ForkedChildError == NULL) goto fail;
+    Py_INCREF(PlannerError);
+    if (PyModule_AddObject(m, "PlannerError", PlannerError) < 0) {
+        Py_DECREF(PlannerError);
+        goto fail;
+    }
+    Py_INCREF(ForkedChildError);
+    if (PyModule_AddObject(m, "ForkedChildError", ForkedChildError) < 0) {
+        Py_DECREF(ForkedChildError);
+        goto fail;
+    }
+    if (add_constants(m) < 0) goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

@@ -1,0 +1,115 @@
+"""Lazy access to goddp's Go planner, the extension module goddp._goddp.
+
+Loading goddp._goddp starts the Go runtime inside this process, and the Go
+runtime does not survive fork(): a child forked after the load hangs on its
+first call into Go (the extension raises ForkedChildError instead). So
+nothing imports goddp._goddp at ``import goddp`` time; this module does, on
+the first call to load(), once per process, from any thread.
+
+Environment:
+    GODDP_GOMAXPROCS  When set to a positive integer, load() applies it with
+                      set_max_procs() right after the extension loads. The Go
+                      runtime reads GOMAXPROCS only at process start, so
+                      setting GOMAXPROCS in os.environ later has no effect;
+                      use this variable or set_max_procs() instead.
+
+The constants below mirror csrc/goddp.h so that graphs and configs can be
+built without loading Go; tests check them against the extension's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Mapping
+
+EXTENSION_NAME = "goddp._goddp"
+
+# Mirrors of csrc/goddp.h (checked against the extension by the tests).
+ABI_VERSION = 1
+OP_PLACEHOLDER = 0
+OP_GET_ATTR = 1
+OP_CALL_MODULE = 2
+OP_CALL_FUNCTION = 3
+OP_CALL_METHOD = 4
+OP_OUTPUT = 5
+REF_ARG = 0
+REF_OTHER = 1
+REF_MODULE = 2
+REF_ATTR = 3
+PARAM_REQUIRES_GRAD = 0x1
+PARAM_DDP_IGNORED = 0x2
+MODE_DDP = 0
+MODE_TORCH = 1
+OK = 0
+ERR_INVALID_CONFIG = 1
+ERR_INVALID_GRAPH = 2
+ERR_OVERFLOW = 3
+ERR_PANIC = 4
+ERR_INTERNAL = 5
+
+GOMAXPROCS_ENV = "GODDP_GOMAXPROCS"
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+
+
+def _max_procs_from_env() -> int | None:
+    raw = os.environ.get(GOMAXPROCS_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{GOMAXPROCS_ENV}={raw!r}: expected a positive integer")
+    return value
+
+
+def load() -> ModuleType:
+    """Returns goddp._goddp, importing it (and starting the Go runtime) on
+    the first call. Thread-safe; later calls return the cached module."""
+    global _module
+    module = _module
+    if module is not None:
+        return module
+    with _lock:
+        if _module is None:
+            # Validate the environment before Go starts, so that a typo does
+            # not leave a half-configured runtime behind.
+            max_procs = _max_procs_from_env()
+            module = importlib.import_module(EXTENSION_NAME)
+            if max_procs is not None:
+                module.set_max_procs(max_procs)
+            _module = module
+        return _module
+
+
+def is_loaded() -> bool:
+    """True once the extension, and with it the Go runtime, is loaded into
+    this process (by load() or by a direct import)."""
+    return EXTENSION_NAME in sys.modules
+
+
+def plan_graph(graph: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """Plans a graph; see goddp._goddp.plan_graph for the dict layouts.
+
+    Raises the extension's PlannerError (with .code) when the planner rejects
+    the input, ValueError/TypeError for malformed arrays, and ForkedChildError
+    in a process forked after the load."""
+    module = load()
+    if not isinstance(graph, dict):
+        graph = dict(graph)
+    if not isinstance(config, dict):
+        config = dict(config)
+    return module.plan_graph(graph, config)
+
+
+def set_max_procs(n: int) -> int:
+    """Sets the Go runtime's GOMAXPROCS and returns the previous value;
+    n <= 0 only returns the current value. Loads the extension."""
+    return load().set_max_procs(n)

@@ -1,0 +1,135 @@
+"""Native build for goddp.
+
+The package metadata lives in pyproject.toml. This file adds the one thing
+setuptools cannot declare: goddp._goddp links a static archive of the Go
+planner, so `go build -buildmode=c-archive ./bridge` runs before the C
+extension is compiled.
+
+Environment:
+  GO          the go command to use (default: `go` on PATH); Go must be at
+              least the version that go.mod names.
+  GOTOOLCHAIN left as you set it; when unset it is pinned to "local" so that
+              a build never downloads a toolchain behind your back.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, PlatformError
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# Relative to ROOT (setuptools wants relative paths in Extension).
+GO_ARCHIVE = os.path.join("build", "go", "libgoddp_go.a")
+GO_INSTALL_HINT = "install Go from https://go.dev/dl or point the GO environment variable at a go binary"
+
+
+def _version_tuple(text, pattern):
+    m = re.search(pattern, text)
+    if not m:
+        return None
+    return tuple(int(part or 0) for part in m.groups())
+
+
+def _required_go_version():
+    """The `go` directive of go.mod, e.g. (1, 26, 0)."""
+    with open(os.path.join(ROOT, "go.mod"), encoding="utf-8") as f:
+        version = _version_tuple(f.read(), r"(?m)^go\s+(\d+)\.(\d+)(?:\.(\d+))?\s*$")
+    if version is None:
+        raise PlatformError("goddp: cannot find the `go` directive in go.mod")
+    return version
+
+
+def _go_env():
+    env = dict(os.environ)
+    env["CGO_ENABLED"] = "1"  # c-archive needs cgo
+    env.setdefault("GOTOOLCHAIN", "local")
+    if not any(env.get(k) for k in ("GOCACHE", "XDG_CACHE_HOME", "HOME")):
+        # Go refuses to build without a cache directory; isolated build
+        # environments sometimes have no HOME.
+        env["GOCACHE"] = os.path.join(ROOT, "build", "go", "cache")
+    return env
+
+
+def _find_go():
+    go = os.environ.get("GO") or "go"
+    path = shutil.which(go)
+    if path is None:
+        raise PlatformError(f"goddp: the Go toolchain ({go!r}) was not found; {GO_INSTALL_HINT}")
+    return path
+
+
+def _check_go_version(go, env):
+    required = _required_go_version()
+    try:
+        out = subprocess.run(
+            [go, "env", "GOVERSION"], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        raise PlatformError(f"goddp: cannot run {go!r} env GOVERSION: {detail.strip()}") from e
+    found = _version_tuple(out, r"go(\d+)\.(\d+)(?:\.(\d+))?")
+    if found is None:
+        # A development toolchain ("devel ..."): let go build decide.
+        return
+    if found < required:
+        want = ".".join(map(str, required[:2]))
+        raise PlatformError(
+            f"goddp: {go} is {out}, but go.mod requires Go {want} or newer; {GO_INSTALL_HINT}"
+        )
+
+
+def build_go_archive():
+    """Builds build/go/libgoddp_go.a from ./bridge; go's own cache makes a
+    rebuild of unchanged sources cheap."""
+    go = _find_go()
+    env = _go_env()
+    _check_go_version(go, env)
+    os.makedirs(os.path.join(ROOT, os.path.dirname(GO_ARCHIVE)), exist_ok=True)
+    cmd = [go, "build", "-buildmode=c-archive", "-trimpath", "-buildvcs=false", "-o", GO_ARCHIVE, "./bridge"]
+    print("goddp: " + " ".join(cmd), flush=True)
+    result = subprocess.run(cmd, cwd=ROOT, env=env)
+    if result.returncode != 0:
+        raise CompileError(f"goddp: `{' '.join(cmd)}` failed with exit status {result.returncode}")
+
+
+# Only PyInit__goddp leaves the extension: the Go runtime and the goddp_*
+# exports stay private, so two copies of goddp, or another Go extension, in
+# one process cannot bind to each other's symbols.
+VERSION_SCRIPT = "{\n  global: PyInit__goddp;\n  local: *;\n};\n"
+
+
+class BuildGoExtension(build_ext):
+    def run(self):
+        build_go_archive()
+        super().run()
+
+    def build_extension(self, ext):
+        if sys.platform.startswith("linux"):
+            os.makedirs(self.build_temp, exist_ok=True)
+            script = os.path.abspath(os.path.join(self.build_temp, "goddp_module.map"))
+            with open(script, "w", encoding="ascii") as f:
+                f.write(VERSION_SCRIPT)
+            ext.extra_link_args = [
+                f"-Wl,--version-script={script}",
+                "-Wl,--exclude-libs,ALL",
+                "-Wl,-z,noexecstack",
+            ]
+        super().build_extension(ext)
+
+
+goddp_extension = Extension(
+    "goddp._goddp",
+    sources=["csrc/goddp_module.c"],
+    include_dirs=["csrc"],
+    depends=["csrc/goddp.h", GO_ARCHIVE],
+    extra_objects=[GO_ARCHIVE],
+    libraries=["pthread"],
+    extra_compile_args=["-fvisibility=hidden"],
+)
+
+setup(ext_modules=[goddp_extension], cmdclass={"build_ext": BuildGoExtension})

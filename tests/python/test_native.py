@@ -1,0 +1,604 @@
+"""goddp._goddp, the CPython extension over the Go planner, and its lazy
+loader goddp._native.
+
+Covered: the dict/buffer API and its errors, a Go panic surfacing as
+PlannerError, the plan of a toy graph, calls from several threads, the GIL
+being released while Go plans, fork safety in both directions, and that
+`import goddp` leaves the Go runtime unloaded.
+
+Tests that plan a valid graph need the real planner.Build.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from array import array
+
+import pytest
+
+from goddp import _native
+
+pytestmark = pytest.mark.single_process
+
+WEIGHT_BYTES = 4_000_000  # Linear(1000, 1000) fp32 weight
+BIAS_BYTES = 4_000
+CAP_BYTES = 4_000_000
+FIRST_CAP_BYTES = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return _native.load()
+
+
+# --------------------------------------------------------------------------
+# Graph builders
+
+
+def chain_graph(layers: int, weight_bytes: int = WEIGHT_BYTES, bias_bytes: int = BIAS_BYTES) -> dict:
+    """The forward graph of `layers` Linear layers with ReLU, as Dynamo lays
+    it out: placeholders x, w0, b0, w1, b1, ... first, then linear_i (params
+    w_i, b_i as positional placeholders) and relu_i per layer, then output.
+
+    Node indices (L = layers): x = 0, w_i = 1 + 2i, b_i = 2 + 2i,
+    linear_i = 2L + 1 + 2i, relu_i = 2L + 2 + 2i, output = 4L + 1.
+    Users: x -> linear_0; w_i, b_i -> linear_i; every compute node j -> j + 1
+    (linear_i -> relu_i, relu_i -> linear_{i+1}, the last relu -> output).
+
+    Arrays are built with array arithmetic rather than per-node Python
+    loops, so that graphs of a million nodes take well under a second.
+    """
+    L = layers
+    num_nodes = 4 * L + 2
+    first_compute = 2 * L + 1
+    ops = (
+        array("i", [_native.OP_PLACEHOLDER]) * first_compute
+        + array("i", [_native.OP_CALL_FUNCTION]) * (2 * L)
+        + array("i", [_native.OP_OUTPUT])
+    )
+
+    def twice(values: array) -> array:
+        """[a, b, ...] -> [a, a, b, b, ...]"""
+        out = array(values.typecode, bytes(2 * len(values) * values.itemsize))
+        out[0::2] = values
+        out[1::2] = values
+        return out
+
+    # Only linear_i holds parameters: (w_i, b_i). Offsets stay 0 through the
+    # placeholders, then reach 2(i+1) at linear_i and keep it at relu_i.
+    param_offsets = (
+        array("q", bytes(8 * (first_compute + 1)))
+        + twice(array("q", range(2, 2 * L + 1, 2)))
+        + array("q", [2 * L])  # after the output
+    )
+    linears = array("i", range(first_compute, num_nodes - 1, 2))
+    users = array("i", [first_compute]) + twice(linears) + array("i", range(first_compute + 1, num_nodes))
+    # One user per node except the output.
+    user_offsets = array("q", range(num_nodes)) + array("q", [num_nodes - 1])
+
+    names = [b"layers.%d.%s" % (i // 2, b"bias" if i % 2 else b"weight") for i in range(2 * L)]
+    sizes = array("q", [weight_bytes, bias_bytes]) * L
+    return {
+        "num_nodes": num_nodes,
+        "node_ops": ops,
+        "node_module_ids": array("i", [-1]) * num_nodes,
+        "node_param_offsets": param_offsets,
+        "node_params": array("i", range(2 * L)),
+        "node_param_refs": bytes([_native.REF_ARG]) * (2 * L),
+        "node_user_offsets": user_offsets,
+        "node_users": users,
+        "num_params": 2 * L,
+        "param_bytes": sizes,
+        "param_storage_bytes": array("q", sizes),
+        "param_dtypes": array("i", [0]) * (2 * L),
+        "param_devices": array("i", [0]) * (2 * L),
+        "param_flags": array("I", [_native.PARAM_REQUIRES_GRAD]) * (2 * L),
+        "param_name_offsets": array("q", itertools.accumulate(map(len, names), initial=0)),
+        "param_names": b"".join(names),
+    }
+
+
+def test_chain_graph_layout():
+    """The builder's arrays, spelled out for two layers."""
+    g = chain_graph(2)
+    assert g["num_nodes"] == 10
+    assert g["node_ops"].tolist() == [0, 0, 0, 0, 0, 3, 3, 3, 3, 5]
+    assert g["node_param_offsets"].tolist() == [0, 0, 0, 0, 0, 0, 2, 2, 4, 4, 4]
+    assert g["node_params"].tolist() == [0, 1, 2, 3]
+    assert g["node_user_offsets"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9]
+    #                                 x  w0 b0 w1 b1 l0 r0 l1 r1
+    assert g["node_users"].tolist() == [5, 5, 5, 7, 7, 6, 7, 8, 9]
+    assert g["param_names"] == b"layers.0.weightlayers.0.biaslayers.1.weightlayers.1.bias"
+    assert g["param_name_offsets"].tolist() == [0, 15, 28, 43, 56]
+    assert g["param_bytes"].tolist() == [WEIGHT_BYTES, BIAS_BYTES] * 2
+
+
+def toy_config(mode: int = _native.MODE_DDP, **overrides) -> dict:
+    cfg = {
+        "mode": mode,
+        "bucket_cap_bytes": CAP_BYTES,
+        "first_bucket_cap_bytes": FIRST_CAP_BYTES,
+        "bucket_caps_bytes": [],
+        "max_partitions": 0,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def unpack(data: bytes, typecode: str) -> list[int]:
+    a = array(typecode)
+    a.frombytes(data)
+    return a.tolist()
+
+
+def csr(offsets: bytes, values: bytes) -> list[list[int]]:
+    offs, vals = unpack(offsets, "q"), unpack(values, "i")
+    return [vals[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
+
+
+# --------------------------------------------------------------------------
+# Module surface
+
+
+def test_constants_mirror_the_extension(ext):
+    names = [n for n in dir(_native) if n.isupper() and isinstance(getattr(_native, n), int)]
+    assert len(names) == 21
+    for name in names:
+        assert getattr(ext, name) == getattr(_native, name), name
+    assert ext.abi_version() == ext.ABI_VERSION == 1
+
+
+def test_key_tuples_match_the_builders(ext):
+    assert set(ext.GRAPH_KEYS) == set(chain_graph(1))
+    assert set(ext.CONFIG_KEYS) == set(toy_config())
+    assert len(ext.PLAN_KEYS) == 16
+
+
+def test_exceptions_are_runtime_errors(ext):
+    assert issubclass(ext.PlannerError, RuntimeError)
+    assert issubclass(ext.ForkedChildError, RuntimeError)
+
+
+def test_debug_panic_becomes_planner_error(ext):
+    with pytest.raises(ext.PlannerError) as info:
+        ext.debug_panic()
+    assert info.value.code == _native.ERR_PANIC
+    assert "deliberate panic" in str(info.value)
+    assert "panicOnPurpose" in str(info.value)  # the stack names the culprit
+    # The process and the Go runtime are intact afterwards.
+    assert ext.abi_version() == 1
+    with pytest.raises(ext.PlannerError):
+        ext.debug_panic()
+
+
+def test_set_max_procs_round_trip(ext):
+    original = _native.set_max_procs(0)
+    assert original >= 1
+    try:
+        assert _native.set_max_procs(3) == original
+        assert _native.set_max_procs(-1) == 3  # n <= 0 only queries
+        assert _native.set_max_procs(0) == 3
+    finally:
+        _native.set_max_procs(original)
+    with pytest.raises(ValueError, match="int32"):
+        ext.set_max_procs(2**40)
+    with pytest.raises(TypeError):
+        ext.set_max_procs("2")
+
+
+def test_load_is_cached_across_threads():
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(_native.load())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and all(m is results[0] for m in results)
+    assert _native.is_loaded()
+
+
+# --------------------------------------------------------------------------
+# Planning
+
+
+@pytest.mark.parametrize("mode", [_native.MODE_DDP, _native.MODE_TORCH], ids=["ddp", "torch"])
+def test_toy_graph_plan(ext, mode):
+    plan = _native.plan_graph(chain_graph(3), toy_config(mode))
+    assert set(plan) == set(ext.PLAN_KEYS)
+    assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(("num_", "fingerprint")))
+    assert plan["num_nodes"] == 14
+    assert plan["num_partitions"] == 3
+    assert plan["num_buckets"] == 3
+    # x, w0..b2 (0-6) and the output (13) belong to no piece; layer i is piece i.
+    assert unpack(plan["node_partitions"], "i") == [-1] * 7 + [0, 0, 1, 1, 2, 2] + [-1]
+    # Buckets in DDP order: the last layer's gradients are ready first.
+    assert unpack(plan["bucket_bytes"], "q") == [WEIGHT_BYTES + BIAS_BYTES] * 3
+    assert unpack(plan["bucket_partitions"], "i") == [2, 1, 0]
+    assert unpack(plan["bucket_node_begin"], "q") == [11, 9, 7]
+    if mode == _native.MODE_DDP:  # the span of its parameters' first uses: linear_i
+        assert unpack(plan["bucket_node_end"], "q") == [12, 10, 8]
+    else:  # torch's bucket is the whole node range: linear_i and relu_i
+        assert unpack(plan["bucket_node_end"], "q") == [13, 11, 9]
+    assert plan["bucket_extended"] == bytes(3)
+    assert [sorted(b) for b in csr(plan["bucket_param_offsets"], plan["bucket_params"])] == [[4, 5], [2, 3], [0, 1]]
+    assert csr(plan["partition_input_offsets"], plan["partition_inputs"]) == [[0, 1, 2], [3, 4, 8], [5, 6, 10]]
+    assert csr(plan["partition_output_offsets"], plan["partition_outputs"]) == [[8], [10], [12]]
+    # Identical input, identical fingerprint.
+    assert _native.plan_graph(chain_graph(3), toy_config(mode))["fingerprint"] == plan["fingerprint"]
+
+
+def test_fingerprint_depends_on_the_caps(ext):
+    a = ext.plan_graph(chain_graph(3), toy_config())
+    b = ext.plan_graph(chain_graph(3), toy_config(bucket_cap_bytes=CAP_BYTES * 3))
+    assert a["fingerprint"] != b["fingerprint"]
+
+
+def test_accepts_any_integer_buffer(ext):
+    """memoryviews and bytearrays of the right item size work like array."""
+    graph = chain_graph(3)
+    reference = ext.plan_graph(graph, toy_config())
+    graph["node_ops"] = memoryview(bytearray(graph["node_ops"].tobytes())).cast("i")
+    graph["node_param_refs"] = bytearray(graph["node_param_refs"])
+    graph["param_flags"] = memoryview(graph["param_flags"])
+    graph["param_names"] = memoryview(graph["param_names"])
+    cfg = toy_config(bucket_caps_bytes=())
+    assert ext.plan_graph(graph=graph, config=cfg) == reference
+
+
+def test_negative_cap_is_invalid_config(ext):
+    with pytest.raises(ext.PlannerError) as info:
+        ext.plan_graph(chain_graph(3), toy_config(bucket_cap_bytes=-1))
+    assert info.value.code == _native.ERR_INVALID_CONFIG
+    assert str(info.value).strip()
+
+
+def test_backward_edge_is_invalid_graph(ext):
+    graph = chain_graph(3)
+    users = graph["node_users"]
+    users[len(users) - 1] = 2  # relu_2 "used by" placeholder b0: an edge backwards
+    with pytest.raises(ext.PlannerError) as info:
+        ext.plan_graph(graph, toy_config())
+    assert info.value.code == _native.ERR_INVALID_GRAPH
+
+
+# --------------------------------------------------------------------------
+# Malformed input is refused before Go runs
+
+
+def test_unknown_and_missing_graph_keys(ext):
+    graph = chain_graph(2)
+    graph["node_colour"] = b""
+    del graph["node_users"]
+    with pytest.raises(ValueError) as info:
+        ext.plan_graph(graph, toy_config())
+    assert "'node_colour'" in str(info.value) and "'node_users'" in str(info.value)
+
+
+def test_unknown_and_missing_config_keys(ext):
+    cfg = toy_config()
+    del cfg["max_partitions"]
+    with pytest.raises(ValueError, match="missing key.*'max_partitions'"):
+        ext.plan_graph(chain_graph(2), cfg)
+    with pytest.raises(ValueError, match="unknown key.*'bucket_cap_mb'"):
+        ext.plan_graph(chain_graph(2), toy_config(bucket_cap_mb=25))
+
+
+def test_wrong_container_types(ext):
+    with pytest.raises(TypeError, match="graph must be a dict"):
+        ext.plan_graph([], toy_config())
+    with pytest.raises(TypeError, match="config must be a dict"):
+        ext.plan_graph(chain_graph(1), None)
+    with pytest.raises(TypeError, match=r"config\['mode'\] must be an int"):
+        ext.plan_graph(chain_graph(1), toy_config(mode="ddp"))
+    with pytest.raises(TypeError, match=r"bucket_caps_bytes"):
+        ext.plan_graph(chain_graph(1), toy_config(bucket_caps_bytes=b"\x01"))
+    with pytest.raises(ValueError, match=r"bucket_caps_bytes'\]\[1\]"):
+        ext.plan_graph(chain_graph(1), toy_config(bucket_caps_bytes=[1, 2**70]))
+
+
+def _edit(graph, **fields):
+    graph.update(fields)
+    return graph
+
+
+MALFORMED = {
+    # field named in the error -> a graph with that field broken
+    "node_ops (item size)": ("node_ops", lambda g: _edit(g, node_ops=array("q", g["node_ops"]))),
+    "node_ops (length)": ("node_ops", lambda g: _edit(g, node_ops=g["node_ops"][:-1])),
+    "node_module_ids (float)": ("node_module_ids", lambda g: _edit(g, node_module_ids=array("f", g["node_module_ids"]))),
+    "node_param_offsets (length)": ("node_param_offsets", lambda g: _edit(g, node_param_offsets=g["node_param_offsets"][:-1])),
+    "node_params (vs offsets)": ("node_params", lambda g: _edit(g, node_params=g["node_params"] + array("i", [0]))),
+    "node_param_refs (item size)": ("node_param_refs", lambda g: _edit(g, node_param_refs=array("i", list(g["node_param_refs"])))),
+    "node_users (vs offsets)": ("node_users", lambda g: _edit(g, node_users=g["node_users"][1:])),
+    "node_user_offsets (negative)": (
+        "node_user_offsets",
+        lambda g: _edit(g, node_user_offsets=array("q", [0] * (len(g["node_user_offsets"]) - 1) + [-4])),
+    ),
+    "param_bytes (length)": ("param_bytes", lambda g: _edit(g, param_bytes=g["param_bytes"] + array("q", [1]))),
+    "param_storage_bytes (item size)": ("param_storage_bytes", lambda g: _edit(g, param_storage_bytes=array("i", g["param_storage_bytes"]))),
+    "param_flags (item size)": ("param_flags", lambda g: _edit(g, param_flags=bytes(len(g["param_flags"])))),
+    "param_names (vs offsets)": ("param_names", lambda g: _edit(g, param_names=g["param_names"] + b"x")),
+    "param_dtypes (not C-contiguous)": ("param_dtypes", lambda g: _edit(g, param_dtypes=memoryview(array("i", [0] * 2 * len(g["param_dtypes"])))[::2])),
+    "param_devices (not a buffer)": ("param_devices", lambda g: _edit(g, param_devices=list(g["param_devices"]))),
+    "num_nodes (negative)": ("num_nodes", lambda g: _edit(g, num_nodes=-1)),
+    "num_params (vs arrays)": ("param_", lambda g: _edit(g, num_params=g["num_params"] + 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_arrays_name_the_field(ext, case):
+    field, breaker = MALFORMED[case]
+    graph = breaker(chain_graph(3))
+    with pytest.raises((ValueError, TypeError)) as info:
+        ext.plan_graph(graph, toy_config())
+    assert field in str(info.value)
+    if "not a buffer" not in case:
+        assert info.type is ValueError
+
+
+def test_buffers_are_released_after_the_call(ext):
+    """An exported array cannot be resized; after plan_graph returns (also
+    after an error), the caller can resize it again."""
+    graph = chain_graph(2)
+    with pytest.raises(ValueError):
+        ext.plan_graph(_edit(graph, num_nodes=graph["num_nodes"] + 1), toy_config())
+    graph["node_ops"].append(0)  # raises BufferError if a view leaked
+    graph["node_ops"].pop()
+    graph["num_nodes"] -= 1
+    try:
+        ext.plan_graph(graph, toy_config())
+    except ext.PlannerError:
+        pass
+    graph["param_bytes"].append(1)
+
+
+# --------------------------------------------------------------------------
+# Threads and the GIL
+
+
+def test_concurrent_plans_agree(ext):
+    graph = chain_graph(200, weight_bytes=40_000, bias_bytes=400)
+    cfg = toy_config(bucket_cap_bytes=400_000, first_bucket_cap_bytes=100_000)
+    expected = ext.plan_graph(graph, cfg)
+    results: list = []
+    errors: list = []
+
+    def worker():
+        try:
+            for _ in range(10):
+                results.append(ext.plan_graph(graph, cfg))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 40
+    assert all(r == expected for r in results)
+
+
+def test_gil_is_released_while_go_plans(ext):
+    """A pure-Python thread keeps counting while the main thread is inside
+    plan_graph. Were the GIL held for the call, the counter could run only
+    just before the main thread enters the call and just after it returns
+    (about one switch interval each) and would be frozen in between. Time is
+    binned per millisecond so that progress *inside* the call is measured.
+    A build of the extension without Py_BEGIN_ALLOW_THREADS fails this test
+    with 0 active milliseconds; the real one shows activity in most of them.
+    """
+    graph, cfg, elapsed = None, toy_config(bucket_cap_bytes=1 << 20, first_bucket_cap_bytes=1 << 20), 0.0
+    layers = 25_000  # 100,002 nodes
+    while True:
+        graph = chain_graph(layers, weight_bytes=4096, bias_bytes=64)
+        start = time.monotonic()
+        ext.plan_graph(graph, cfg)
+        elapsed = time.monotonic() - start
+        if elapsed >= 0.15 or layers >= 400_000:
+            break
+        layers *= 2
+    assert elapsed >= 0.05, f"a {graph['num_nodes']}-node plan took only {elapsed:.3f}s; too fast to observe"
+
+    bins = [0] * 600_000  # counts per millisecond since origin
+    origin = time.monotonic()
+    stop = threading.Event()
+    started = threading.Event()
+
+    def count():
+        started.set()
+        while not stop.is_set():
+            bins[int((time.monotonic() - origin) * 1000)] += 1
+
+    counter = threading.Thread(target=count, daemon=True)
+    counter.start()
+    started.wait()
+    try:
+        t0 = time.monotonic()
+        ext.plan_graph(graph, cfg)
+        t1 = time.monotonic()
+    finally:
+        stop.set()
+        counter.join()
+    # Skip one switch interval plus 10 ms at both ends: the counter may own
+    # the GIL for one slice between reading t0 and entering the call, and
+    # again between the call's return and reading t1 (measured: with the
+    # GIL held throughout, all of the counter's progress falls there).
+    skip_ms = int(sys.getswitchinterval() * 1000) + 10
+    lo, hi = int((t0 - origin) * 1000) + skip_ms, int((t1 - origin) * 1000) - skip_ms
+    assert hi > lo, f"call took {t1 - t0:.3f}s"
+    inside = sum(bins[lo:hi])
+    active_ms = sum(1 for b in bins[lo:hi] if b)
+    assert inside > 0 and active_ms >= max(3, (hi - lo) // 10), (
+        f"counter advanced {inside} times in {active_ms} of {hi - lo} ms inside plan_graph"
+    )
+
+
+# --------------------------------------------------------------------------
+# fork()
+
+
+def _wait_for(pid: int, timeout: float) -> int:
+    """waitpid with a deadline: a child that hangs is killed and reported,
+    so that a hang fails the test rather than the whole run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"child {pid} still running after {timeout}s: it hung calling into Go")
+
+
+def test_forked_child_gets_forked_child_error(ext):
+    ext.abi_version()  # the Go runtime is certainly running in this process
+    r, w = os.pipe()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child: only Python and the extension's flag check run here
+        code = 1
+        try:
+            os.close(r)
+            report = []
+            for call in (
+                lambda: ext.plan_graph(chain_graph(1), toy_config()),
+                ext.abi_version,
+                lambda: ext.set_max_procs(0),
+                ext.debug_panic,
+                lambda: _native.plan_graph(chain_graph(1), toy_config()),
+            ):
+                try:
+                    call()
+                    report.append("returned")
+                except ext.ForkedChildError as e:
+                    report.append("forked:" + str(e))
+                except BaseException as e:
+                    report.append(f"other:{type(e).__name__}")
+            os.write(w, "\n".join(report).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    exit_code = _wait_for(pid, timeout=20)
+    with os.fdopen(r, "rb") as f:
+        report = f.read().decode().splitlines()
+    assert exit_code == 0
+    assert len(report) == 5
+    for line in report:
+        assert line.startswith("forked:"), report
+        assert "forked after it was loaded" in line and "'spawn'" in line
+    assert time.monotonic() - start < 10
+    # The parent is unaffected.
+    assert ext.abi_version() == 1
+
+
+def _run_python(code: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env.pop("GODDP_GOMAXPROCS", None)
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=os.path.dirname(__file__),
+    )
+
+
+def test_child_forked_before_load_can_plan():
+    """Fork happens while goddp is imported but Go is not loaded (as with a
+    DataLoader worker started early); the child loads Go itself and plans."""
+    result = _run_python(
+        """
+        import os, sys, time
+        from goddp import _native
+        from test_native import chain_graph, toy_config
+        assert not _native.is_loaded()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                plan = _native.plan_graph(chain_graph(3), toy_config())
+                code = 0 if plan["num_partitions"] == 3 else 2
+            except BaseException as e:
+                print("child:", type(e).__name__, e, file=sys.stderr)
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, 9)
+            sys.exit("child hung")
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        # The parent was not affected by the child's Go runtime.
+        assert not _native.is_loaded()
+        assert _native.plan_graph(chain_graph(3), toy_config())["num_partitions"] == 3
+        print("ok")
+        """
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+# --------------------------------------------------------------------------
+# Lazy loading
+
+
+def test_import_goddp_does_not_load_go():
+    result = _run_python(
+        """
+        import sys
+        import goddp
+        import goddp._native as native
+        assert "goddp._goddp" not in sys.modules, "import goddp loaded the Go runtime"
+        assert not native.is_loaded()
+        native.load()
+        assert "goddp._goddp" in sys.modules and native.is_loaded()
+        print("ok")
+        """
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_gomaxprocs_from_environment():
+    result = _run_python(
+        """
+        from goddp import _native
+        _native.load()
+        print(_native.set_max_procs(0))
+        """,
+        GODDP_GOMAXPROCS="3",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "3"
+
+
+def test_bad_gomaxprocs_fails_before_go_loads():
+    result = _run_python(
+        """
+        import sys
+        from goddp import _native
+        try:
+            _native.load()
+        except ValueError as e:
+            assert "GODDP_GOMAXPROCS" in str(e), e
+            assert not _native.is_loaded()
+            print("ok")
+        """,
+        GODDP_GOMAXPROCS="lots",
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
