@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import torch
 import torch.utils._pytree as pytree
 from torch import fx
 
@@ -68,7 +69,56 @@ class StitchedPieces:
             and all(isinstance(leaf, fx.Node) for leaf in output_node.args[0])
         )
 
+        # Values compiled as not requiring grad in the piece that reads them.
+        # Dynamo's metadata makes this exact; the first call checks it, since
+        # a tensor that does require grad at run time would silently lose its
+        # gradient (Dynamo's guards keep later calls like the first).
+        self._no_grad_slots = tuple(
+            (slot[value], value.name)
+            for piece in pieces
+            for value in piece.output_nodes
+            if not _example_requires_grad(value)
+        )
+        self._checked = False
+
     def __call__(self, *args: Any) -> Any:
+        if not self._checked:
+            return self._first_call(args)
+        return self._run(args)
+
+    def _first_call(self, args: tuple) -> Any:
+        env: list[Any] = list(args)
+        env.extend([None] * (self.num_slots - len(env)))
+        for fn, reads, writes, releases in self._steps:
+            results = fn(*[env[i] for i in reads])
+            for s, value in zip(writes, results):
+                env[s] = value
+            self._check_first_call_values(env, writes)
+            for s in releases:
+                env[s] = None
+        self._checked = True
+        return self._collect(env)
+
+    def _check_first_call_values(self, env: list[Any], writes: tuple) -> None:
+        written = set(writes)
+        for s, name in self._no_grad_slots:
+            if s not in written:
+                continue
+            value = env[s]
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                raise RuntimeError(
+                    f"goddp: the value {name!r} passed between pieces requires grad at run time, "
+                    "but it was compiled as not requiring grad, so its gradient would be lost. "
+                    "This is a goddp bug; please report it (workaround: options={'max_pieces': 1})."
+                )
+
+    def _collect(self, env: list[Any]) -> Any:
+        if self._flat_tuple:
+            return tuple(env[s] for s in self._out_slots)
+        leaves = [env[s] if s >= 0 else c for s, c in zip(self._out_slots, self._out_constants)]
+        return pytree.tree_unflatten(leaves, self._out_spec)
+
+    def _run(self, args: tuple) -> Any:
         env: list[Any] = list(args)
         env.extend([None] * (self.num_slots - len(env)))
         # Compiled pieces follow Dynamo's convention for what a backend
@@ -84,3 +134,9 @@ class StitchedPieces:
             return tuple(env[s] for s in self._out_slots)
         leaves = [env[s] if s >= 0 else c for s, c in zip(self._out_slots, self._out_constants)]
         return pytree.tree_unflatten(leaves, self._out_spec)
+
+
+def _example_requires_grad(node: fx.Node) -> bool:
+    value = node.meta.get("example_value", node.meta.get("val"))
+    # Unknown metadata: assume it may require grad (nothing to check).
+    return not isinstance(value, torch.Tensor) or value.requires_grad

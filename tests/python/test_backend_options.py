@@ -1,0 +1,124 @@
+"""goddp's options and its registration as a Dynamo backend."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch._dynamo.backends.registry import lookup_backend
+
+import goddp
+from goddp._options import OPTION_KEYS, parse_options
+
+
+def test_goddp_is_a_listed_backend():
+    assert "goddp" in torch._dynamo.list_backends()
+
+
+def test_backend_without_options_is_the_entry_point_target():
+    # The entry point string must import, and name the same function that
+    # goddp.backend() and backend="goddp" resolve to.
+    module_name, attr = "goddp.backend:goddp_backend".split(":")
+    entry_target = getattr(importlib.import_module(module_name), attr)
+    assert goddp.backend() is entry_target
+    assert lookup_backend("goddp") is entry_target
+    assert goddp.backend.goddp_backend is entry_target
+
+
+def test_backend_with_options_binds_them():
+    backend = goddp.backend(inner="aot_eager", mode="torch", bucket_cap_mb=2, log_plan=False)
+    assert backend.options.inner == "aot_eager"
+    assert backend.options.mode == "torch"
+    assert backend.options.bucket_cap_mb == 2.0
+    assert backend.options.log_plan is False
+    assert "goddp.backend(" in repr(backend)
+
+
+def test_importing_goddp_switched_off_torch_ddp_optimizer():
+    # goddp must see whole graphs; DDPOptimizer would hand it pieces.
+    assert torch._dynamo.utils.get_optimize_ddp_mode() == "no_optimization"
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"bucket_cap": 25}, "valid keys: inner, inner_options, mode, bucket_cap_mb"),
+        ({"mode": "fast"}, "'ddp', 'torch'"),
+        ({"inner": "no_such_backend"}, "valid choices:"),
+        ({"inner": 3}, "'inductor', 'aot_eager', 'eager'"),
+        ({"inner": "goddp"}, "cannot be 'goddp'"),
+        ({"bucket_cap_mb": 0}, "greater than 0"),
+        ({"bucket_cap_mb": -1.5}, "greater than 0"),
+        ({"first_bucket_cap_mb": "1"}, "greater than 0"),
+        ({"bucket_cap_mb": float("nan")}, "greater than 0"),
+        ({"max_pieces": 0}, "int >= 1 or None"),
+        ({"max_pieces": 2.0}, "int >= 1 or None"),
+        ({"max_pieces": True}, "int >= 1 or None"),
+        ({"max_pieces": 4, "mode": "torch"}, "only to mode='ddp'"),
+        ({"strict": 1}, "True or False"),
+        ({"log_plan": "yes"}, "True or False"),
+        ({"check_plans": None}, "True or False"),
+        ({"inner_options": [1]}, "must be a dict"),
+        ({"bucket_cap_mb": 1, "first_bucket_cap_mb": 2}, "must be <= 'bucket_cap_mb'"),
+    ],
+)
+def test_bad_options_name_the_valid_choices(options, fragment):
+    with pytest.raises(ValueError, match="goddp option|unknown goddp option") as info:
+        goddp.backend(**options)
+    assert fragment in str(info.value)
+    # The same validation applies to torch.compile(options=...).
+    with pytest.raises(ValueError) as info2:
+        parse_options(options)
+    assert str(info2.value) == str(info.value)
+
+
+def test_every_documented_key_is_accepted():
+    valid = {
+        "inner": "eager",
+        "inner_options": None,
+        "mode": "ddp",
+        "bucket_cap_mb": 10,
+        "first_bucket_cap_mb": 0.5,
+        "max_pieces": 3,
+        "strict": True,
+        "log_plan": False,
+        "check_plans": False,
+    }
+    assert set(valid) == set(OPTION_KEYS)
+    options = parse_options(valid)
+    assert (options.max_pieces, options.first_bucket_cap_mb, options.strict) == (3, 0.5, True)
+
+
+def test_defaults():
+    options = parse_options(None)
+    assert options.inner == "inductor"
+    assert options.mode == "ddp"
+    assert options.bucket_cap_mb is None and options.first_bucket_cap_mb is None
+    assert options.max_pieces is None
+    assert (options.strict, options.log_plan, options.check_plans) == (False, True, True)
+
+
+def test_callable_inner_is_accepted():
+    def my_compiler(gm, example_inputs):
+        return gm.forward
+
+    assert parse_options({"inner": my_compiler}).inner is my_compiler
+
+
+def test_bad_options_through_torch_compile_surface_at_first_call():
+    class Tiny(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    compiled = torch.compile(Tiny(), backend="goddp", options={"mode": "bogus"})
+    with pytest.raises(Exception, match="'ddp', 'torch'"):
+        compiled(torch.ones(2))
+
+
+def test_plan_graph_module_rejects_bad_mode():
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="'ddp', 'torch'"):
+        goddp.plan_graph_module(gm, mode="other")
+    with pytest.raises(ValueError, match="max_pieces"):
+        goddp.plan_graph_module(gm, max_pieces=0)
