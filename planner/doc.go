@@ -32,7 +32,8 @@
 //   - RefArg on call_function and call_method nodes, at every use (a
 //     parameter passed twice is counted twice);
 //   - RefModule on call_module and call_method nodes, only at the first node
-//     (in the reverse walk) that calls that ModuleID;
+//     (in the reverse walk) that calls that ModuleID, which marks the
+//     module seen even if that node refers to none of its parameters;
 //   - RefAttr on get_attr nodes, at every use;
 //   - never RefOther, and never a kind on an op not listed for it.
 //
@@ -83,10 +84,12 @@
 // # Where real DDP buckets can differ from ModeDDP's
 //
 //   - The ready order is a prediction. Within one node the real order
-//     depends on the autograd graph (the reverse listed order matches
-//     nn.Linear); gradients of different nodes can also become ready in an
-//     order other than reverse forward order when backward has parallel
-//     branches.
+//     depends on the op's backward: the reverse listed order matches
+//     nn.Linear (bias first) but not LayerNorm, which readies its weight
+//     first, so a bucket boundary between two parameters of one node can
+//     fall on the other side in DDP. Gradients of different nodes can also
+//     become ready in an order other than reverse forward order when
+//     backward has parallel branches.
 //   - Keys walk the cap list independently, so with mixed dtypes or devices
 //     the buckets of different keys interleave in DDP order, and a bucket of
 //     one key may span cuts made for another.
@@ -97,6 +100,8 @@
 //     declaration order; ModeDDP does not model that case.
 //   - Parameters that no compute node uses belong to no bucket here, while
 //     DDP still buckets them.
+//   - Each Dynamo frame is planned alone, while DDP buckets the whole
+//     model, so its buckets can straddle a graph break.
 //
 // # Fingerprint
 //
