@@ -235,7 +235,7 @@ class GraphBreakMLP(nn.Module):
     """Two halves separated by an explicit graph break: Dynamo compiles two
     frames (the forward and its resume function), each planned on its own."""
 
-    def __init__(self, fan_in: int = 64, width: int = 256, depth: int = 6):
+    def __init__(self, fan_in: int = 64, width: int = 256, depth: int = 10):
         super().__init__()
         self.inp = nn.Linear(fan_in, width)
         self.first = nn.ModuleList(nn.Linear(width, width) for _ in range(depth // 2))
