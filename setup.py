@@ -12,6 +12,7 @@ Environment:
               a build never downloads a toolchain behind your back.
 """
 
+import filecmp
 import os
 import re
 import shutil
@@ -84,17 +85,31 @@ def _check_go_version(go, env):
 
 
 def build_go_archive():
-    """Builds build/go/libgoddp_go.a from ./bridge; go's own cache makes a
-    rebuild of unchanged sources cheap."""
+    """Builds build/go/libgoddp_go.a from ./bridge.
+
+    go rewrites its output on every build, which would make setuptools relink
+    the extension every time; the archive is deterministic (-trimpath), so a
+    fresh build replaces the old one only when its bytes differ."""
     go = _find_go()
     env = _go_env()
     _check_go_version(go, env)
-    os.makedirs(os.path.join(ROOT, os.path.dirname(GO_ARCHIVE)), exist_ok=True)
-    cmd = [go, "build", "-buildmode=c-archive", "-trimpath", "-buildvcs=false", "-o", GO_ARCHIVE, "./bridge"]
+    archive = os.path.join(ROOT, GO_ARCHIVE)
+    fresh = archive + ".new"
+    os.makedirs(os.path.dirname(archive), exist_ok=True)
+    cmd = [go, "build", "-buildmode=c-archive", "-trimpath", "-buildvcs=false", "-o", fresh, "./bridge"]
     print("goddp: " + " ".join(cmd), flush=True)
     result = subprocess.run(cmd, cwd=ROOT, env=env)
     if result.returncode != 0:
         raise CompileError(f"goddp: `{' '.join(cmd)}` failed with exit status {result.returncode}")
+    if os.path.exists(archive) and filecmp.cmp(fresh, archive, shallow=False):
+        os.remove(fresh)
+    else:
+        os.replace(fresh, archive)
+    # go also writes a C header next to its output (named after it minus the
+    # last extension); goddp uses csrc/goddp.h instead.
+    generated_header = os.path.splitext(fresh)[0] + ".h"
+    if os.path.exists(generated_header):
+        os.remove(generated_header)
 
 
 # Only PyInit__goddp leaves the extension: the Go runtime and the goddp_*
