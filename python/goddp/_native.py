@@ -82,7 +82,16 @@ def load() -> ModuleType:
             # Validate the environment before Go starts, so that a typo does
             # not leave a half-configured runtime behind.
             max_procs = _max_procs_from_env()
-            module = importlib.import_module(EXTENSION_NAME)
+            try:
+                module = importlib.import_module(EXTENSION_NAME)
+            except ModuleNotFoundError as e:
+                if e.name != EXTENSION_NAME:
+                    raise
+                raise ImportError(
+                    f"{EXTENSION_NAME} (goddp's Go planner) is not built: install goddp with "
+                    "`pip install .` (needs Go), or `make install` in a checkout",
+                    name=EXTENSION_NAME,
+                ) from e
             if max_procs is not None:
                 module.set_max_procs(max_procs)
             _module = module
