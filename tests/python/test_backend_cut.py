@@ -71,7 +71,7 @@ def non_placeholder_targets(gm: fx.GraphModule) -> list:
 # --------------------------------------------------------------------------
 
 
-def test_mlp_split_into_several_pieces_matches_unsplit_bitwise(dist_group, planner):
+def test_mlp_split_into_several_pieces_matches_unsplit_bitwise(dist_group, native_module):
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
     base = seeded(MLP)
     split_model, whole_model, eager_model = (copy.deepcopy(base) for _ in range(3))
@@ -107,7 +107,7 @@ def test_mlp_split_into_several_pieces_matches_unsplit_bitwise(dist_group, plann
         torch.testing.assert_close(split_grads[name], eager_grads[name])
 
 
-def test_pieces_follow_the_planner_exactly(dist_group, planner):
+def test_pieces_follow_the_planner_exactly(dist_group, native_module):
     base = seeded(MLP, 32, 5)
     model = copy.deepcopy(base)
     captured: list[fx.GraphModule] = []
@@ -175,7 +175,7 @@ class Regions(nn.Module):
         return l4(h + s.float()), c
 
 
-def test_autocast_and_no_grad_regions_crossing_cuts(dist_group, planner):
+def test_autocast_and_no_grad_regions_crossing_cuts(dist_group, native_module):
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(2))
     base = seeded(Regions)
     split_model, whole_model, eager_model = (copy.deepcopy(base) for _ in range(3))
@@ -235,7 +235,7 @@ class DictOut(nn.Module):
         return {"logits": self.c(g), "hidden": (h, g)}, x.shape[0]
 
 
-def test_output_structure_is_preserved(dist_group, planner):
+def test_output_structure_is_preserved(dist_group, native_module):
     x = torch.randn(4, 16)
     base = seeded(DictOut)
     model, reference = copy.deepcopy(base), copy.deepcopy(base)
@@ -253,7 +253,7 @@ def test_output_structure_is_preserved(dist_group, planner):
     assert torch.equal(out["hidden"][1], ref["hidden"][1])
 
 
-def test_outside_ddp_the_whole_graph_goes_to_the_inner_compiler_untouched(planner, monkeypatch):
+def test_outside_ddp_the_whole_graph_goes_to_the_inner_compiler_untouched(native_module, monkeypatch):
     calls = []
     monkeypatch.setattr(goddp._backend, "call_planner", lambda *a: calls.append(a))
     received: list[fx.GraphModule] = []
@@ -273,7 +273,7 @@ def test_outside_ddp_the_whole_graph_goes_to_the_inner_compiler_untouched(planne
     assert goddp.last_plans() == []
 
 
-def test_each_frame_is_planned_exactly_once(dist_group, planner, monkeypatch):
+def test_each_frame_is_planned_exactly_once(dist_group, native_module, monkeypatch):
     calls = []
     real = goddp._backend.call_planner
 
@@ -292,7 +292,7 @@ def test_each_frame_is_planned_exactly_once(dist_group, planner, monkeypatch):
     assert len(goddp.last_plans()) == 1
 
 
-def test_ddp_optimizer_pieces_are_refused_with_the_fix_in_the_message(dist_group, planner):
+def test_ddp_optimizer_pieces_are_refused_with_the_fix_in_the_message(dist_group, native_module):
     # DDPOptimizer needs caps of at least 1 MiB: layers of just over 1 MiB.
     model = seeded(MLP, 512, 3)
     compiled = torch.compile(
@@ -343,7 +343,7 @@ class ModuleCalls(nn.Module):
         return {"out": out, "mid": [h, g]}
 
 
-def test_call_module_and_get_attr_graphs(dist_group, planner):
+def test_call_module_and_get_attr_graphs(dist_group, native_module):
     """Graphs without inlined parameters (call_module, get_attr): goddp_backend
     called directly inside a DDP forward."""
     base = seeded(ModuleCalls)
@@ -408,7 +408,7 @@ class StrideRecorder:
 
 
 @pytest.mark.inductor
-def test_non_contiguous_value_crossing_a_cut_under_inductor(dist_group, planner):
+def test_non_contiguous_value_crossing_a_cut_under_inductor(dist_group, native_module):
     x = torch.randn(5, 16, generator=torch.Generator().manual_seed(3))
     base = seeded(Transposer)
     model, reference = copy.deepcopy(base), copy.deepcopy(base)
@@ -434,7 +434,7 @@ def test_non_contiguous_value_crossing_a_cut_under_inductor(dist_group, planner)
         torch.testing.assert_close(p.grad, q.grad)
 
 
-def test_metadata_saying_no_grad_for_a_value_that_needs_it_fails_loudly(dist_group, planner):
+def test_metadata_saying_no_grad_for_a_value_that_needs_it_fails_loudly(dist_group, native_module):
     """If Dynamo's metadata ever claimed a crossing value needs no grad while
     it does, its gradient would be lost: the first call must raise instead."""
     base = seeded(ModuleCalls)

@@ -1,0 +1,157 @@
+"""When planning or a piece's compilation fails, goddp warns and compiles
+the whole graph instead (never losing a training step or producing wrong
+gradients); strict=True raises instead."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.backends.registry import lookup_backend
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import goddp
+import goddp._backend
+
+CAP_MB = 0.004  # a few Linear(32, 32) layers per bucket
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(5))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def make_models():
+    torch.manual_seed(0)
+    base = Net()
+    return copy.deepcopy(base), copy.deepcopy(base)
+
+
+def step(model, x):
+    out = model(x)
+    out.pow(2).sum().backward()
+    return out
+
+
+def assert_same_training_step(model, reference, out, ref_out):
+    torch.testing.assert_close(out, ref_out)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+class FailingCompiler:
+    """aot_eager, except that the call numbered fail_on (1-based) raises."""
+
+    def __init__(self, fail_on: int) -> None:
+        self.fail_on = fail_on
+        self.calls = 0
+        self.graph_sizes: list[int] = []
+        self._inner = lookup_backend("aot_eager")
+
+    def __call__(self, gm, example_inputs):
+        self.calls += 1
+        self.graph_sizes.append(len(gm.graph.nodes))
+        if self.calls == self.fail_on:
+            raise RuntimeError("inner compiler exploded on purpose")
+        return self._inner(gm, example_inputs)
+
+
+def test_planner_failure_warns_and_compiles_the_whole_graph(dist_group, native_module, monkeypatch, caplog):
+    def broken_planner(*args):
+        raise RuntimeError("planner broke on purpose")
+
+    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    model, reference = make_models()
+    x = torch.randn(4, 32)
+    recorder = FailingCompiler(fail_on=0)
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner=recorder, check_plans=False)
+    )
+    with caplog.at_level(logging.WARNING, logger="goddp"):
+        with pytest.warns(RuntimeWarning, match="planning failed .*planner broke on purpose"):
+            out = step(compiled, x)
+    assert any("planner broke on purpose" in r.getMessage() for r in caplog.records)
+    ref_out = step(reference, x)
+    assert_same_training_step(model, reference, out, ref_out)
+    # One compile: the whole graph (every node of the Dynamo graph).
+    assert recorder.calls == 1
+    (record,) = goddp.last_plans()
+    assert "planner broke on purpose" in record["fallback"]
+    assert record["fingerprint"] is None
+
+
+def test_piece_compile_failure_warns_and_compiles_the_whole_graph(dist_group, native_module, caplog):
+    model, reference = make_models()
+    x = torch.randn(4, 32)
+    failing = FailingCompiler(fail_on=2)  # the second piece
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner=failing, check_plans=False)
+    )
+    with caplog.at_level(logging.WARNING, logger="goddp"):
+        with pytest.warns(RuntimeWarning, match="compiling piece 1 of .* failed .*exploded on purpose"):
+            out = step(compiled, x)
+    ref_out = step(reference, x)
+    assert_same_training_step(model, reference, out, ref_out)
+
+    (record,) = goddp.last_plans()
+    assert record["num_pieces"] >= 3
+    assert "exploded on purpose" in record["fallback"]
+    # Two pieces tried, then the whole graph, which is larger than any piece.
+    assert failing.calls == 3
+    assert failing.graph_sizes[2] > max(failing.graph_sizes[:2])
+    # A second step runs the whole-graph compile, still correct.
+    for p in list(model.parameters()) + list(reference.parameters()):
+        p.grad = None
+    assert_same_training_step(model, reference, step(compiled, x), step(reference, x))
+
+
+def test_strict_raises_on_planner_failure(dist_group, native_module, monkeypatch):
+    def broken_planner(*args):
+        raise RuntimeError("planner broke on purpose")
+
+    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    model, _ = make_models()
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=CAP_MB),
+        backend=goddp.backend(inner="aot_eager", strict=True, check_plans=False),
+    )
+    with pytest.raises(Exception, match="planner broke on purpose"):
+        compiled(torch.randn(4, 32))
+
+
+def test_strict_raises_on_piece_compile_failure(dist_group, native_module):
+    model, _ = make_models()
+    failing = FailingCompiler(fail_on=2)
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=CAP_MB),
+        backend=goddp.backend(inner=failing, strict=True, check_plans=False),
+    )
+    with pytest.raises(Exception, match="exploded on purpose"):
+        compiled(torch.randn(4, 32))
+    assert failing.calls == 2  # no whole-graph retry
+
+
+def test_real_planner_error_for_bad_caps_falls_back(dist_group, native_module):
+    """A cap the planner rejects (first bucket larger than the others) is a
+    PlannerError from Go: warning, whole graph, correct step."""
+    model, reference = make_models()
+    x = torch.randn(4, 32)
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=CAP_MB),
+        backend=goddp.backend(inner="aot_eager", first_bucket_cap_mb=1.0, check_plans=False),
+    )
+    with pytest.warns(RuntimeWarning, match="planning failed .*PlannerError"):
+        out = step(compiled, x)
+    assert_same_training_step(model, reference, out, step(reference, x))
+    (record,) = goddp.last_plans()
+    assert "PlannerError" in record["fallback"]
