@@ -80,9 +80,10 @@ def test_mlp_split_into_several_pieces_matches_unsplit_bitwise(dist_group, nativ
     # DDP closes a bucket once it reaches the cap: two layers per bucket,
     # three pieces for six layers.
     cap_mb = 1.5 * LAYER_BYTES_64 / 2**20
+    # check_plans stays on: under torchrun the ranks compare fingerprints.
     split = torch.compile(
         DDP(split_model, bucket_cap_mb=cap_mb),
-        backend=goddp.backend(inner=recorder, check_plans=False),
+        backend=goddp.backend(inner=recorder),
     )
     out_split = run_step(split, x)
 
@@ -95,6 +96,12 @@ def test_mlp_split_into_several_pieces_matches_unsplit_bitwise(dist_group, nativ
     assert len(plans) == 1
     assert plans[0]["fallback"] is None
     assert plans[0]["num_pieces"] == 3
+    check = plans[0]["plan_check"]
+    if dist_group.world_size > 1:
+        assert check["checked"] and len(check["ranks"]) == dist_group.world_size
+        assert {r["fingerprint"] for r in check["ranks"]} == {f"{plans[0]['fingerprint']:016x}"}
+    else:
+        assert check is None
     assert len(recorder.graphs) == plans[0]["num_pieces"]
 
     assert torch.equal(out_split, out_whole)
@@ -283,9 +290,7 @@ def test_each_frame_is_planned_exactly_once(dist_group, native_module, monkeypat
 
     monkeypatch.setattr(goddp._backend, "call_planner", counting)
     model = seeded(MLP, 32, 4)
-    compiled = torch.compile(
-        DDP(model, bucket_cap_mb=0.004), backend=goddp.backend(inner="aot_eager", check_plans=False)
-    )
+    compiled = torch.compile(DDP(model, bucket_cap_mb=0.004), backend=goddp.backend(inner="aot_eager"))
     for _ in range(3):
         run_step(compiled, torch.randn(4, 32))
     assert len(calls) == 1
