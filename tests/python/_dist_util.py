@@ -1,0 +1,83 @@
+"""Helpers for goddp's multi-rank tests.
+
+Those tests run their checks inside each rank when pytest itself runs under
+torchrun (``torchrun --nproc_per_node=2 -m pytest tests/python/test_dist_*.py``).
+Under a plain pytest they skip those checks and instead launch that same
+torchrun command as a subprocess, with a hard timeout, so a plain run covers
+them too, and a torchrun run does not pay for them twice.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_WORLD_SIZE" in os.environ
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+needs_two_ranks = pytest.mark.skipif(
+    world_size() < 2,
+    reason="runs inside each rank under torchrun; a plain pytest runs it through test_*_under_torchrun",
+)
+
+
+def short_timeout_group(seconds: float = 60.0):
+    """A new gloo group over all ranks whose collectives give up after
+    `seconds` instead of the default 30 minutes, so a disagreement between
+    ranks fails the test instead of hanging it. Every rank must call it."""
+    from _parity_harness import ensure_process_group
+
+    ensure_process_group()
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=seconds))
+
+
+def run_file_under_torchrun(test_file: str, nproc: int = 2, timeout: float = 300.0, extra_env=None):
+    """Run one test file under torchrun with nproc ranks (gloo, CPU).
+
+    Returns (returncode, combined output). A run that exceeds `timeout` is
+    killed, process group and all, and reported as a failure by the caller.
+    """
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra_env or {})
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", test_file,
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        return None, out + f"\n[killed after {timeout:.0f} s]"
+    return proc.returncode, out
+
+
+def passed_counts(output: str) -> list[int]:
+    """The 'N passed' counts of each rank's pytest summary line."""
+    return [int(m) for m in re.findall(r"(\d+) passed", output)]
