@@ -234,10 +234,22 @@ def _piece_example_inputs(
         for node in piece.input_nodes:
             if node in known:
                 values.append(known[node])
-            else:
-                values.append(example_value(node))
+                continue
+            value = example_value(node)
+            if not isinstance(value, _CROSSING_TYPES):
+                # A tuple from a multi-output op whose getitems landed in a
+                # later piece, for instance: the inner compilers take tensors
+                # and symbolic scalars only.
+                raise RuntimeError(
+                    f"value {node.name!r} of type {type(value).__name__} would cross a cut; "
+                    "only tensors and scalars can"
+                )
+            values.append(value)
         result.append(values)
     return result
+
+
+_CROSSING_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
 def _log_graphs(gm: fx.GraphModule, pieces: Sequence[Any]) -> None:

@@ -9,6 +9,7 @@ compile frames inside torch.nn, so every model here is our own nn.Module.
 from __future__ import annotations
 
 import copy
+import operator
 
 import pytest
 import torch
@@ -456,3 +457,80 @@ def test_metadata_saying_no_grad_for_a_value_that_needs_it_fails_loudly(dist_gro
     assert goddp.last_plans()[-1]["num_pieces"] >= 3
     with pytest.raises(RuntimeError, match="'fc2' passed between pieces requires grad"):
         compiled(x)
+
+
+class Reshaping(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x):
+        batch = x.shape[0]
+        for layer in self.layers:
+            x = torch.relu(layer(x)).reshape(batch, -1)
+        return x.view(batch, 4, 4).sum(1) * batch
+
+
+def test_dynamic_shapes_symbolic_sizes_cross_cuts(dist_group, native_module):
+    base = seeded(Reshaping)
+    model, reference = copy.deepcopy(base), copy.deepcopy(base)
+    recorder = RecordingCompiler("aot_eager")
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=0.001),
+        backend=goddp.backend(inner=recorder, mode="torch", check_plans=False),
+        dynamic=True,
+    )
+    for batch in (3, 5, 7):
+        x = torch.randn(batch, 16)
+        out, ref = compiled(x), reference(x)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(out, ref)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+    (record,) = goddp.last_plans()  # one graph serves every batch size
+    assert record["num_pieces"] == 4 == len(recorder.graphs)
+    # Every piece reads the symbolic batch size.
+    for gm, inputs in zip(recorder.graphs, recorder.example_inputs):
+        assert any(isinstance(v, torch.SymInt) for v in inputs)
+
+
+def test_a_tuple_crossing_a_cut_falls_back_to_the_whole_graph(dist_group, native_module):
+    """A symbolic_trace graph where a chunk() tuple is split from its getitem
+    users: not passable between pieces, so goddp compiles the whole graph."""
+
+    class Chunky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l0 = nn.Linear(16, 16)
+            self.l1 = nn.Linear(8, 8)
+            self.l2 = nn.Linear(8, 8)
+
+        def forward(self, x):
+            parts = torch.relu(self.l0(x)).chunk(2, dim=1)
+            a = self.l1(parts[0])
+            return (a + self.l2(parts[1]),)  # tuple outputs, like Dynamo's graphs
+
+    base = seeded(Chunky)
+    model, reference = copy.deepcopy(base), copy.deepcopy(base)
+    gm = fx.symbolic_trace(model)
+    # Move each getitem next to its user, as a hand-written graph might.
+    for node in list(gm.graph.nodes):
+        if node.target is operator.getitem:
+            next(iter(node.users)).prepend(node)
+    gm.recompile()
+    x = torch.randn(3, 16)
+    record_example_values(gm, x)
+    ddp = DDP(model, bucket_cap_mb=0.0001)
+    with ddp._inside_ddp_forward():
+        with pytest.warns(RuntimeWarning, match="'chunk' of type tuple would cross a cut"):
+            compiled = goddp.backend(inner="aot_eager", mode="torch", check_plans=False)(gm, [x])
+    assert "'chunk' of type tuple" in goddp.last_plans()[-1]["fallback"]
+    (out,) = compiled(x)
+    out.sum().backward()
+    (ref,) = reference(x)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
