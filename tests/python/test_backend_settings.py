@@ -1,0 +1,185 @@
+"""Reading the DDP module's settings, turning them into caps, and exporting
+parameters (names, flags) the way the planner needs them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import goddp
+from goddp._backend import resolve_inner
+from goddp._ddp_settings import caps_for, read_ddp_settings
+from goddp._export import FLAG_DDP_IGNORED, FLAG_REQUIRES_GRAD, export_graph, name_from_dynamo_source
+from goddp._options import parse_options
+
+MIB = 1 << 20
+
+
+class Two(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(8, 8)
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+
+    def forward(self, x):
+        return self.head(torch.relu(self.enc(x)))
+
+
+def test_default_ddp_caps(dist_group):
+    settings = read_ddp_settings(DDP(Two()))
+    assert settings.bucket_cap_bytes == 25 * MIB
+    assert settings.first_bucket_cap_bytes == 1 * MIB
+    assert settings.bucket_caps_bytes == ()
+    assert not settings.find_unused_parameters and not settings.static_graph
+
+
+def test_explicit_bucket_cap_is_also_the_first_cap_in_ddp_mode(dist_group):
+    settings = read_ddp_settings(DDP(Two(), bucket_cap_mb=10, static_graph=True))
+    assert settings.bucket_cap_bytes == settings.first_bucket_cap_bytes == 10 * MIB
+    assert settings.static_graph
+    ddp_caps = caps_for(settings, parse_options({}))
+    assert (ddp_caps.bucket_cap_bytes, ddp_caps.first_bucket_cap_bytes) == (10 * MIB, 10 * MIB)
+    # torch mode follows DDPOptimizer: 1 MiB first bucket whatever DDP says.
+    torch_caps = caps_for(settings, parse_options({"mode": "torch"}))
+    assert (torch_caps.bucket_cap_bytes, torch_caps.first_bucket_cap_bytes) == (10 * MIB, 1 * MIB)
+
+
+def test_per_bucket_caps_are_read_and_dropped_when_the_cap_is_overridden(dist_group):
+    settings = read_ddp_settings(DDP(Two(), bucket_cap_mb_list=[1, 4]))
+    assert settings.bucket_caps_bytes == (1 * MIB, 4 * MIB)
+    assert caps_for(settings, parse_options({})).bucket_caps_bytes == (1 * MIB, 4 * MIB)
+    overridden = caps_for(settings, parse_options({"bucket_cap_mb": 2}))
+    assert overridden.bucket_caps_bytes == ()
+    assert overridden.bucket_cap_bytes == 2 * MIB
+    assert overridden.first_bucket_cap_bytes <= 2 * MIB
+
+
+def test_option_overrides(dist_group):
+    settings = read_ddp_settings(DDP(Two()))
+    caps = caps_for(settings, parse_options({"bucket_cap_mb": 0.5, "first_bucket_cap_mb": 0.25, "max_pieces": 3}))
+    assert (caps.bucket_cap_bytes, caps.first_bucket_cap_bytes, caps.max_pieces) == (MIB // 2, MIB // 4, 3)
+    # A cap below DDP's first-bucket cap clamps the first cap.
+    caps = caps_for(settings, parse_options({"bucket_cap_mb": 0.5}))
+    assert caps.first_bucket_cap_bytes == MIB // 2
+
+
+def test_ignored_parameters_are_flagged_and_left_out_of_buckets(dist_group, native_module):
+    torch.manual_seed(0)
+    model = Two()
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ["enc.weight"])
+    model.head[1].bias.requires_grad_(False)
+    ddp = DDP(model)
+    settings = read_ddp_settings(ddp)
+    assert "enc.weight" in settings.ignored_names
+
+    graphs = []
+
+    def capture(gm, example_inputs, **_):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(model, backend=capture)(torch.randn(2, 8))
+    exported = export_graph(graphs[0], param_name_of=settings.param_name_of, ignored_names=settings.ignored_names)
+    flags = dict(zip(exported.param_names, exported.arrays["param_flags"]))
+    assert set(flags) == {name for name, _ in model.named_parameters()}
+    assert flags["enc.weight"] == FLAG_REQUIRES_GRAD | FLAG_DDP_IGNORED
+    assert flags["head.1.bias"] == 0
+    assert flags["enc.bias"] == FLAG_REQUIRES_GRAD
+
+    plan = goddp.plan_graph_module(graphs[0], param_names=ddp, ignored=settings.ignored_names)
+    bucketed = {n for b in plan.buckets for n in b.param_names}
+    assert "enc.weight" not in bucketed and "head.1.bias" not in bucketed
+    assert {"enc.bias", "head.0.weight", "head.1.weight"} <= bucketed
+
+
+def test_export_arrays_describe_the_graph(native_module):
+    torch.manual_seed(0)
+    model = Two()
+    graphs = []
+
+    def capture(gm, example_inputs, **_):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(model, backend=capture)(torch.randn(2, 8))
+    gm = graphs[0]
+    exported = export_graph(gm)
+    arrays = exported.arrays
+    nodes = list(gm.graph.nodes)
+    assert arrays["num_nodes"] == len(nodes)
+    assert list(arrays["node_ops"]) == [
+        {"placeholder": 0, "get_attr": 1, "call_module": 2, "call_function": 3, "call_method": 4, "output": 5}[n.op]
+        for n in nodes
+    ]
+    # Users: CSR, ascending, always after the node.
+    offsets, users = arrays["node_user_offsets"], arrays["node_users"]
+    for i, node in enumerate(nodes):
+        mine = list(users[offsets[i]: offsets[i + 1]])
+        assert mine == sorted(nodes.index(u) for u in node.users)
+        assert all(u > i for u in mine)
+    # Names recovered from Dynamo's sources without a DDP module.
+    assert sorted(exported.param_names) == sorted(name for name, _ in model.named_parameters())
+    assert arrays["param_names"] == b"".join(n.encode() for n in exported.param_names)
+    # Parameters are referenced positionally by the linear calls.
+    refs = list(arrays["node_param_refs"])
+    assert refs and set(refs) == {0}
+    sizes = dict(zip(exported.param_names, arrays["param_bytes"]))
+    assert sizes["head.1.weight"] == 2 * 8 * 4
+    assert list(arrays["param_dtypes"]) == [0] * 6 and list(arrays["param_devices"]) == [0] * 6
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("L['self']._modules['enc']._parameters['weight']", "enc.weight"),
+        ("L['self']._modules['head']._modules['1']._parameters['bias']", "head.1.bias"),
+        ("L['self'].head.w", "head.w"),
+        ("L['x']", None),
+        ("G['something'] + 1", None),
+    ],
+)
+def test_names_from_dynamo_sources(source, expected):
+    assert name_from_dynamo_source(source) == expected
+
+
+def test_export_of_call_module_and_get_attr_references():
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return self.fc(x) * self.w + self.fc(x)
+
+    gm = fx.symbolic_trace(Mixed())
+    exported = export_graph(gm)
+    arrays = exported.arrays
+    nodes = list(gm.graph.nodes)
+    refs_per_node = {
+        nodes[i].name: [
+            (exported.param_names[arrays["node_params"][k]], arrays["node_param_refs"][k])
+            for k in range(arrays["node_param_offsets"][i], arrays["node_param_offsets"][i + 1])
+        ]
+        for i in range(len(nodes))
+    }
+    assert refs_per_node["fc"] == [("fc.weight", 2), ("fc.bias", 2)]
+    assert refs_per_node["fc_1"] == [("fc.weight", 2), ("fc.bias", 2)]
+    assert refs_per_node["w"] == [("w", 3)]
+    module_ids = list(arrays["node_module_ids"])
+    assert module_ids[nodes.index(next(n for n in nodes if n.name == "fc"))] == 0
+    assert module_ids[nodes.index(next(n for n in nodes if n.name == "fc_1"))] == 0
+    assert module_ids.count(-1) == len(nodes) - 2
+
+
+def test_inner_resolution_forwards_torch_compile_mode_to_inductor():
+    inner = resolve_inner(parse_options({}).with_compile_mode("max-autotune-no-cudagraphs"))
+    assert isinstance(inner, torch._TorchCompileInductorWrapper)
+    assert inner.config.get("max_autotune") is True
+    inner = resolve_inner(parse_options({"inner_options": {"max_autotune": True}}))
+    assert isinstance(inner, torch._TorchCompileInductorWrapper) and inner.config["max_autotune"] is True
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert resolve_inner(parse_options({"inner": "aot_eager"})) is lookup_backend("aot_eager")
