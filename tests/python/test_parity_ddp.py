@@ -81,24 +81,39 @@ def ddp_settings(entry):
     }
 
 
+_frames_cache: dict[str, list] = {}
+_ddp_cache: dict[tuple, list] = {}
+
+
+def frames_of(name: str):
+    """The captured Dynamo frames of a zoo model (captured once per module)."""
+    if name not in _frames_cache:
+        entry = ZOO[name]
+        _frames_cache[name] = capture_frames(entry.wrap(entry.build()), entry.make_inputs(0))
+    return _frames_cache[name]
+
+
 def goddp_buckets(name: str, mode: str, **plan_kwargs):
     """goddp's buckets for the whole model, DDP order, as (bytes, param set).
 
     Frames are planned separately; the later frame's buckets come first,
     because its gradients are ready first.
     """
-    entry = ZOO[name]
-    frames = capture_frames(entry.wrap(entry.build()), entry.make_inputs(0))
     buckets = []
-    for frame in reversed(frames):
-        plan = goddp.plan_graph_module(frame.gm, mode=mode, ignored=entry.ignored, **plan_kwargs)
+    for frame in reversed(frames_of(name)):
+        plan = goddp.plan_graph_module(frame.gm, mode=mode, ignored=ZOO[name].ignored, **plan_kwargs)
         buckets += [(b.bytes, frozenset(b.param_names)) for b in plan.buckets]
     return buckets
 
 
 def real_ddp_buckets(name: str, **ddp_kwargs):
-    ddp = train_eager_ddp(ZOO[name], **ddp_kwargs)
-    return [(b.bytes, frozenset(b.params)) for b in ddp_rebuilt_buckets(ddp)]
+    """The buckets eager DDP rebuilds for a zoo model (computed once per
+    model and setting)."""
+    key = (name, repr(sorted(ddp_kwargs.items())))
+    if key not in _ddp_cache:
+        ddp = train_eager_ddp(ZOO[name], **ddp_kwargs)
+        _ddp_cache[key] = [(b.bytes, frozenset(b.params)) for b in ddp_rebuilt_buckets(ddp)]
+    return _ddp_cache[key]
 
 
 PARITY_CASES = [
@@ -202,3 +217,28 @@ def test_shared_weight_counted_twice_by_torch_mode_once_by_ddp_mode():
     assert len(torch_mode) == 2
     embed_bytes = model.embed.weight.numel() * model.embed.weight.element_size()
     assert sum(b for b, _ in torch_mode) == total + embed_bytes
+
+
+# --------------------------------------------------------------------------
+# What DDP does on the compiled model
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DDP rebuilds its buckets from the gradient-ready order it observes in the first "
+    "iteration. On a compiled model all of one piece's gradients arrive together, in the autograd "
+    "engine's arbitrary order for AccumulateGrad nodes (a weight before its bias, a later layer's "
+    "weight first), so the rebuilt buckets straddle goddp's cuts. torch's DDPOptimizer has the same "
+    "problem. Reported to the lead: goddp would have to set DDP's buckets itself.",
+)
+def test_ddp_rebuilds_the_planned_buckets_on_the_goddp_compiled_model():
+    entry = ZOO["mlp"]
+    ddp = entry.wrap(entry.build(), bucket_cap_mb=entry.ddp_cap_mb)
+    goddp.clear_plans()
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
+    for step in range(3):
+        entry.loss(compiled(*entry.make_inputs(step))).backward()
+    (plan,) = goddp.last_plans()
+    planned = [(b["bytes"], frozenset(b["param_names"])) for b in plan["buckets"]]
+    assert planned == real_ddp_buckets("mlp", bucket_cap_mb=entry.ddp_cap_mb)  # what eager DDP builds
+    assert [(b.bytes, frozenset(b.params)) for b in ddp_rebuilt_buckets(ddp)] == planned
