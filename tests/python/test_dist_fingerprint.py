@@ -54,6 +54,8 @@ def test_perturbed_plan_raises_on_every_rank(group, monkeypatch, mode):
     elapsed = time.monotonic() - started
     message = str(raised.value)
     assert "fingerprint" in message.lower(), message
+    # it names every rank's plan, so the user can see who disagreed
+    assert all(f"rank {r}" in message for r in range(dist.get_world_size(group))), message
     # every rank saw the error (this collective runs on a healthy group)
     outcomes = [None] * dist.get_world_size(group)
     dist.all_gather_object(outcomes, ("fingerprint" in message.lower(), round(elapsed, 1)), group=group)
