@@ -133,7 +133,7 @@ def resolve_inner(options: Options) -> Callable[..., Any]:
 
 
 def _called_from_ddp_optimizer() -> bool:
-    frame = sys._getframe(2)
+    frame = sys._getframe(1)
     depth = 0
     while frame is not None and depth < 40:
         code = frame.f_code

@@ -7,6 +7,7 @@ the flat reply into a GraphPlan that names nodes, pieces and parameters.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -112,12 +113,13 @@ class GraphPlan:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable summary (node map omitted: it can be large)."""
         piece_params = self.piece_param_names()
+        nodes_per_piece = Counter(self.node_partition_list)
         pieces = []
         for p in range(self.num_pieces):
             pieces.append(
                 {
                     "index": p,
-                    "num_nodes": sum(1 for q in self.node_partition_list if q == p),
+                    "num_nodes": nodes_per_piece.get(p, 0),
                     "inputs": list(self.piece_inputs[p]) if p < len(self.piece_inputs) else [],
                     "outputs": list(self.piece_outputs[p]) if p < len(self.piece_outputs) else [],
                     "param_names": piece_params[p],
