@@ -203,16 +203,36 @@ def _csv_ints(text: str) -> list[int]:
     return [int(x) for x in text.replace(",", " ").split()]
 
 
-def train_eager_ddp(entry: ZooEntry, iterations: int = 3, seed: int = 0, **ddp_kwargs):
+def train_eager_ddp(entry: ZooEntry, iterations: int = 4, seed: int = 0, **ddp_kwargs):
     """Run `iterations` forward/backward passes of eager DDP on entry's model
-    and return the DDP module (its reducer has rebuilt its buckets after the
-    first iteration)."""
+    and return the DDP module. DDP rebuilds its buckets once, at the start
+    of the second iteration (the third with static_graph), so 4 leave the
+    last iteration running on the rebuilt buckets.
+
+    A recording comm hook stores, in ddp.buckets_seen_last_iteration, the
+    buckets DDP really reduced in the last iteration: (index, bytes,
+    parameter FQNs), an observation independent of DDP's logging data.
+    """
     ensure_process_group()
     model = entry.build(seed)
     ddp = entry.wrap(model, **ddp_kwargs)
+    names = {p: n for n, p in model.named_parameters()}
+    seen = []
+
+    def recording_hook(state, bucket):
+        seen.append((bucket.index(), bucket.buffer().numel() * bucket.buffer().element_size(),
+                     tuple(names[p] for p in bucket.parameters())))
+        # no reduction: the tests read bucket layouts, not gradients
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    ddp.register_comm_hook(None, recording_hook)
     for step in range(iterations):
+        seen.clear()
         ddp.zero_grad(set_to_none=True)
         entry.loss(ddp(*entry.make_inputs(1000 + step))).backward()
+    ddp.buckets_seen_last_iteration = sorted(seen)
     return ddp
 
 

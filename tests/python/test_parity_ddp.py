@@ -14,8 +14,10 @@ DDP's caps are checked in three settings:
 - per-bucket caps (bucket_cap_mb_list), the last cap repeating.
 
 Exclusions (each also asserted below, so that it is noticed if it changes):
-- find_unused_parameters / static_graph are not used: every zoo model uses
-  all its parameters, and DDP rebuilds with either setting the same way.
+- find_unused_parameters=True (without static_graph): DDP never rebuilds
+  its buckets; they keep declaration order, which no forward-graph plan
+  follows (asserted in test_find_unused_parameters_is_a_known_exclusion).
+  static_graph=True rebuilds (one iteration later) and is compared.
 - graph_break: Dynamo compiles two frames and goddp plans each one alone,
   while DDP buckets the whole model; with DDP's default caps DDP's first
   bucket straddles the frame boundary. With explicit caps that close at
@@ -70,6 +72,13 @@ def ddp_settings(entry):
                 first_bucket_cap_bytes=_mib_to_bytes(entry.ddp_cap_mb),
             ),
         ),
+        "static_graph": (
+            {"static_graph": True, "bucket_cap_mb": entry.ddp_cap_mb},
+            dict(
+                bucket_cap_bytes=_mib_to_bytes(entry.ddp_cap_mb),
+                first_bucket_cap_bytes=_mib_to_bytes(entry.ddp_cap_mb),
+            ),
+        ),
         "cap_list": (
             {"bucket_cap_mb_list": cap_list},
             dict(
@@ -112,17 +121,22 @@ def real_ddp_buckets(name: str, **ddp_kwargs):
     key = (name, repr(sorted(ddp_kwargs.items())))
     if key not in _ddp_cache:
         ddp = train_eager_ddp(ZOO[name], **ddp_kwargs)
-        _ddp_cache[key] = [(b.bytes, frozenset(b.params)) for b in ddp_rebuilt_buckets(ddp)]
+        logged = [(b.bytes, frozenset(b.params)) for b in ddp_rebuilt_buckets(ddp)]
+        # DDP's logging data must describe the buckets DDP really reduced
+        # (seen by a comm hook in the last iteration), or it is no oracle
+        reduced = [(size, frozenset(params)) for _, size, params in ddp.buckets_seen_last_iteration]
+        assert logged == reduced, f"DDP's logging data {logged} disagrees with its reduced buckets {reduced}"
+        _ddp_cache[key] = logged
     return _ddp_cache[key]
 
 
 PARITY_CASES = [
     (name, setting)
     for name, entry in ZOO.items()
-    for setting in ("defaults", "explicit_cap", "cap_list")
+    for setting in ("defaults", "explicit_cap", "static_graph", "cap_list")
     if not (name == "graph_break" and setting != "explicit_cap")
     if name != "autocast"
-    if not (entry.big and setting == "cap_list")
+    if not (entry.big and setting in ("cap_list", "static_graph"))
 ]
 
 
@@ -141,6 +155,16 @@ def test_graph_break_with_default_caps_is_a_known_exclusion():
     spanning = [params for _, params in expected if params & first_frame_params and params - first_frame_params]
     assert spanning, "DDP no longer builds a bucket across the graph break: include this case in the parity test"
     assert goddp_buckets("graph_break", "ddp", **plan_kwargs) != expected
+
+
+def test_find_unused_parameters_is_a_known_exclusion():
+    """With find_unused_parameters DDP keeps its initial buckets, built in
+    reverse declaration order with caps [first cap, cap]."""
+    ddp = train_eager_ddp(ZOO["mlp"], find_unused_parameters=True)
+    assert not ddp._get_ddp_logging_data().get("has_rebuilt_buckets")
+    reduced = [(size, frozenset(params)) for _, size, params in ddp.buckets_seen_last_iteration]
+    caps = dict(bucket_cap_bytes=DDP_DEFAULT_CAP, first_bucket_cap_bytes=DDP_DEFAULT_FIRST_CAP)
+    assert goddp_buckets("mlp", "ddp", **caps) != reduced
 
 
 def test_autocast_is_a_known_exclusion():
@@ -165,7 +189,7 @@ def test_autocast_is_a_known_exclusion():
 BACKEND_CASES = [
     (name, setting)
     for name in ("mlp", "tied", "ignored", "checkpoint", "conv_bn")
-    for setting in ("defaults", "explicit_cap", "cap_list")
+    for setting in ("defaults", "explicit_cap", "static_graph", "cap_list")
 ]
 
 
