@@ -201,6 +201,21 @@ def _piece_metadata_tracking() -> Iterator[Callable[[], None]]:
         raise
 
 
+@contextlib.contextmanager
+def _inductor_keeps_output_strides() -> Iterator[None]:
+    """Pieces get Dynamo's (eager) strides as the example strides of values
+    made by earlier pieces; Inductor honours them only with
+    keep_output_stride (its default), so goddp keeps it on while compiling
+    pieces."""
+    config = sys.modules.get("torch._inductor.config")
+    if config is None or getattr(config, "keep_output_stride", True):
+        yield
+        return
+    logger.info("goddp: compiling pieces with torch._inductor.config.keep_output_stride=True")
+    with config.patch(keep_output_stride=True):
+        yield
+
+
 # --------------------------------------------------------------------------
 # The backend
 
@@ -354,7 +369,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
     compiled = []
     start = time.perf_counter()
     try:
-        with _piece_metadata_tracking() as after_piece:
+        with _inductor_keeps_output_strides(), _piece_metadata_tracking() as after_piece:
             for piece, inputs in zip(pieces, piece_inputs):
                 try:
                     compiled.append(inner(piece.gm, inputs))

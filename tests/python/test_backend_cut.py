@@ -554,3 +554,43 @@ def test_max_pieces_caps_the_piece_count(dist_group, native_module):
     torch.testing.assert_close(out, ref)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+class InPlace(nn.Module):
+    """In-place ops (ReLU(inplace=True), +=) on values made by earlier pieces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l0 = nn.Linear(16, 16)
+        self.l1 = nn.Linear(16, 16)
+        self.l2 = nn.Linear(16, 16)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        h = self.l0(x)
+        h2 = self.l1(x)
+        h = self.act(h)
+        g = self.l2(h2)
+        g += h2 * 2
+        return g + h
+
+
+def test_in_place_ops_on_values_from_earlier_pieces(dist_group, native_module):
+    base = seeded(InPlace)
+    model, reference = copy.deepcopy(base), copy.deepcopy(base)
+    recorder = RecordingCompiler("aot_eager")
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=0.0001),
+        backend=goddp.backend(inner=recorder, mode="torch", check_plans=False),
+    )
+    x = torch.randn(3, 16)
+    out, ref = run_step(compiled, x), run_step(reference, x)
+    (record,) = goddp.last_plans()
+    assert record["fallback"] is None and record["num_pieces"] == 3
+    # The in-place relu reads a value made by the first piece.
+    relu_piece = next(gm for gm in recorder.graphs if any(n.target is F.relu for n in gm.graph.nodes))
+    relu_node = next(n for n in relu_piece.graph.nodes if n.target is F.relu)
+    assert relu_node.kwargs.get("inplace") is True and relu_node.args[0].op == "placeholder"
+    torch.testing.assert_close(out, ref)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
