@@ -150,7 +150,10 @@ def torch_oracle_plan(frame: CapturedFrame, bucket_cap_bytes: int, first_bucket_
         backend_compile_fn=lambda gm, example_inputs, **_: gm.forward,
         first_bucket_cap=first_bucket_cap_bytes,
     )
+    graph_before = str(frame.gm.graph)
     optimizer.compile_fn(frame.gm, frame.example_inputs)
+    # the frame is planned again by goddp and by later oracle calls
+    assert str(frame.gm.graph) == graph_before, "torch's DDPOptimizer modified the captured graph"
     buckets = optimizer.buckets  # index 0 is the first piece in forward order
 
     # DDPOptimizer names parameters by placeholder target and records the ids
