@@ -267,10 +267,9 @@ def _piece_example_inputs(
 _CROSSING_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
-def _log_graphs(gm: fx.GraphModule, pieces: Sequence[Any]) -> None:
+def _log_pieces(pieces: Sequence[Any]) -> None:
     if not logger.isEnabledFor(logging.DEBUG):
         return
-    logger.debug("goddp: original graph:\n%s", gm.graph)
     for piece in pieces:
         logger.debug("goddp: piece %d graph:\n%s", piece.index, piece.gm.graph)
 
@@ -291,6 +290,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
         )
         return inner(gm, example_inputs)
 
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("goddp: original graph:\n%s", gm.graph)
     settings = read_ddp_settings(ddp)
     note_ddp_settings(ddp, settings, options)
     caps = caps_for(settings, options)
@@ -363,7 +364,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
         if options.strict:
             raise
         return whole_graph(f"cutting the graph along the plan failed ({_describe(exc)})")
-    _log_graphs(gm, pieces)
+    _log_pieces(pieces)
 
     # Compile each piece.
     compiled = []

@@ -149,6 +149,7 @@ def _run_with_torch_logs(value: str | None) -> str:
 def test_torch_logs_goddp_prints_the_plan_table():
     info = _run_with_torch_logs("goddp")
     assert "goddp plan: mode=ddp" in info and "a.weight" in info and "b.bias" in info
+    assert "set torch._dynamo.config.optimize_ddp = 'no_optimization'" in info
     assert "goddp: piece 0 graph" not in info
 
     debug = _run_with_torch_logs("+goddp")
@@ -157,3 +158,12 @@ def test_torch_logs_goddp_prints_the_plan_table():
 
     quiet = _run_with_torch_logs(None)
     assert "goddp plan:" not in quiet
+
+
+def test_find_unused_parameters_without_static_graph_is_explained(dist_group, native_module, caplog):
+    torch.manual_seed(0)
+    ddp = DDP(Trio(), bucket_cap_mb=0.004, find_unused_parameters=True)
+    compiled = torch.compile(ddp, backend=goddp.backend(inner="aot_eager", check_plans=False))
+    with caplog.at_level(logging.INFO, logger="goddp"):
+        compiled(torch.randn(2, 32)).sum().backward()
+    assert any("never rebuilds its buckets" in r.getMessage() for r in caplog.records)

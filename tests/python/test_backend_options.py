@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,3 +126,21 @@ def test_plan_graph_module_rejects_bad_mode():
         goddp.plan_graph_module(gm, mode="other")
     with pytest.raises(ValueError, match="max_pieces"):
         goddp.plan_graph_module(gm, max_pieces=0)
+
+
+def _optimize_ddp_after_import(extra_env: dict[str, str]) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("GODDP_KEEP_OPTIMIZE_DDP", "TORCH_LOGS")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[2] / "python"), env.get("PYTHONPATH")])
+    )
+    env.update(extra_env)
+    code = "import goddp, torch; print(repr(torch._dynamo.config.optimize_ddp))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.single_process
+def test_import_switches_ddp_optimizer_off_unless_told_to_keep_it():
+    assert _optimize_ddp_after_import({}) == "'no_optimization'"
+    assert _optimize_ddp_after_import({"GODDP_KEEP_OPTIMIZE_DDP": "1"}) == "True"
