@@ -130,6 +130,8 @@ def cut_graph(
         if grad_mode is not None and grad_mode != entry_grad_enabled:
             graph.call_function(_SET_GRAD, (entry_grad_enabled,))
 
+    node_index = exported.node_index
+    returned = set(output_node.all_input_nodes)
     current = -1
     for i, node in enumerate(nodes):
         piece = partitions[i]
@@ -151,6 +153,11 @@ def cut_graph(
             current = piece
             open_piece(piece)
 
+        if node.op == "get_attr" and node not in returned and not any(
+            partitions[node_index[user]] == piece for user in node.users
+        ):
+            # Only later pieces read it, and they fetch it themselves.
+            continue
         copied = graphs[piece].node_copy(node, lambda n: lookup(piece, n))
         envs[piece][node] = copied
         if _is_call(node, _SET_GRAD):
@@ -168,7 +175,6 @@ def cut_graph(
 
     # Outputs: the planner's list, less values that never cross (a get_attr
     # stays only if the graph's own output returns it).
-    returned = set(output_node.all_input_nodes)
     outputs: list[list[fx.Node]] = []
     for p in range(num_pieces):
         yielded = [

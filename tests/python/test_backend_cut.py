@@ -594,3 +594,47 @@ def test_in_place_ops_on_values_from_earlier_pieces(dist_group, native_module):
     torch.testing.assert_close(out, ref)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+class CheckpointedBlocks(nn.Module):
+    """Activation checkpointing: higher-order op calls whose bodies are
+    get_attr submodules of the Dynamo graph."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(16, 16)
+            self.b = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return x + self.b(torch.relu(self.a(x)))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(self.Block() for _ in range(4))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return x
+
+
+def test_activation_checkpointing_bodies_travel_with_their_calls(dist_group, native_module):
+    base = seeded(CheckpointedBlocks)
+    model, reference = copy.deepcopy(base), copy.deepcopy(base)
+    recorder = RecordingCompiler("aot_eager")
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=0.0001), backend=goddp.backend(inner=recorder, check_plans=False)
+    )
+    x = torch.randn(3, 16)
+    out, ref = run_step(compiled, x), run_step(reference, x)
+    (record,) = goddp.last_plans()
+    assert record["fallback"] is None and record["num_pieces"] == 4 == len(recorder.graphs)
+    for gm in recorder.graphs:
+        bodies = [n for n in gm.graph.nodes if n.op == "get_attr"]
+        # Each piece holds exactly the body its checkpoint call uses.
+        assert len(bodies) == 1 and len(bodies[0].users) == 1
+        assert isinstance(getattr(gm, bodies[0].target), fx.GraphModule)
+    torch.testing.assert_close(out, ref)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
