@@ -14,7 +14,8 @@ Two kinds of value never cross a cut even when the planner lists them:
 Grad mode works the same way: a piece that starts after a
 ``_set_grad_enabled`` node sets that mode first, and a piece that ends in a
 mode other than the one the graph was entered with restores it, so that each
-piece is self-contained and can be compiled on its own.
+piece is self-contained and can be compiled on its own. The last piece ends
+in whatever state the whole graph ends in.
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ def cut_graph(
             env[enter] = graph.node_copy(enter, lambda n: lookup(p, n))
 
     def close_piece(p: int) -> None:
+        if p == num_pieces - 1:
+            # The last piece ends where the graph ends, in whatever state
+            # the graph itself leaves.
+            return
         graph, env = graphs[p], envs[p]
         for enter in reversed(active_autocasts):
             graph.call_function(_EXIT_AUTOCAST, (env[enter],))
