@@ -103,6 +103,7 @@ def summarize_job(ranks: list[dict]) -> dict:
             "link_drops": sum(b["drops"] for rank_lb in lb for b in rank_lb),
             "ddp_buckets": r0["variants"][n].get("ddp_buckets_end") or info[0].get("ddp_buckets"),
             "pieces": _pieces(info[0]),
+            "launch": r0["variants"][n].get("launch"),
         }
         rows[n]["compute"] = rows[n]["fwd"] + rows[n]["bwd"] + rows[n]["opt"]
 
@@ -207,11 +208,26 @@ def job_table(s: dict) -> str:
             m.get("softirq", float("nan")), cpu["compute_slowdown_during_allreduce"]))
     for n, err in s["failed"].items():
         lines.append(f"FAILED {n}: {err.splitlines()[0] if err else ''}")
-    for n, r in s["variants"].items():
-        if r.get("link_drops"):
-            lines.append(f"note: {n} saw {r['link_drops']} qdisc drops")
+    lines.append(link_check_text(s))
     lines.append(alignment_text(s))
     return "\n".join(lines)
+
+
+def link_check_text(s: dict) -> str:
+    """Did the gradients really cross the shaped link? (qdisc byte counters)"""
+    seen = {n: r["link_bytes_vs_grad"] for n, r in s["variants"].items() if "link_bytes_vs_grad" in r}
+    if not seen:
+        return "link check: no qdisc counters (unshaped run)"
+    low = [n for n, q in seen.items() if q < 0.9]
+    drops = sum(r.get("link_drops", 0) for r in s["variants"].values())
+    text = (f"link check: per DDP step each rank's tbf qdisc passed {min(seen.values()):.2f}-"
+            f"{max(seen.values()):.2f}x the gradient bytes (a 2-rank ring allreduce sends ~1x); drops {drops}")
+    if low:
+        text += f"; WARNING: {', '.join(low)} sent less than the gradients: traffic bypassed the link?"
+    co = s["variants"].get("compute_only", {}).get("link_bytes_per_step") or [None]
+    if co[0] is not None:
+        text += f"; compute only sent {max(co) / MiB:.2f} MiB/step (barriers)"
+    return text
 
 
 def _overlap_text(row: dict, s: dict) -> str:
@@ -222,15 +238,38 @@ def _overlap_text(row: dict, s: dict) -> str:
 
 
 def alignment_text(s: dict) -> str:
-    """DDP's real buckets next to the pieces each splitter cut (DDP order)."""
+    """DDP's real buckets, the splitter's planned buckets, and when each DDP
+    bucket's allreduce actually launched (from a timing comm hook).
+
+    "lead" is how long before the end of backward compute (the last bucket's
+    launch) each bucket launched, in DDP order; "head start" is the
+    byte-weighted mean lead, also as a share of the backward. The backward
+    compute itself stretches while allreduces run on the same core.
+    torch counts a parameter at every use, so its planned bytes exceed DDP's
+    for shared weights.
+    """
     out = []
     for n, r in s["variants"].items():
-        ddp = (r.get("ddp_buckets") or {}).get("rebuilt_bucket_sizes")
-        pieces = r.get("pieces")
-        if not pieces and n not in ("compiled", "eager_ddp"):
+        if n == "compute_only":
             continue
-        ddp_mib = "-" if not ddp else " ".join(f"{int(x) / MiB:.1f}" for x in str(ddp).split(","))
-        cut = "-" if not pieces or not pieces.get("bucket_bytes") else " ".join(
-            f"{x / MiB:.1f}" for x in pieces["bucket_bytes"])
-        out.append(f"  {n:13s} DDP buckets (MiB): {ddp_mib:40s} pieces' buckets: {cut}")
-    return "bucket alignment, gradient-ready order:\n" + "\n".join(out) if out else ""
+        ddp = (r.get("ddp_buckets") or {}).get("rebuilt_bucket_sizes")
+        ddp_sizes = [int(x) for x in str(ddp).split(",")] if ddp else []
+        pieces = r.get("pieces") or {}
+        ddp_mib = "-" if not ddp_sizes else " ".join(f"{x / MiB:.1f}" for x in ddp_sizes)
+        cut = " ".join(f"{x / MiB:.1f}" for x in pieces.get("bucket_bytes") or []) or "-"
+        launch = r.get("launch") or {}
+        trace = launch.get("trace")
+        if trace:
+            by_bucket = sorted(trace["buckets"], key=lambda b: b["bucket"])
+            lead = " ".join(f"{(trace['compute_end_s'] - b['launch_s']) * 1e3:.0f}" for b in by_bucket)
+            head = (f"{launch['head_start_s'] * 1e3:.0f} ms ({launch['head_start_of_backward']:.0%} of backward); "
+                    f"backward compute {stats.fmt_s(trace['compute_end_s'])} vs {stats.fmt_s(r['bwd'])} "
+                    "without communication")
+        else:
+            lead, head = "-", launch.get("error", "-")
+        out.append(f"  {n:13s} DDP (MiB): {ddp_mib:26s} planned (MiB): {cut:26s} "
+                   f"lead (ms): {lead:22s} head start: {head}")
+    return ("buckets in DDP order; lead = allreduce launch before the end of backward compute; "
+            "head start = byte-weighted mean lead:\n" + "\n".join(out)) if out else ""
+
+

@@ -232,6 +232,15 @@ def report(res: dict) -> str:
                                        f"{r['peak_rss_delta_mib']:.0f}"]) for r in res["e2e"]]
         out.append(stats.table(["tool model", "compile", "1st fwd", "1st bwd", "steady step", "RSS+ MiB"],
                                rows, title="== end-to-end inductor compile (1 rank, caches off) =="))
+        by_model: dict[str, dict] = {}
+        for r in res["e2e"]:
+            if "error" not in r:
+                by_model.setdefault(r["model"], {})[r["tool"]] = r
+        for model, tools in by_model.items():
+            for g in ("goddp_torch", "goddp_ddp"):
+                if g in tools and "torch" in tools:
+                    q = tools[g]["compile_s"] / tools["torch"]["compile_s"]
+                    out.append(f"{model}: {g} inductor compile time / torch's = {q:.2f}" + (" SLOWER" if q > 1 else ""))
     return "\n".join(out)
 
 

@@ -46,7 +46,7 @@ def step_times(summaries: list[dict], path: Path) -> None:
             ax.axhline(s["ideal"], color="#2e9e5b", ls="--", lw=1, label="ideal step")
             ax.axhline(s["compute_step"] + s["t_comm"], color="#b33", ls=":", lw=1,
                        label="compute + comm (no overlap)")
-            ax.legend(fontsize=7, loc="upper right")
+            ax.legend(fontsize=7, loc="lower right")
         ax.set_xticks(range(1, len(names) + 1), [s["variants"][n]["label"] for n in names],
                       rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("step time (s), slower rank")
@@ -54,6 +54,42 @@ def step_times(summaries: list[dict], path: Path) -> None:
         ax.set_title(_job_title(s), fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Step time per variant (box: quartiles; whiskers 1.5 IQR)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def launch_timelines(summaries: list[dict], path: Path) -> None:
+    """Per job and variant: backward compute and each bucket's allreduce.
+
+    Grey: backward from its start to the end of its compute (the last
+    bucket's launch). Coloured: each DDP bucket's allreduce, from launch to
+    completion, labelled with its size. Overlap is grey and colour side by side.
+    """
+    jobs = [s for s in summaries if any((r.get("launch") or {}).get("trace") for r in s["variants"].values())]
+    if not jobs:
+        return
+    fig, axes = _grid(len(jobs), width=6.0, height=3.2)
+    for ax, s in zip(axes, jobs):
+        names = [n for n, r in s["variants"].items() if (r.get("launch") or {}).get("trace")]
+        for y, n in enumerate(names):
+            tr = s["variants"][n]["launch"]["trace"]
+            ax.barh(y, tr["compute_end_s"], height=0.7, color="#d0d0d0")
+            k = len(tr["buckets"])
+            for i, b in enumerate(sorted(tr["buckets"], key=lambda b: b["launch_s"])):
+                off = -0.3 + 0.6 * (i + 0.5) / k
+                ax.barh(y + off, b["done_s"] - b["launch_s"], left=b["launch_s"], height=0.55 / k,
+                        color=COLORS.get(n, "#444"))
+                if k <= 8:
+                    ax.text(b["done_s"], y + off, f" {b['bytes'] / 2**20:.0f}M", va="center", fontsize=5)
+            ax.plot([tr["backward_s"]] * 2, [y - 0.4, y + 0.4], color="k", lw=1)
+        ax.set_yticks(range(len(names)), [s["variants"][n]["label"] for n in names], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds since backward started (black tick: backward returned)", fontsize=7)
+        ax.set_title(_job_title(s), fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("When each bucket's allreduce runs (grey: backward compute; colour: allreduce per bucket)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

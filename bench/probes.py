@@ -67,6 +67,7 @@ class DDPOptimizerProbe:
                      "extended": b.opcount_increased_to_capture_external_output > 0}
                     for b in getattr(opt_self, "buckets", [])
                 ]
+
                 rec["bucket_cap"] = opt_self.bucket_bytes_cap
                 rec["first_bucket_cap"] = opt_self.first_bucket_cap
                 probe.calls.append(_phases(rec))

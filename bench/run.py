@@ -9,7 +9,8 @@ Needs root (network namespaces, tc). Everything it creates (namespaces,
 veth pair, worker processes) is removed on exit, Ctrl-C or SIGTERM.
 
 Writes bench/results/<time>-<mode>/: summary.json, report.txt,
-step_times.png, ratios_vs_torch.png, regimes.png, compile_phases.png and
+step_times.png, ratios_vs_torch.png, regimes.png, launch_timelines.png,
+compile_phases.png and
 raw/ (per-rank JSON and logs of every job).
 """
 
@@ -29,13 +30,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 # How much each mode measures. Steps per variant after warm-up = rounds * steps_per_round.
 MODES = {
-    "tiny": dict(size="tiny", rounds=2, steps_per_round=2, warmup=3, profile_steps=2,
+    "tiny": dict(size="tiny", rounds=2, steps_per_round=2, warmup=3, profile_steps=2, trace_steps=2,
                  link_sizes_mib=[1, 4], link_reps=2, interference_compute_s=0.1,
                  compile_nodes=[400], compile_e2e=[]),
-    "quick": dict(size="quick", rounds=4, steps_per_round=2, warmup=3, profile_steps=3,
+    "quick": dict(size="quick", rounds=4, steps_per_round=2, warmup=3, profile_steps=3, trace_steps=2,
                   link_sizes_mib=[1, 8, 32], link_reps=2, interference_compute_s=0.3,
                   compile_nodes=[1000, 4000], compile_e2e=[]),
-    "full": dict(size="full", rounds=8, steps_per_round=3, warmup=3, profile_steps=5,
+    "full": dict(size="full", rounds=8, steps_per_round=3, warmup=3, profile_steps=5, trace_steps=3,
                  link_sizes_mib=[1, 4, 16, 64], link_reps=3, interference_compute_s=0.5,
                  compile_nodes=[1000, 4000, 16000], compile_e2e=["gpt:quick"]),
 }
@@ -48,7 +49,7 @@ SWEEP_VARIANTS = ["compute_only", "compiled", "torch_ddpopt", "goddp_torch", "go
 def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> list[dict]:
     """The step-benchmark jobs of a mode (before --models/--inners filtering)."""
     m = MODES[mode]
-    common = {k: m[k] for k in ("rounds", "steps_per_round", "warmup", "profile_steps",
+    common = {k: m[k] for k in ("rounds", "steps_per_round", "warmup", "profile_steps", "trace_steps",
                                 "link_sizes_mib", "link_reps", "interference_compute_s")}
 
     def job(name, model, inner, overrides=None, job_rate=rate, var=None, cap=None, size=None):
@@ -59,12 +60,13 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
     jobs = []
     if mode == "tiny":
         jobs.append(job("tiny-mlp", "mlp", "aot_eager"))
-        jobs.append(job("tiny-gpt", "gpt", "aot_eager"))
+        jobs.append(job("tiny-gpt", "gpt", "inductor"))
     elif mode == "quick":
-        # One balanced job (backward ~ allreduce), where splitting matters
-        # most, and one small transformer through inductor.
+        # A job near balance (backward ~ allreduce), where splitting matters
+        # most, and a small transformer with a tied embedding. aot_eager
+        # only: one inductor compile costs about a minute per variant here.
         jobs.append(job("mlp-b256-aot", "mlp", "aot_eager", {"batch": 256}))
-        jobs.append(job("gpt-quick-inductor", "gpt", "inductor"))
+        jobs.append(job("gpt-quick-aot", "gpt", "aot_eager"))
     else:
         for model in ("mlp", "gpt", "conv"):
             for inner in ("aot_eager", "inductor"):
@@ -146,7 +148,9 @@ def overview(summaries: list[dict]) -> str:
                 rows.append([s["name"], r["label"], f"{vt['median']:.3f}",
                              f"{vt['min']:.3f}-{vt['max']:.3f}", f"{vt['wins']}/{vt['n']}",
                              f"{r['first_step_s'] / base['first_step_s']:.2f}",
-                             "SLOWER" if vt["median"] > 1.0 else ""])
+                             ", ".join(w for w, bad in (("step SLOWER", vt["median"] > 1.0),
+                                                        ("compile SLOWER", r["first_step_s"] > base["first_step_s"]))
+                                       if bad)])
             elif s["failed"].get(n):
                 rows.append([s["name"], variants.SPECS[n].label, "FAILED", "", "", "", ""])
     if rows:
@@ -234,6 +238,7 @@ def main(argv=None) -> int:
         plots.step_times(ok, out / "step_times.png")
         plots.ratios_vs_torch(ok, out / "ratios_vs_torch.png")
         plots.regimes(ok, out / "regimes.png")
+        plots.launch_timelines(ok, out / "launch_timelines.png")
     if compile_res:
         plots.compile_phases([r for r in compile_res["synthetic"] if "error" not in r],
                              out / "compile_phases.png")

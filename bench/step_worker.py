@@ -211,6 +211,17 @@ def run(job: dict, out_dir: Path) -> dict:
             f"{v.name} {stats.fmt_s(stats.median(s['total'] for s in steps[v.name] if s['round'] == r))}"
             for v in built))
 
+    # Last, since DDP keeps a comm hook for good: when each bucket launches.
+    launches = {}
+    for v in built:
+        dist.barrier()
+        try:
+            launches[v.name] = variants.trace_launches(v, workload, job["trace_steps"])
+        except Exception as err:  # noqa: BLE001 - a diagnostic must not lose the measurements
+            launches[v.name] = {"error": f"{type(err).__name__}: {err}"}
+    log(rank, name, "head start of the average gradient byte's allreduce before backward compute ended: "
+        + ", ".join(f"{n} {stats.fmt_s(t['head_start_s'])}" for n, t in launches.items() if "head_start_s" in t))
+
     for v in built:
         graphs_now = v.compiled_graphs()
         result["variants"][v.name] = {
@@ -219,6 +230,7 @@ def run(job: dict, out_dir: Path) -> dict:
             "recompiled": graphs_now != v.info.get("graphs_after_warmup"),
             # DDP publishes its rebuilt buckets only after a few iterations.
             "ddp_buckets_end": variants.ddp_buckets(v.ddp),
+            "launch": launches[v.name],
             "graphs_at_end": graphs_now,
         }
     result["max_rss_mib"] = stats.max_rss_mib()

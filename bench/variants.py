@@ -153,6 +153,78 @@ def warm_compiler(inner: str) -> None:
     compiled(torch.randn(2, 8)).sum().backward()
 
 
+class BucketTimeline:
+    """A DDP comm hook that does what DDP's default allreduce does and notes,
+    per bucket, when its allreduce was launched and when it completed."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def hook(self, process_group, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        launched = time.perf_counter()
+        buf = bucket.buffer()
+        nbytes = buf.numel() * buf.element_size()
+        index = bucket.index()
+
+        def done(fut):
+            self.events.append({"bucket": index, "bytes": nbytes, "launch": launched,
+                                "done": time.perf_counter()})
+            return fut.value()
+
+        return default_hooks.allreduce_hook(process_group, bucket).then(done)
+
+
+def trace_launches(variant: Variant, workload, steps: int) -> dict:
+    """When does each DDP bucket's allreduce start, relative to backward?
+
+    Runs `steps` extra steps with a timing comm hook (registered last, since
+    DDP accepts one hook for good). Every split variant should launch most
+    bucket bytes well before its backward compute ends; the last bucket's
+    launch marks that end (its gradients are the last to become ready).
+    Eager DDP launches as gradients appear; an unsplit graph launches all
+    buckets together when its one backward returns.
+    """
+    if variant.spec.no_sync:
+        return {}
+    timeline = BucketTimeline()
+    variant.ddp.register_comm_hook(None, timeline.hook)
+    traces = []
+    for _ in range(steps):
+        timeline.events.clear()
+        variant.optimizer.zero_grad(set_to_none=True)
+        with variant.config():
+            loss = workload.loss(variant.runner(*workload.inputs))
+            t0 = time.perf_counter()
+            loss.backward()
+            t1 = time.perf_counter()
+        variant.optimizer.step()
+        ev = sorted(timeline.events, key=lambda e: e["launch"])
+        if not ev:
+            continue
+        compute_end = ev[-1]["launch"]
+        span = max(compute_end - t0, 1e-9)
+        traces.append({
+            "backward_s": t1 - t0, "compute_end_s": compute_end - t0,
+            "buckets": [{"bucket": e["bucket"], "bytes": e["bytes"], "launch_s": e["launch"] - t0,
+                         "done_s": e["done"] - t0} for e in ev],
+            # Byte-weighted mean of how long before the end of backward
+            # compute each byte's allreduce started: no threshold to pick,
+            # about 0 for an unsplit graph, up to about half the backward
+            # for gradients that appear evenly through it.
+            "head_start_s": sum(e["bytes"] * (compute_end - e["launch"]) for e in ev)
+            / sum(e["bytes"] for e in ev),
+            "launch_points": len({round((e["launch"] - t0) / span, 2) for e in ev}),
+        })
+    if not traces:
+        return {"error": "no bucket was launched"}
+    best = sorted(traces, key=lambda t: t["backward_s"])[len(traces) // 2]  # the median step
+    return {"head_start_s": best["head_start_s"], "head_start_of_backward": best["head_start_s"] / best["compute_end_s"]
+            if best["compute_end_s"] > 0 else float("nan"), "launch_points": best["launch_points"],
+            "trace": best, "all_head_starts_s": [t["head_start_s"] for t in traces]}
+
+
 def ddp_buckets(ddp: DDP) -> dict:
     """The buckets DDP itself built (after its first-iteration rebuild)."""
     try:
