@@ -27,7 +27,7 @@ PERTURBED_RANK = 1
 
 
 @pytest.fixture(scope="module")
-def group():
+def group(dist_group):
     return short_timeout_group(60)
 
 

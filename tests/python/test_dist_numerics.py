@@ -36,7 +36,7 @@ CASES += [("mlp", "ddp", "inductor"), ("transformer", "torch", "inductor")]
 
 
 @pytest.fixture(scope="module")
-def group():
+def group(dist_group):
     return short_timeout_group(120)
 
 

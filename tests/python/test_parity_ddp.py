@@ -40,7 +40,6 @@ import goddp
 from _parity_harness import (
     capture_frames,
     ddp_rebuilt_buckets,
-    ensure_process_group,
     train_eager_ddp,
 )
 from models import MIB, ZOO
@@ -52,8 +51,9 @@ DDP_DEFAULT_FIRST_CAP = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _process_group():
-    ensure_process_group()
+def _process_group(dist_group):
+    """DDP needs a process group: conftest's (1-rank gloo here)."""
+    return dist_group
 
 
 def _mib_to_bytes(mb: float) -> int:

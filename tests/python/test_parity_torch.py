@@ -26,7 +26,7 @@ import torch
 from torch._dynamo.backends.distributed import DDPOptimizer
 
 import goddp
-from _parity_harness import capture_frames, ensure_process_group, torch_oracle_plan
+from _parity_harness import capture_frames, torch_oracle_plan
 from models import MIB, ZOO
 
 # torch's DDPOptimizer (and so goddp's torch mode) always uses this first
@@ -37,8 +37,9 @@ pytestmark = pytest.mark.single_process  # planning only: one process says it al
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _process_group():
-    ensure_process_group()
+def _process_group(dist_group):
+    """DDP needs a process group: conftest's (1-rank gloo here)."""
+    return dist_group
 
 
 _frames_cache: dict[str, list] = {}
