@@ -1,0 +1,135 @@
+"""Make DDP's gradient buckets the pieces that goddp cut.
+
+DDP rebuilds its buckets once, after its first iteration, from the order in
+which it saw gradients become ready. On a compiled model every gradient of a
+piece arrives at the same moment, in the autograd engine's own order, so the
+rebuilt buckets would straddle goddp's cuts and a bucket would wait for the
+next piece's backward. Torch's DDPOptimizer has the same problem.
+
+The cure is arithmetic: the cumulative byte count at each piece boundary does
+not depend on the order inside a piece. With ``align_buckets`` the planner
+returns one bucket per piece with its exact byte total; goddp installs those
+totals as DDP's per-bucket caps (``bucket_cap_mb_list`` in torch >= 2.9's DDP)
+and rebuilds DDP's reducer, so DDP's own rebuild closes every bucket exactly
+at a piece boundary whatever the order inside the piece.
+
+The rebuild happens on the first real call of the compiled graph, inside
+DDP's forward (after DDP's pre-forward, before its post-forward), never while
+Dynamo traces with fake tensors. It only touches DDP modules where that is
+known to be safe; ``alignment_blocker`` names the reason otherwise and goddp
+keeps DDP's own buckets (the plan's cuts still apply).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger("goddp")
+
+# Set on a DDP module once goddp has installed its caps: the caps, and DDP's
+# own bucket settings from before, which planning keeps reading.
+ALIGNED_CAPS_ATTR = "_goddp_aligned_caps"
+ORIGINAL_CONFIG_ATTR = "_goddp_original_bucket_config"
+
+
+def ddp_parameters(ddp: Any) -> list[torch.nn.Parameter]:
+    """The parameters DDP's reducer manages (trainable and not ignored), in
+    DDP's own index order."""
+    parameters, _ = ddp._build_params_for_reducer()
+    return list(parameters)
+
+
+def alignment_blocker(ddp: Any, bucket_param_names: Sequence[Sequence[str]]) -> str | None:
+    """Why DDP's buckets cannot be set to the given ones, or None if they can.
+
+    ``bucket_param_names`` lists, per aligned bucket, the fully qualified
+    names of its parameters (relative to the DDP-wrapped module)."""
+    if not hasattr(ddp, "_bucket_config") or not hasattr(ddp._bucket_config, "per_bucket_bytes_caps"):
+        return "this torch's DDP has no per-bucket caps (needs torch >= 2.9)"
+    if getattr(ddp, "_use_python_reducer", False):
+        return "DDP uses the Python reducer, which has no per-bucket caps"
+    if ddp.find_unused_parameters:
+        return "find_unused_parameters=True: DDP never rebuilds its buckets"
+    if ddp.static_graph:
+        return "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp"
+    if getattr(ddp, "mixed_precision", None) is not None:
+        return "DDP mixed precision is on"
+    if not ddp.require_backward_grad_sync:
+        return "inside no_sync()"
+    logging_data = ddp._get_ddp_logging_data()
+    if logging_data.get("comm_hook") and not ddp._comm_hooks:
+        # A built-in hook (or fused optimizer) is registered on the reducer and
+        # DDP keeps no record from which to register it again.
+        return f"a built-in comm hook ({logging_data.get('comm_hook')}) is registered"
+    parameters = ddp_parameters(ddp)
+    keys = {(p.dtype, p.device) for p in parameters}
+    if len(keys) != 1:
+        return f"parameters span {len(keys)} (dtype, device) groups; DDP buckets each group apart"
+    names = {id(p): name for name, p in ddp.module.named_parameters(remove_duplicate=True)}
+    expected = sorted(names.get(id(p), "?") for p in parameters)
+    planned = sorted(name for bucket in bucket_param_names for name in bucket)
+    if planned != expected:
+        return (
+            f"the graph uses {len(planned)} of DDP's {len(expected)} parameters "
+            "(a graph break, or parameters outside this graph); DDP buckets the whole model"
+        )
+    return None
+
+
+def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
+    """Gives DDP per-bucket caps ``caps_bytes`` (DDP order) and rebuilds its
+    reducer so that its next bucket rebuild uses them. Must run inside DDP's
+    forward, after its pre-forward. Returns False if the caps were already in
+    place."""
+    caps = tuple(int(c) for c in caps_bytes)
+    if getattr(ddp, ALIGNED_CAPS_ATTR, None) == caps:
+        return False
+    if not hasattr(ddp, ORIGINAL_CONFIG_ATTR):
+        setattr(ddp, ORIGINAL_CONFIG_ATTR, ddp._bucket_config)
+    ddp.reducer._remove_autograd_hooks()
+    parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
+    param_to_name_mapping = ddp._build_debug_param_to_name_mapping(parameters)
+    ddp._bucket_config = dataclasses.replace(ddp._bucket_config, per_bucket_bytes_caps=caps)
+    ddp.bucket_bytes_cap_list = list(caps)
+    ddp._ddp_init_helper(parameters, expect_sparse_gradient, param_to_name_mapping, ddp.static_graph)
+    for hook, state in ddp._comm_hooks:
+        dist._register_comm_hook(ddp.reducer, state, hook)
+    # DDP's pre-forward already told the old reducer that a forward began.
+    ddp.reducer.prepare_for_forward()
+    setattr(ddp, ALIGNED_CAPS_ATTR, caps)
+    return True
+
+
+class PendingAlignment:
+    """Installs the caps on the first real call of the compiled graph."""
+
+    def __init__(self, ddp: Any, caps_bytes: Sequence[int]) -> None:
+        self._ddp = weakref.ref(ddp)
+        self._caps = tuple(int(c) for c in caps_bytes)
+        self.done = False
+        self.error: str | None = None
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        ddp = self._ddp()
+        if ddp is None or not torch.is_grad_enabled():
+            self.done = ddp is None
+            return
+        try:
+            if install_bucket_caps(ddp, self._caps):
+                logger.info(
+                    "goddp: DDP's buckets now follow the %d pieces (per-bucket caps %s bytes)",
+                    len(self._caps),
+                    list(self._caps),
+                )
+        except Exception as exc:  # keep training on DDP's own buckets
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger.warning("goddp: could not set DDP's buckets to the pieces (%s); DDP keeps its own", self.error)
