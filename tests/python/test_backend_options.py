@@ -144,3 +144,24 @@ def _optimize_ddp_after_import(extra_env: dict[str, str]) -> str:
 def test_import_switches_ddp_optimizer_off_unless_told_to_keep_it():
     assert _optimize_ddp_after_import({}) == "'no_optimization'"
     assert _optimize_ddp_after_import({"GODDP_KEEP_OPTIMIZE_DDP": "1"}) == "True"
+
+
+def test_configured_backend_merges_torch_compile_options(monkeypatch):
+    seen = []
+    import goddp._backend as backend_module
+
+    monkeypatch.setattr(backend_module, "compile_graph", lambda gm, ex, options: seen.append(options) or gm.forward)
+    configured = goddp.backend(inner="aot_eager", bucket_cap_mb=3)
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    configured(gm, [torch.ones(1, 2)], options={"mode": "torch"}, mode="reduce-overhead")
+    configured(gm, [torch.ones(1, 2)])
+    merged, plain = seen
+    assert (merged.inner, merged.bucket_cap_mb, merged.mode, merged.compile_mode) == (
+        "aot_eager",
+        3.0,
+        "torch",
+        "reduce-overhead",
+    )
+    assert (plain.mode, plain.compile_mode) == ("ddp", None)
+    with pytest.raises(ValueError, match="valid keys"):
+        configured(gm, [torch.ones(1, 2)], options={"bogus": 1})
