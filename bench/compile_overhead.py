@@ -86,16 +86,16 @@ def _compiled(torch, ddp, tool: str, inner: str):
 
 
 def _compile_once(args, torch, ddp, wl, inner: str, probes) -> dict:
-    rss0 = stats.max_rss_mib()
     probe = probes.DDPOptimizerProbe()
     plans0 = len(probes.goddp_plans())
     compiled = _compiled(torch, ddp, args.tool, inner)
-    with probe.installed(), torch._dynamo.config.patch(optimize_ddp=args.tool == "torch"):
+    with probe.installed(), torch._dynamo.config.patch(optimize_ddp=args.tool == "torch"), \
+            stats.RssSampler() as rss:
         t = time.perf_counter()
         out = compiled(*wl.inputs)
         first_call = time.perf_counter() - t
     rec = {"tool": args.tool, "nodes": args.nodes, "first_call_s": first_call,
-           "peak_rss_delta_mib": stats.max_rss_mib() - rss0, "rss_before_mib": rss0,
+           "peak_rss_delta_mib": rss.peak_delta_mib,
            "params_mib": wl.grad_bytes / 2**20, "layers": len(wl.model.layers)}
     phases: dict = {}
     if args.tool == "torch" and probe.calls:
@@ -126,10 +126,9 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
     name, size = args.e2e.split(":")
     wl = models.build(name, size)
     ddp = DDP(wl.model)  # default caps, as a user would
-    rss0 = stats.max_rss_mib()
     plans0 = len(probes.goddp_plans())
     compiled = _compiled(torch, ddp, args.tool, "inductor")
-    with torch._dynamo.config.patch(optimize_ddp=args.tool == "torch"):
+    with torch._dynamo.config.patch(optimize_ddp=args.tool == "torch"), stats.RssSampler() as rss:
         t0 = time.perf_counter()
         loss = wl.loss(compiled(*wl.inputs))
         t1 = time.perf_counter()
@@ -141,7 +140,7 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
             wl.loss(compiled(*wl.inputs)).backward()
             steady.append(time.perf_counter() - s)
     rec = {"tool": args.tool, "model": args.e2e, "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
-           "steady_step_s": stats.median(steady), "peak_rss_delta_mib": stats.max_rss_mib() - rss0}
+           "steady_step_s": stats.median(steady), "peak_rss_delta_mib": rss.peak_delta_mib}
     rec["compile_s"] = rec["first_forward_s"] + rec["first_backward_s"] - rec["steady_step_s"]
     plans = probes.goddp_plans()[plans0:]
     if plans:
@@ -172,21 +171,24 @@ def _run_child(extra: list[str], timeout: float, core: int | None) -> dict:
         return json.loads(out.read_text())
 
 
-def run(nodes: list[int], tools: list[str], e2e: list[str], timeout: float = 1800,
+def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, timeout: float = 1800,
         core: int | None = 0, log=print) -> dict:
-    """Run every (tool, size) in its own process; returns all records."""
-    synthetic, end_to_end = [], []
-    jobs = [(n, t) for n in nodes for t in tools]
+    """Every (tool, size) in its own process, `repeat` times with the tools
+    interleaved; each record keeps the median of its repeats (and all runs)."""
+    runs: dict[tuple, list[dict]] = {}
+    jobs = [(rep, n, t) for rep in range(repeat) for n in nodes for t in tools]
     t_start = time.perf_counter()
-    for i, (n, tool) in enumerate(jobs):
+    for i, (rep, n, tool) in enumerate(jobs):
         rec = _run_child(["--nodes", str(n), "--tool", tool], timeout, core)
         rec.setdefault("tool", tool)
         rec.setdefault("nodes", n)
-        synthetic.append(rec)
+        runs.setdefault((n, tool), []).append(rec)
         log(f"[compile {i + 1}/{len(jobs)}, {time.perf_counter() - t_start:.0f}s] {tool} at {n} nodes: "
             + (rec["error"].splitlines()[-1] if "error" in rec else
                f"first call {rec['first_call_s']:.2f}s, splitter {rec['splitter_s']:.2f}s, "
                f"pieces {rec.get('pieces')}, peak RSS +{rec['peak_rss_delta_mib']:.0f} MiB"))
+    synthetic = [_median_record(recs) for recs in runs.values()]
+    end_to_end = []
     for model in e2e:
         for tool in tools:
             rec = _run_child(["--e2e", model, "--tool", tool], timeout, core)
@@ -196,7 +198,20 @@ def run(nodes: list[int], tools: list[str], e2e: list[str], timeout: float = 180
             log(f"[compile e2e] {tool} {model}: " + (rec["error"].splitlines()[-1] if "error" in rec else
                 f"compile {rec['compile_s']:.1f}s (fwd {rec['first_forward_s']:.1f}s, "
                 f"bwd {rec['first_backward_s']:.1f}s), steady step {rec['steady_step_s'] * 1e3:.0f}ms"))
-    return {"synthetic": synthetic, "e2e": end_to_end}
+    return {"synthetic": synthetic, "e2e": end_to_end, "repeat": repeat}
+
+
+def _median_record(recs: list[dict]) -> dict:
+    ok = [r for r in recs if "error" not in r]
+    if not ok:
+        return recs[-1]
+    out = dict(ok[0])
+    for key in ("first_call_s", "splitter_s", "peak_rss_delta_mib"):
+        out[key] = stats.median(r[key] for r in ok)
+    out["phases"] = {k: stats.median(r["phases"].get(k, 0.0) for r in ok) for k in ok[0]["phases"]}
+    out["first_call_runs_s"] = [r["first_call_s"] for r in ok]
+    out["failed_runs"] = len(recs) - len(ok)
+    return out
 
 
 def report(res: dict) -> str:
@@ -212,7 +227,7 @@ def report(res: dict) -> str:
             continue
         rows.append([f"{r['tool']} @ {r['nodes']}", r.get("graph_nodes", "-"), r.get("pieces", "-")]
                     + [stats.fmt_s(r["phases"].get(p)) for p in phases]
-                    + [stats.fmt_s(r["first_call_s"]), f"{r['peak_rss_delta_mib']:.0f}"])
+                    + [stats.fmt_s(r["first_call_s"]) + _runs_text(r), f"{r['peak_rss_delta_mib']:.0f}"])
     out = [stats.table(["tool @ target nodes", "graph nodes", "pieces", *phases, "first call", "RSS+ MiB"],
                        rows, title="== compile overhead, trivial inner compiler ==")]
     by_size: dict[int, dict] = {}
@@ -244,6 +259,11 @@ def report(res: dict) -> str:
     return "\n".join(out)
 
 
+def _runs_text(r: dict) -> str:
+    runs = r.get("first_call_runs_s") or []
+    return f" [{stats.fmt_s(min(runs))}-{stats.fmt_s(max(runs))}]" if len(runs) > 1 else ""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="*", default=[1000, 4000, 16000])
@@ -251,6 +271,7 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e", nargs="*", default=[], help="MODEL:SIZE, e.g. gpt:quick")
     ap.add_argument("--out", help="JSON output (parent: all results; child: one record)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per (tool, size), interleaved; medians reported")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tool", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -259,7 +280,7 @@ def main(argv=None) -> int:
         args.e2e = args.e2e[0] if args.e2e else None
         Path(args.out).write_text(json.dumps(_child(args)))
         return 0
-    res = run(args.nodes, args.tools, args.e2e, args.timeout)
+    res = run(args.nodes, args.tools, args.e2e, args.repeat, args.timeout)
     print(report(res))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))

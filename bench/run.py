@@ -32,13 +32,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODES = {
     "tiny": dict(size="tiny", rounds=2, steps_per_round=2, warmup=3, profile_steps=2, trace_steps=2,
                  link_sizes_mib=[1, 4], link_reps=2, interference_compute_s=0.1,
-                 compile_nodes=[400], compile_e2e=[]),
+                 compile_nodes=[400], compile_e2e=[], compile_repeat=1),
     "quick": dict(size="quick", rounds=4, steps_per_round=2, warmup=3, profile_steps=3, trace_steps=2,
                   link_sizes_mib=[1, 8, 32], link_reps=2, interference_compute_s=0.3,
-                  compile_nodes=[1000, 4000], compile_e2e=[]),
+                  compile_nodes=[1000, 4000], compile_e2e=[], compile_repeat=1),
     "full": dict(size="full", rounds=8, steps_per_round=3, warmup=3, profile_steps=5, trace_steps=3,
                  link_sizes_mib=[1, 4, 16, 64], link_reps=3, interference_compute_s=0.5,
-                 compile_nodes=[1000, 4000, 16000], compile_e2e=["gpt:quick"]),
+                 compile_nodes=[1000, 4000, 16000], compile_e2e=["gpt:quick"], compile_repeat=2),
 }
 
 # The variants of the regime and alignment sweeps: enough to see whether
@@ -224,7 +224,8 @@ def main(argv=None) -> int:
     if args.only != "step":
         print(f"\n### compile overhead (elapsed {(time.perf_counter() - t0) / 60:.1f} min)", flush=True)
         m = MODES[mode]
-        compile_res = compile_overhead.run(m["compile_nodes"], list(compile_overhead.TOOLS), m["compile_e2e"])
+        compile_res = compile_overhead.run(m["compile_nodes"], list(compile_overhead.TOOLS), m["compile_e2e"],
+                                           repeat=m["compile_repeat"])
     _save(out, summaries, compile_res)
 
     texts = [analysis.job_table(s) for s in summaries if "variants" in s]

@@ -89,6 +89,47 @@ def _proc_stat() -> dict | None:
     return {k: int(v) / hz for k, v in zip(_PROC_STAT_FIELDS, fields)}
 
 
+class RssSampler:
+    """Peak growth of this process's resident set over a `with` block.
+
+    Samples /proc/self/statm from a thread every `interval` seconds, so a
+    large transient before the block (building a model) does not mask what
+    the block itself adds, as ru_maxrss would.
+    """
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.interval = interval
+        self.peak_delta_mib = 0.0
+
+    def __enter__(self):
+        import threading
+
+        self._base = _current_rss_mib()
+        self._peak = self._base
+        self._stop = threading.Event()
+
+        def sample():
+            while not self._stop.wait(self.interval):
+                self._peak = max(self._peak, _current_rss_mib())
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._peak = max(self._peak, _current_rss_mib())
+        self.peak_delta_mib = self._peak - self._base
+        return False
+
+
+def _current_rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def max_rss_mib() -> float:
     """Peak resident set size of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
