@@ -106,8 +106,12 @@ func render(g *Graph, names []string, cfg Config, pl *Plan) string {
 	if cfg.Mode == ModeTorch {
 		mode = "torch"
 	}
-	fmt.Fprintf(&s, "config: mode=%s cap=%d first=%d caps=%v max_partitions=%d\n",
-		mode, cfg.BucketCapBytes, cfg.FirstBucketCapBytes, cfg.BucketCapsBytes, cfg.MaxPartitions)
+	align := ""
+	if cfg.AlignBuckets {
+		align = " align_buckets=true"
+	}
+	fmt.Fprintf(&s, "config: mode=%s cap=%d first=%d caps=%v max_partitions=%d%s\n",
+		mode, cfg.BucketCapBytes, cfg.FirstBucketCapBytes, cfg.BucketCapsBytes, cfg.MaxPartitions, align)
 	nodeList := func(nodes []int32) string {
 		parts := make([]string, len(nodes))
 		for k, i := range nodes {

@@ -41,6 +41,11 @@ type keyCursor struct {
 // closes, moving a cut earlier when the piece it would end has no output.
 func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 	n := len(g.Ops)
+	if cfg.AlignBuckets {
+		if err := checkSingleKey(g); err != nil {
+			return nil, err
+		}
+	}
 	firstUse, err := firstUses(g)
 	if err != nil {
 		return nil, err
@@ -65,6 +70,7 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 		pending   []int       // closed buckets still waiting for their cut
 		cutsDesc  []int       // first node of each piece but the first, descending
 		emitted   = make([]bool, len(g.Params))
+		ready     []int32 // the predicted ready order, kept for AlignBuckets only
 		readyPos  = 0
 		end       = n - 1 // first node after the current piece
 		hasOutput = false
@@ -83,6 +89,9 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 				continue
 			}
 			emitted[p] = true
+			if cfg.AlignBuckets {
+				ready = append(ready, p)
+			}
 			cur := &cursors[keyOf[p]]
 			b := &cur.open
 			if len(b.params) == 0 {
@@ -193,6 +202,9 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 			DType:     keys[b.key].dtype,
 			Device:    keys[b.key].device,
 		}
+	}
+	if cfg.AlignBuckets {
+		pl.Buckets = alignedBuckets(g, ready, firstUse, part, numPieces, pl.Buckets)
 	}
 	return pl, nil
 }

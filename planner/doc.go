@@ -81,6 +81,26 @@
 // bytes of the last parameter added to it (bytes - last < cap); a bucket that
 // did not close (the last one of its key) stays below its cap.
 //
+// # Aligned buckets
+//
+// With Config.AlignBuckets (ModeDDP only), once the cuts are final,
+// MaxPartitions merging included, the predicted buckets are replaced by one
+// bucket per piece, in DDP order (bucket k is piece N-1-k): the counted
+// parameters first used in the piece, in predicted ready order, with their
+// exact byte total; Partition is the piece, NodeBegin and NodeEnd span those
+// first uses, and Extended says whether a predicted bucket completed by the
+// piece was Extended. The cuts do not change. The byte totals are meant to
+// be DDP's per-bucket caps: the cumulative byte count at each piece boundary
+// does not depend on the order of the gradients within a piece, so DDP's
+// rebuild closes each bucket exactly at a piece boundary whatever that
+// order. DDP walks the caps once per (dtype, device) key, so Build returns
+// ErrInvalidConfig when the counted parameters of the table span several
+// keys. A piece without counted parameters gets no bucket, which happens
+// only for a single-piece plan. Zero-byte parameters are the one exception
+// to exact alignment: one that DDP sees after its piece's bytes reached the
+// cap joins the next DDP bucket (it is ready already, so overlap does not
+// suffer).
+//
 // # Where real DDP buckets can differ from ModeDDP's
 //
 //   - The ready order is a prediction. Within one node the real order

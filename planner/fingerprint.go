@@ -8,7 +8,7 @@ import (
 
 // fingerprintVersion changes whenever the encoding below changes, so that
 // ranks running different goddp builds never agree by accident.
-const fingerprintVersion = 1
+const fingerprintVersion = 2
 
 // fingerprint hashes the inputs and the result of a plan with 64-bit FNV-1a
 // over a canonical little-endian encoding: every integer at a fixed width,
@@ -27,6 +27,7 @@ func fingerprint(g *Graph, cfg *Config, pl *Plan) uint64 {
 		e.i64(c)
 	}
 	e.i64(int64(cfg.MaxPartitions))
+	e.bool(cfg.AlignBuckets)
 
 	e.i64(int64(len(g.Ops)))
 	for _, op := range g.Ops {

@@ -3,6 +3,7 @@ package planner
 import (
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -37,8 +38,11 @@ var fuzzParamSizes = []int64{0, 1, 3, 8, 17, 40, 100, 250}
 
 // decodeFuzzInput turns arbitrary bytes into a graph and a config. Most
 // inputs give well-formed graphs of up to ~45 nodes with small caps, so that
-// plans have many buckets, extensions and merges; the first byte's top bit
-// asks for one corruption afterwards, to exercise validation.
+// plans have many buckets, extensions and merges. The first byte chooses:
+// bit 0 the mode, bit 1 AlignBuckets (in either mode: ModeTorch must refuse
+// it), bit 2, when aligning, to keep the parameters' mixed dtypes and
+// devices (which AlignBuckets must refuse) rather than give them all one,
+// and bit 7 one corruption afterwards, to exercise validation.
 func decodeFuzzInput(data []byte) (*Graph, Config) {
 	s := &byteSource{data: data}
 	header := s.next()
@@ -115,7 +119,13 @@ func decodeFuzzInput(data []byte) (*Graph, Config) {
 	}
 	g := b.graph()
 
-	cfg := Config{Mode: Mode(header & 1)}
+	align := header&2 != 0
+	if align && header&4 == 0 {
+		for p := range g.Params {
+			g.Params[p].DType, g.Params[p].Device = 0, 0
+		}
+	}
+	cfg := Config{Mode: Mode(header & 1), AlignBuckets: align}
 	cfg.BucketCapBytes = int64(1 + s.intn(300))
 	cfg.FirstBucketCapBytes = int64(1 + s.intn(int(cfg.BucketCapBytes)))
 	if cfg.Mode == ModeDDP {
@@ -190,7 +200,13 @@ func checkBuild(t *testing.T, g *Graph, cfg Config) {
 		if pl != nil {
 			t.Fatalf("plan returned alongside an error")
 		}
+		if cfg.AlignBuckets {
+			checkAlignRefusal(t, g, cfg, perr)
+		}
 		return
+	}
+	if cfg.AlignBuckets && cfg.Mode == ModeTorch {
+		t.Fatalf("ModeTorch accepted AlignBuckets")
 	}
 	for _, v := range checkPlan(g, cfg, pl) {
 		t.Error(v)
@@ -200,11 +216,40 @@ func checkBuild(t *testing.T, g *Graph, cfg Config) {
 	}
 }
 
+// checkAlignRefusal: when Build refuses an AlignBuckets config that it
+// accepts without alignment, the reason must be ModeTorch or parameters of
+// several (dtype, device) keys, reported as ErrInvalidConfig.
+func checkAlignRefusal(t *testing.T, g *Graph, cfg Config, perr *Error) {
+	t.Helper()
+	plain := cfg
+	plain.AlignBuckets = false
+	if _, err := Build(g, plain); err != nil {
+		return // refused for another reason
+	}
+	if perr.Code != ErrInvalidConfig {
+		t.Fatalf("AlignBuckets refused with code %d (%q), want ErrInvalidConfig", perr.Code, perr.Msg)
+	}
+	if cfg.Mode == ModeTorch {
+		return
+	}
+	keys := map[bucketKey]bool{}
+	for _, p := range g.Params {
+		if p.counted() {
+			keys[bucketKey{p.DType, p.Device}] = true
+		}
+	}
+	if len(keys) < 2 || !strings.Contains(perr.Msg, "align_buckets needs all counted parameters to share one dtype and device") {
+		t.Fatalf("AlignBuckets refused (%q) with %d (dtype, device) keys among counted parameters", perr.Msg, len(keys))
+	}
+}
+
 func FuzzPlan(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0x00, 8, 100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
 	f.Add([]byte{0x01, 8, 200, 100, 50, 30, 255, 7, 3, 39, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9})
 	f.Add([]byte{0x81, 4, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21})
+	f.Add([]byte{0x02, 8, 100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
+	f.Add([]byte{0x06, 8, 200, 100, 50, 30, 255, 7, 3, 39, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9})
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 8 {
 		seed := make([]byte, 200)

@@ -60,6 +60,24 @@ func wantBucket(t *testing.T, b *graphBuilder, pl *Plan, k int, bytes int64, pie
 	}
 }
 
+// alignedCfg is cfg with AlignBuckets set.
+func alignedCfg(cfg Config) Config {
+	cfg.AlignBuckets = true
+	return cfg
+}
+
+// buildUnaligned plans b's graph under cfg without AlignBuckets, for
+// comparison with an aligned plan.
+func buildUnaligned(t *testing.T, b *graphBuilder, cfg Config) *Plan {
+	t.Helper()
+	cfg.AlignBuckets = false
+	pl, err := Build(b.graph(), cfg)
+	if err != nil {
+		t.Fatalf("unaligned Build: %v", err)
+	}
+	return pl
+}
+
 func wantBucketCount(t *testing.T, pl *Plan, count int) {
 	t.Helper()
 	if len(pl.Buckets) != count {
@@ -264,6 +282,60 @@ var planCases = []planCase{
 		name: "dead_head_torch", model: deadHeadModel, cfg: torchCfg(100, 100),
 		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
 			wantPieces(t, b, pl, 2, map[string]int32{"update_": 0, "linear": 1})
+		},
+	},
+	{
+		// The motivating case. Unaligned, the bucket after fc4.bias's holds
+		// fc4.weight (piece 2) with fc3 and fc2 (piece 1), so in DDP it
+		// would wait for piece 1's backward. Aligned: one bucket per piece.
+		name: "aligned_mlp_ddp", model: mlpModel, cfg: alignedCfg(ddpCfg(45000, 20)),
+		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
+			wantPieces(t, b, pl, 3, map[string]int32{
+				"linear1": 0, "relu1": 0, "linear2": 1, "relu3": 1, "linear4": 2})
+			wantBucketCount(t, pl, 3)
+			wantBucket(t, b, pl, 0, 2020, 2, false, "fc4.bias", "fc4.weight")
+			wantBucket(t, b, pl, 1, 80800, 1, false, "fc3.bias", "fc3.weight", "fc2.bias", "fc2.weight")
+			wantBucket(t, b, pl, 2, 4400, 0, false, "fc1.bias", "fc1.weight")
+			unaligned := buildUnaligned(t, b, ddpCfg(45000, 20))
+			wantBucketCount(t, unaligned, 3)
+			wantBucket(t, b, unaligned, 0, 20, 2, false, "fc4.bias")
+			wantBucket(t, b, unaligned, 1, 82800, 1, false, "fc4.weight", "fc3.bias", "fc3.weight", "fc2.bias", "fc2.weight")
+		},
+	},
+	{
+		// Two predicted buckets close in piece 1 and become one; the tied
+		// weight counts once, in the piece of its first use.
+		name: "aligned_shared_weight_ddp", model: sharedWeightModel, cfg: alignedCfg(ddpCfg(1000, 100)),
+		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
+			wantPieces(t, b, pl, 2, map[string]int32{"embed": 0, "mid": 1, "relu": 1, "head": 1})
+			wantBucketCount(t, pl, 2)
+			wantBucket(t, b, pl, 0, 1100, 1, false, "mid.bias", "mid.weight")
+			wantBucket(t, b, pl, 1, 4000, 0, false, "embed.weight")
+			wantBucketCount(t, buildUnaligned(t, b, ddpCfg(1000, 100)), 3)
+		},
+	},
+	{
+		// The pieces of max_partitions_ddp, one bucket each instead of eight.
+		name: "aligned_max_partitions_ddp", model: func() *graphBuilder { return chainModel(0, 100, 800, 100, 100, 700, 100, 900, 100) },
+		cfg: Config{Mode: ModeDDP, BucketCapBytes: 100, FirstBucketCapBytes: 100, MaxPartitions: 3, AlignBuckets: true},
+		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
+			wantPieces(t, b, pl, 3, map[string]int32{
+				"linear1": 0, "linear2": 0, "linear3": 1, "linear6": 1, "linear7": 2, "linear8": 2})
+			wantBucketCount(t, pl, 3)
+			wantBucket(t, b, pl, 0, 1000, 2, false, "fc8.weight", "fc7.weight")
+			wantBucket(t, b, pl, 1, 1000, 1, false, "fc6.weight", "fc5.weight", "fc4.weight", "fc3.weight")
+			wantBucket(t, b, pl, 2, 900, 0, false, "fc2.weight", "fc1.weight")
+		},
+	},
+	{
+		// The extended bucket's piece keeps the mark; fc2.weight moves from
+		// the bucket completed in piece 0 to its own piece's.
+		name: "aligned_inplace_tail_ddp", model: inplaceTailModel, cfg: alignedCfg(ddpCfg(1500, 1500)),
+		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
+			wantPieces(t, b, pl, 2, map[string]int32{"linear1": 0, "linear2": 1, "addcmul_": 1})
+			wantBucketCount(t, pl, 2)
+			wantBucket(t, b, pl, 0, 3000, 1, true, "scale", "fc2.weight")
+			wantBucket(t, b, pl, 1, 1000, 0, false, "fc1.weight")
 		},
 	},
 	{

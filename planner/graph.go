@@ -65,4 +65,10 @@ type Config struct {
 	FirstBucketCapBytes int64   // > 0, <= BucketCapBytes
 	BucketCapsBytes     []int64 // optional per-bucket caps in DDP order; the last repeats (ModeDDP)
 	MaxPartitions       int     // 0: no limit; otherwise merge adjacent pieces down to this many (ModeDDP)
+
+	// AlignBuckets (ModeDDP) replaces the bucket list, once the cuts are
+	// final, by one bucket per piece with the exact byte total of the
+	// parameters first used in it, meant to be handed to DDP as per-bucket
+	// caps. Needs every counted parameter to share one (DType, Device).
+	AlignBuckets bool
 }

@@ -3,6 +3,7 @@ package planner
 import (
 	"cmp"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"sort"
@@ -96,9 +97,12 @@ func checkPlan(g *Graph, cfg Config, pl *Plan) []string {
 	if len(bad) > 0 {
 		return bad
 	}
-	if cfg.Mode == ModeTorch {
+	switch {
+	case cfg.Mode == ModeTorch:
 		bad = append(bad, checkTorch(g, cfg, pl)...)
-	} else {
+	case cfg.AlignBuckets:
+		bad = append(bad, checkAligned(g, cfg, pl)...)
+	default:
 		bad = append(bad, checkDDP(g, cfg, pl)...)
 	}
 	return bad
@@ -301,6 +305,14 @@ type refDDPBucket struct {
 // referenceDDP returns the first use of every counted parameter and the
 // buckets of a straightforward simulation of DDP's rebuild.
 func referenceDDP(g *Graph, cfg Config) (map[int32]int, []refDDPBucket) {
+	firstUse, order := referenceReadyOrder(g)
+	return firstUse, referenceBuckets(g, cfg, order)
+}
+
+// referenceReadyOrder returns the first use of every counted parameter and
+// the predicted gradient-ready order: later first uses first, and within a
+// node, later listings first.
+func referenceReadyOrder(g *Graph) (map[int32]int, []int32) {
 	firstUse := map[int32]int{}
 	// Every listing of a counted parameter at its first-use node.
 	type listing struct {
@@ -340,7 +352,11 @@ func referenceDDP(g *Graph, cfg Config) (map[int32]int, []refDDPBucket) {
 			order = append(order, u.p)
 		}
 	}
+	return firstUse, order
+}
 
+// referenceBuckets simulates DDP's bucket assignment over the ready order.
+func referenceBuckets(g *Graph, cfg Config, order []int32) []refDDPBucket {
 	caps := cfg.BucketCapsBytes
 	if len(caps) == 0 {
 		caps = []int64{cfg.BucketCapBytes}
@@ -384,7 +400,7 @@ func referenceDDP(g *Graph, cfg Config) (map[int32]int, []refDDPBucket) {
 	for _, k := range idx {
 		result = append(result, rest[k])
 	}
-	return firstUse, result
+	return result
 }
 
 // checkDDP compares a ModeDDP plan with referenceDDP and checks the cuts.
@@ -458,4 +474,196 @@ func buildTwiceSame(g *Graph, cfg Config, first *Plan) error {
 		return fmt.Errorf("second Build differs")
 	}
 	return nil
+}
+
+// checkAligned checks an AlignBuckets plan: its cuts are those of the same
+// config without alignment (whose plan must itself be valid); it has one
+// bucket per piece that holds a counted parameter, in DDP order (bucket k is
+// piece N-1-k), listing exactly the parameters first used in that piece, in
+// predicted ready order; and DDP's rebuild with the aligned bytes as
+// per-bucket caps reproduces those buckets for reorderings of the ready
+// order within each piece.
+func checkAligned(g *Graph, cfg Config, pl *Plan) []string {
+	var bad []string
+	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	keys := map[bucketKey]bool{}
+	for _, p := range g.Params {
+		if p.counted() {
+			keys[bucketKey{p.DType, p.Device}] = true
+		}
+	}
+	if len(keys) > 1 {
+		fail("aligned: accepted counted parameters of %d (dtype, device) keys", len(keys))
+	}
+	plain := cfg
+	plain.AlignBuckets = false
+	base, err := Build(g, plain)
+	if err != nil {
+		fail("aligned: the same config without AlignBuckets fails: %v", err)
+		return bad
+	}
+	for _, v := range checkPlan(g, plain, base) {
+		fail("aligned: the unaligned plan: %s", v)
+	}
+	if !slices.Equal(pl.NodePartition, base.NodePartition) || pl.NumPartitions != base.NumPartitions ||
+		!reflect.DeepEqual(pl.PartitionInputs, base.PartitionInputs) || !reflect.DeepEqual(pl.PartitionOutputs, base.PartitionOutputs) {
+		fail("aligned: cuts differ from the unaligned plan's")
+		return bad
+	}
+
+	// The expected buckets, from the naive ready order grouped by piece.
+	firstUse, order := referenceReadyOrder(g)
+	extended := map[int]bool{}
+	for _, b := range base.Buckets {
+		if b.Extended {
+			extended[b.Partition] = true
+		}
+	}
+	var want []Bucket
+	for _, p := range order {
+		piece := int(pl.NodePartition[firstUse[p]])
+		if len(want) == 0 || want[len(want)-1].Partition != piece {
+			if len(want) > 0 && piece >= want[len(want)-1].Partition {
+				fail("aligned: the ready order meets piece %d after piece %d", piece, want[len(want)-1].Partition)
+			}
+			want = append(want, Bucket{Partition: piece, NodeBegin: len(g.Ops), Extended: extended[piece],
+				DType: g.Params[p].DType, Device: g.Params[p].Device})
+		}
+		w := &want[len(want)-1]
+		w.Params = append(w.Params, p)
+		w.Bytes += g.Params[p].Bytes
+		w.NodeBegin, w.NodeEnd = min(w.NodeBegin, firstUse[p]), max(w.NodeEnd, firstUse[p]+1)
+		if g.Params[p].DType != w.DType || g.Params[p].Device != w.Device {
+			w.DType, w.Device = -1, -1
+		}
+	}
+	if pl.NumPartitions > 1 && len(want) != pl.NumPartitions {
+		fail("aligned: %d pieces but only %d hold counted parameters", pl.NumPartitions, len(want))
+	}
+	if len(pl.Buckets) != len(want) {
+		fail("aligned: %d buckets, want %d (one per piece holding counted parameters)", len(pl.Buckets), len(want))
+		return bad
+	}
+	for k, b := range pl.Buckets {
+		if !reflect.DeepEqual(b, want[k]) {
+			fail("aligned: bucket %d = %+v, want %+v", k, b, want[k])
+		}
+		if b.Partition != pl.NumPartitions-1-k {
+			fail("aligned: bucket %d is piece %d, want %d", k, b.Partition, pl.NumPartitions-1-k)
+		}
+	}
+	if len(bad) > 0 {
+		return bad
+	}
+	rng := rand.New(rand.NewPCG(pl.Fingerprint, 1))
+	return checkRebuildFollowsPieces(g, pl, rng, 6)
+}
+
+// checkRebuildFollowsPieces runs DDP's rebuild (simulateRebuild) with the
+// aligned buckets' bytes as per-bucket caps over ready orders that keep the
+// pieces in order but reorder each piece's gradients: as planned, reversed,
+// then random shuffles, trials orders in all. With parameters of positive
+// size, DDP must rebuild exactly the aligned buckets (as sets: DDP lists
+// them in the order it saw them). A zero-byte gradient can arrive after its
+// piece's bytes closed the bucket and then joins a later DDP bucket; so
+// where zero-byte parameters exist, every positive-size parameter must
+// still land in its own piece's bucket, and DDP's buckets beyond the aligned
+// ones may hold zero-byte parameters only.
+func checkRebuildFollowsPieces(g *Graph, pl *Plan, rng *rand.Rand, trials int) []string {
+	var bad []string
+	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	if len(pl.Buckets) == 0 {
+		return nil
+	}
+	caps := make([]int64, len(pl.Buckets))
+	home := map[int32]int{} // aligned bucket of each parameter
+	anyZero := false
+	for k, b := range pl.Buckets {
+		caps[k] = b.Bytes
+		for _, p := range b.Params {
+			home[p] = k
+			anyZero = anyZero || g.Params[p].Bytes == 0
+		}
+	}
+	for trial := range trials {
+		var order []int32
+		for _, b := range pl.Buckets {
+			run := slices.Clone(b.Params)
+			switch trial {
+			case 0:
+			case 1:
+				slices.Reverse(run)
+			default:
+				rng.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
+			}
+			order = append(order, run...)
+		}
+		got := simulateRebuild(g, order, caps)
+		if !anyZero {
+			if len(got) != len(pl.Buckets) {
+				fail("rebuild over %v with caps %v: %d DDP buckets %v, want %d", order, caps, len(got), got, len(pl.Buckets))
+				continue
+			}
+			for k := range got {
+				a, b := slices.Sorted(slices.Values(got[k])), slices.Sorted(slices.Values(pl.Buckets[k].Params))
+				if !slices.Equal(a, b) {
+					fail("rebuild over %v with caps %v: DDP bucket %d = %v, aligned bucket %v", order, caps, k, got[k], pl.Buckets[k].Params)
+				}
+			}
+			continue
+		}
+		for k, params := range got {
+			for _, p := range params {
+				if g.Params[p].Bytes > 0 && home[p] != k {
+					fail("rebuild over %v with caps %v: parameter %d (%d bytes) in DDP bucket %d, aligned bucket %d", order, caps, p, g.Params[p].Bytes, k, home[p])
+				}
+				if g.Params[p].Bytes > 0 && k >= len(pl.Buckets) {
+					fail("rebuild over %v with caps %v: extra DDP bucket %d holds parameter %d of %d bytes", order, caps, k, p, g.Params[p].Bytes)
+				}
+			}
+		}
+	}
+	return bad
+}
+
+// simulateRebuild transliterates compute_bucket_assignment_by_size in
+// torch/csrc/distributed/c10d/reducer.cpp as DDP's rebuild calls it: the
+// parameters in ready order join the open bucket of their (dtype, device)
+// key, which closes as soon as its bytes reach that key's current cap; each
+// key then moves to its next cap, the last one repeating. Buckets still
+// open at the end follow (DDP takes them in hash-map order; here by key
+// order of first appearance).
+func simulateRebuild(g *Graph, order []int32, caps []int64) [][]int32 {
+	type acc struct {
+		params []int32
+		bytes  int64
+	}
+	open := map[bucketKey]*acc{}
+	capIdx := map[bucketKey]int{}
+	var keyOrder []bucketKey
+	var result [][]int32
+	for _, p := range order {
+		key := bucketKey{g.Params[p].DType, g.Params[p].Device}
+		b := open[key]
+		if b == nil {
+			b = &acc{}
+			open[key] = b
+			if !slices.Contains(keyOrder, key) {
+				keyOrder = append(keyOrder, key)
+			}
+		}
+		b.params = append(b.params, p)
+		b.bytes += g.Params[p].Bytes
+		if b.bytes >= caps[capIdx[key]] {
+			result = append(result, b.params)
+			delete(open, key)
+			capIdx[key] = min(capIdx[key]+1, len(caps)-1)
+		}
+	}
+	for _, key := range keyOrder {
+		if b := open[key]; b != nil {
+			result = append(result, b.params)
+		}
+	}
+	return result
 }

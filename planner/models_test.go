@@ -55,6 +55,16 @@ func toyModel() *graphBuilder {
 		linearLayer{in: 5000, out: 5})
 }
 
+// mlpModel is a 10 -> 100 -> 100 -> 100 -> 5 Linear stack with ReLU:
+// weights 4000, 40000, 40000 and 2000 bytes, biases 400, 400, 400 and 20.
+func mlpModel() *graphBuilder {
+	return linearStack(f32,
+		linearLayer{in: 10, out: 100},
+		linearLayer{in: 100, out: 100},
+		linearLayer{in: 100, out: 100},
+		linearLayer{in: 100, out: 5})
+}
+
 // sharedWeightModel ties the embedding and the head, as language models do:
 // W is used first by embed and again by head.
 func sharedWeightModel() *graphBuilder {

@@ -15,8 +15,9 @@ func TestFingerprintPinned(t *testing.T) {
 		cfg  Config
 		want uint64
 	}{
-		{"ddp", ddpCfg(25*mib, 1*mib), 0xa96cef62cd218c5d},
-		{"torch", torchCfg(25*mib, 1*mib), 0x4a638bbb056acefc},
+		{"ddp", ddpCfg(25*mib, 1*mib), 0x824e0a14e54731d4},
+		{"torch", torchCfg(25*mib, 1*mib), 0x95b998f0d96e08d3},
+		{"ddp aligned", alignedCfg(ddpCfg(25*mib, 1*mib)), 0xda5537cc395a0635},
 	}
 	for _, tc := range cases {
 		pl, err := Build(toyModel().graph(), tc.cfg)
@@ -46,6 +47,7 @@ func TestFingerprintCoversInputs(t *testing.T) {
 		{"first cap", func(g *Graph, c *Config) { c.FirstBucketCapBytes++ }},
 		{"per-bucket caps", func(g *Graph, c *Config) { c.BucketCapsBytes = []int64{1 * mib, 25 * mib} }},
 		{"max partitions", func(g *Graph, c *Config) { c.MaxPartitions = 5 }},
+		{"align buckets", func(g *Graph, c *Config) { c.AlignBuckets = true }},
 		{"param name", func(g *Graph, c *Config) { g.Params[0].Name = "renamed" }},
 		{"param bytes", func(g *Graph, c *Config) { g.Params[0].Bytes++ }},
 		{"storage bytes", func(g *Graph, c *Config) { g.Params[0].StorageBytes++ }},

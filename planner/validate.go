@@ -40,6 +40,9 @@ func validateConfig(cfg *Config) error {
 		if len(cfg.BucketCapsBytes) != 0 {
 			return errorf(ErrInvalidConfig, "planner: BucketCapsBytes is not supported in ModeTorch, which reproduces torch's DDPOptimizer exactly; use ModeDDP")
 		}
+		if cfg.AlignBuckets {
+			return errorf(ErrInvalidConfig, "planner: AlignBuckets is not supported in ModeTorch, which reproduces torch's DDPOptimizer exactly: its buckets count storage bytes, repeated uses included, so they cannot serve as DDP's per-bucket caps; use ModeDDP")
+		}
 	}
 	return nil
 }

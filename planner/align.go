@@ -1,0 +1,93 @@
+package planner
+
+// This file implements Config.AlignBuckets: once the cuts are final, the
+// predicted buckets are replaced by one bucket per piece whose bytes are the
+// exact total of the counted parameters first used in that piece.
+//
+// Why this aligns DDP's own buckets with the pieces: DDP rebuilds its buckets
+// from the order in which gradients became ready, closing a bucket as soon as
+// its bytes reach the current per-bucket cap. All gradients of one piece
+// become ready during that piece's backward, in an order the autograd engine
+// chooses, but the cumulative byte count at every piece boundary is the same
+// whatever that order. With the aligned buckets' bytes as caps (in DDP order,
+// bucket 0 = last piece), DDP's rebuild therefore closes bucket k exactly
+// when the last gradient of piece N-1-k arrives. That needs a single cap
+// iterator, hence a single (dtype, device) key, and parameters of positive
+// size: a zero-byte gradient that arrives after its piece's byte total was
+// reached falls into the next DDP bucket (harmless for overlap, since it is
+// ready already, but the bucket lists differ).
+
+// checkSingleKey reports ErrInvalidConfig unless every counted parameter of
+// the table (RequiresGrad, not Ignored; used by a compute node or not, since
+// DDP buckets it either way) shares one (DType, Device). DDP walks the cap
+// list once per key, so with several keys no list of caps can make its
+// buckets follow the pieces.
+func checkSingleKey(g *Graph) error {
+	first := -1
+	for p := range g.Params {
+		prm := &g.Params[p]
+		if !prm.counted() {
+			continue
+		}
+		if first < 0 {
+			first = p
+			continue
+		}
+		f := &g.Params[first]
+		if prm.DType != f.DType || prm.Device != f.Device {
+			return errorf(ErrInvalidConfig, "planner: align_buckets needs all counted parameters to share one dtype and device; found dtype %d device %d (parameter %d, %q) and dtype %d device %d (parameter %d, %q): DDP buckets each (dtype, device) group with its own cap list",
+				f.DType, f.Device, first, f.Name, prm.DType, prm.Device, p, prm.Name)
+		}
+	}
+	return nil
+}
+
+// alignedBuckets returns one bucket per piece, in DDP order (the last piece
+// first). ready is the predicted gradient-ready order of the counted
+// parameters in use (reverse forward order of first uses), so the parameters
+// of each piece form one contiguous run of it, pieces descending. A bucket's
+// Extended says whether any predicted bucket completed by its piece was
+// Extended. A piece without counted parameters gets no bucket; in ModeDDP
+// that happens only when the graph is a single piece (every piece of a
+// multi-piece plan holds a counted parameter).
+func alignedBuckets(g *Graph, ready, firstUse, part []int32, numPieces int, predicted []Bucket) []Bucket {
+	if len(ready) == 0 {
+		return nil
+	}
+	extended := make([]bool, numPieces)
+	for k := range predicted {
+		if predicted[k].Extended {
+			extended[predicted[k].Partition] = true
+		}
+	}
+	var out []Bucket
+	for lo := 0; lo < len(ready); {
+		piece := part[firstUse[ready[lo]]]
+		first := &g.Params[ready[lo]]
+		b := Bucket{
+			NodeBegin: len(g.Ops),
+			Partition: int(piece),
+			Extended:  extended[piece],
+			DType:     first.DType,
+			Device:    first.Device,
+		}
+		hi := lo
+		for ; hi < len(ready) && part[firstUse[ready[hi]]] == piece; hi++ {
+			p := ready[hi]
+			prm := &g.Params[p]
+			b.Bytes += prm.Bytes // bounded by the total that firstUses checked
+			node := int(firstUse[p])
+			b.NodeBegin = min(b.NodeBegin, node)
+			b.NodeEnd = max(b.NodeEnd, node+1)
+			if prm.DType != b.DType || prm.Device != b.Device {
+				b.DType, b.Device = -1, -1
+			}
+		}
+		// The runs share ready's backing array; the full slice expression
+		// keeps an append to one bucket's list from reaching the next.
+		b.Params = ready[lo:hi:hi]
+		out = append(out, b)
+		lo = hi
+	}
+	return out
+}
