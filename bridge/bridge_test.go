@@ -80,8 +80,8 @@ func toyConfig(mode planner.Mode) *rawConfig {
 }
 
 func TestABIVersion(t *testing.T) {
-	if got := callABIVersion(); got != 1 {
-		t.Fatalf("goddp_abi_version() = %d, want 1 (GODDP_ABI_VERSION)", got)
+	if got := callABIVersion(); got != 2 {
+		t.Fatalf("goddp_abi_version() = %d, want 2 (GODDP_ABI_VERSION)", got)
 	}
 }
 
@@ -190,18 +190,18 @@ func TestConvertGraph(t *testing.T) {
 
 func TestConvertConfig(t *testing.T) {
 	cfg, err := convertConfigViaC(&rawConfig{Mode: 1, BucketCapBytes: 10, FirstBucketCapBytes: 5,
-		NumBucketCaps: 2, BucketCapsBytes: []int64{7, 9}, MaxPartitions: 4})
+		NumBucketCaps: 2, BucketCapsBytes: []int64{7, 9}, MaxPartitions: 4, AlignBuckets: -3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := planner.Config{Mode: planner.ModeTorch, BucketCapBytes: 10, FirstBucketCapBytes: 5,
-		BucketCapsBytes: []int64{7, 9}, MaxPartitions: 4}
+		BucketCapsBytes: []int64{7, 9}, MaxPartitions: 4, AlignBuckets: true}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("config = %+v, want %+v", cfg, want)
 	}
 	cfg, err = convertConfigViaC(&rawConfig{BucketCapBytes: 10, FirstBucketCapBytes: 5})
-	if err != nil || cfg.BucketCapsBytes != nil {
-		t.Errorf("no per-bucket caps: %+v, %v", cfg, err)
+	if err != nil || cfg.BucketCapsBytes != nil || cfg.AlignBuckets {
+		t.Errorf("no per-bucket caps, not aligned: %+v, %v", cfg, err)
 	}
 }
 
@@ -262,9 +262,19 @@ func TestBadPointersAndLengths(t *testing.T) {
 // planner.Build returns for the toy graph, success or error, the export
 // must return the same thing.
 func TestBridgeMatchesPlanner(t *testing.T) {
-	for _, mode := range []planner.Mode{planner.ModeDDP, planner.ModeTorch} {
-		t.Run(fmt.Sprintf("mode%d", mode), func(t *testing.T) {
+	for _, tc := range []struct {
+		mode  planner.Mode
+		align int32
+	}{{planner.ModeDDP, 0}, {planner.ModeTorch, 0}, {planner.ModeDDP, 1}, {planner.ModeTorch, 1}} {
+		mode := tc.mode
+		t.Run(fmt.Sprintf("mode%d_align%d", mode, tc.align), func(t *testing.T) {
 			raw, rawCfg := toyGraph(1000), toyConfig(mode)
+			if tc.align != 0 {
+				// Caps that split each layer's bias from its weight, so the
+				// predicted buckets outnumber the pieces and alignment shows.
+				rawCfg.AlignBuckets = tc.align
+				rawCfg.BucketCapBytes, rawCfg.FirstBucketCapBytes = 4_000_000, 4_000
+			}
 			g, err := convertGraphViaC(raw)
 			if err != nil {
 				t.Fatal(err)
@@ -301,6 +311,40 @@ func TestBridgeMatchesPlanner(t *testing.T) {
 					got.PartitionInputs, got.PartitionOutputs, want.PartitionInputs, want.PartitionOutputs)
 			}
 		})
+	}
+}
+
+// TestAlignBucketsThroughC: align_buckets crosses the ABI. The toy graph
+// with caps that close one bucket per bias and one per weight has four
+// predicted buckets over three pieces; aligned, it has one bucket per piece
+// holding that layer's weight and bias. torch mode refuses the option.
+func TestAlignBucketsThroughC(t *testing.T) {
+	cfg := toyConfig(planner.ModeDDP)
+	cfg.BucketCapBytes, cfg.FirstBucketCapBytes = 4_000_000, 4_000
+	plain := callPlanGraph(toyGraph(1000), cfg, false)
+	cfg.AlignBuckets = 1
+	aligned := callPlanGraph(toyGraph(1000), cfg, false)
+	if plain.Status != statusOK || aligned.Status != statusOK {
+		t.Fatalf("status %d %q / %d %q", plain.Status, plain.Msg, aligned.Status, aligned.Msg)
+	}
+	if plain.Plan.NumPartitions != 3 || len(plain.Plan.Buckets) != 4 {
+		t.Fatalf("unaligned: %d pieces, %d buckets; want 3, 4", plain.Plan.NumPartitions, len(plain.Plan.Buckets))
+	}
+	if aligned.Plan.NumPartitions != 3 || len(aligned.Plan.Buckets) != 3 {
+		t.Fatalf("aligned: %d pieces, %d buckets; want 3, 3", aligned.Plan.NumPartitions, len(aligned.Plan.Buckets))
+	}
+	for k, b := range aligned.Plan.Buckets {
+		l := int32(2 - k)
+		if b.Bytes != 4_004_000 || b.Partition != int(l) || !reflect.DeepEqual(b.Params, []int32{2*l + 1, 2 * l}) {
+			t.Errorf("aligned bucket %d = %+v, want layer %d's bias and weight, 4004000 bytes", k, b, l)
+		}
+	}
+	if aligned.Plan.Fingerprint == plain.Plan.Fingerprint {
+		t.Error("align_buckets does not change the fingerprint")
+	}
+	cfg.Mode = int32(planner.ModeTorch)
+	if res := callPlanGraph(toyGraph(1000), cfg, false); res.Status != statusInvalidConfig || !strings.Contains(res.Msg, "AlignBuckets") {
+		t.Errorf("torch mode with align_buckets: %d %q", res.Status, res.Msg)
 	}
 }
 

@@ -190,6 +190,7 @@ func configFromC(c *C.goddp_config) (planner.Config, error) {
 		FirstBucketCapBytes: int64(c.first_bucket_cap_bytes),
 		BucketCapsBytes:     caps,
 		MaxPartitions:       int(maxPartitions),
+		AlignBuckets:        c.align_buckets != 0,
 	}, nil
 }
 

@@ -61,6 +61,7 @@ type rawConfig struct {
 	NumBucketCaps       int64
 	BucketCapsBytes     []int64
 	MaxPartitions       int64
+	AlignBuckets        int32
 }
 
 // cArena owns C copies of test inputs until release.
@@ -125,6 +126,7 @@ func (a *cArena) config(c *rawConfig) *C.goddp_config {
 	cc.num_bucket_caps = C.int64_t(c.NumBucketCaps)
 	cc.bucket_caps_bytes = (*C.int64_t)(cArenaCopy(a, c.BucketCapsBytes))
 	cc.max_partitions = C.int64_t(c.MaxPartitions)
+	cc.align_buckets = C.int32_t(c.AlignBuckets)
 	return cc
 }
 

@@ -47,8 +47,9 @@
 extern "C" {
 #endif
 
-/* Bumped on any incompatible change to the structs or functions below. */
-#define GODDP_ABI_VERSION 1
+/* Bumped on any incompatible change to the structs or functions below.
+ * 2: goddp_config.align_buckets. */
+#define GODDP_ABI_VERSION 2
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -120,6 +121,18 @@ typedef struct goddp_config {
     int64_t num_bucket_caps;            /* 0, or the length of bucket_caps_bytes */
     const int64_t *bucket_caps_bytes;   /* per-bucket caps in DDP order (ddp mode); the last repeats */
     int64_t max_partitions;             /* 0 = no limit; else merge adjacent pieces down to this many (ddp mode) */
+    /* ddp mode only (nonzero in torch mode is GODDP_ERR_INVALID_CONFIG).
+     * 0: buckets as DDP is predicted to build them. Nonzero: once the cuts
+     * are final, one bucket per piece instead, in DDP order (bucket k is
+     * piece num_partitions-1-k), holding the parameters first used in that
+     * piece with their exact byte total; those totals are meant to be
+     * passed to DDP as its per-bucket caps, so that DDP's bucket rebuild
+     * closes each bucket exactly at a piece boundary whatever the gradient
+     * order inside a piece. Requires every counted parameter (requires
+     * grad, not DDP-ignored) to share one dtype and device, else
+     * GODDP_ERR_INVALID_CONFIG. A single piece without counted parameters
+     * has no bucket. */
+    int32_t align_buckets;
 } goddp_config;
 
 /* One plan. Every array is malloc'd by the library and freed by goddp_plan_free. */

@@ -80,9 +80,10 @@ static void raise_planner_error(goddp_status status, char *msg) {
 /* ---------------------------------------------------------------------- */
 /* Dict keys                                                               */
 
-/* Checks that d (a dict called what) has exactly the given string keys,
- * raising ValueError that names every unknown and missing key. */
-static int check_keys(PyObject *d, const char *what, const char *const *keys, size_t nkeys) {
+/* Checks that d (a dict called what) has only the given string keys and
+ * every one of the first nrequired of them (the rest are optional), raising
+ * ValueError that names every unknown and missing key. */
+static int check_keys(PyObject *d, const char *what, const char *const *keys, size_t nkeys, size_t nrequired) {
     PyObject *unknown = PyList_New(0), *missing = PyList_New(0);
     int result = -1;
     if (unknown == NULL || missing == NULL) goto done;
@@ -103,7 +104,7 @@ static int check_keys(PyObject *d, const char *what, const char *const *keys, si
             Py_DECREF(r);
         }
     }
-    for (size_t i = 0; i < nkeys; i++) {
+    for (size_t i = 0; i < nrequired; i++) {
         PyObject *v = PyDict_GetItemString(d, keys[i]); /* borrowed; cannot raise */
         if (v == NULL) {
             PyObject *r = PyUnicode_FromFormat("'%s'", keys[i]);
@@ -213,10 +214,14 @@ static const char *const graph_keys[] = {
 };
 #define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
 
+/* The required keys first, then the optional ones (added in later ABI
+ * versions; callers written before them keep working). */
 static const char *const config_keys[] = {
     "mode", "bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "max_partitions",
+    "align_buckets", /* optional, default 0 (ABI 2) */
 };
 #define NUM_CONFIG_KEYS (sizeof config_keys / sizeof config_keys[0])
+#define NUM_REQUIRED_CONFIG_KEYS 5
 
 static const char *const plan_keys[] = {
     "fingerprint",         "num_nodes",         "node_partitions",         "num_partitions",
@@ -324,7 +329,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         PyErr_Format(PyExc_TypeError, "graph must be a dict, not %.100s", Py_TYPE(graph)->tp_name);
         return -1;
     }
-    if (check_keys(graph, "graph", graph_keys, NUM_GRAPH_KEYS) < 0) return -1;
+    if (check_keys(graph, "graph", graph_keys, NUM_GRAPH_KEYS, NUM_GRAPH_KEYS) < 0) return -1;
 
     int64_t num_nodes, num_params;
     if (get_int64(graph, "graph", "num_nodes", &num_nodes) < 0) return -1;
@@ -394,7 +399,7 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps)
         PyErr_Format(PyExc_TypeError, "config must be a dict, not %.100s", Py_TYPE(config)->tp_name);
         return -1;
     }
-    if (check_keys(config, "config", config_keys, NUM_CONFIG_KEYS) < 0) return -1;
+    if (check_keys(config, "config", config_keys, NUM_CONFIG_KEYS, NUM_REQUIRED_CONFIG_KEYS) < 0) return -1;
     int64_t mode;
     if (get_int64(config, "config", "mode", &mode) < 0) return -1;
     if (mode < INT32_MIN || mode > INT32_MAX) {
@@ -411,6 +416,14 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps)
     cfg->bucket_cap_bytes = cap;
     cfg->first_bucket_cap_bytes = first_cap;
     cfg->max_partitions = max_partitions;
+
+    /* Optional: a bool or an int, nonzero meaning on. */
+    cfg->align_buckets = 0;
+    if (PyDict_GetItemString(config, "align_buckets") != NULL) { /* borrowed; cannot raise */
+        int64_t align;
+        if (get_int64(config, "config", "align_buckets", &align) < 0) return -1;
+        cfg->align_buckets = align != 0;
+    }
 
     PyObject *seq_obj = PyDict_GetItemString(config, "bucket_caps_bytes");
     if (PyUnicode_Check(seq_obj) || PyBytes_Check(seq_obj) || PyByteArray_Check(seq_obj)) {
@@ -517,7 +530,8 @@ fail:
 PyDoc_STRVAR(plan_graph_doc,
              "plan_graph(graph, config) -> dict\n\n"
              "Plans a forward graph. graph and config are dicts whose keys are exactly the\n"
-             "field names of goddp_graph and goddp_config (csrc/goddp.h); arrays are buffers\n"
+             "field names of goddp_graph and goddp_config (csrc/goddp.h), except that\n"
+             "config['align_buckets'] (bool or int) is optional and defaults to 0; arrays are buffers\n"
              "of native integers (int32: array('i'), int64: array('q'), uint8: bytes,\n"
              "uint32: array('I')). The result's keys are the field names of goddp_plan;\n"
              "arrays come back as bytes of native values. The GIL is released while Go\n"

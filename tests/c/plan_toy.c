@@ -143,6 +143,7 @@ static goddp_config toy_config(int32_t mode) {
         .num_bucket_caps = 0,
         .bucket_caps_bytes = NULL,
         .max_partitions = 0,
+        .align_buckets = 0,
     };
     return c;
 }
@@ -257,6 +258,57 @@ static void check_fingerprint_stable(const goddp_graph *g, int32_t mode, uint64_
     goddp_plan_free(plan);
 }
 
+/* align_buckets: with a bucket cap of one weight and a first cap of one
+ * bias, ddp mode predicts four buckets over the same three pieces (the last
+ * layer's bias, then its weight, then one per remaining layer). Aligned, there
+ * is one bucket per piece, bucket b holding layer LAYERS-1-b's weight and
+ * bias with their exact byte total, so that the totals can be DDP's
+ * per-bucket caps. torch mode refuses the option. */
+static void check_aligned(const goddp_graph *g) {
+    goddp_config cfg = toy_config(GODDP_MODE_DDP);
+    cfg.bucket_cap_bytes = WEIGHT_BYTES;
+    cfg.first_bucket_cap_bytes = BIAS_BYTES;
+    goddp_plan *plain = NULL, *plan = NULL;
+    char *msg = NULL;
+    goddp_status st = goddp_plan_graph(g, &cfg, &plain, NULL);
+    CHECK(st == GODDP_OK && plain != NULL && plain->num_partitions == LAYERS && plain->num_buckets == LAYERS + 1,
+          "unaligned: status %d, %" PRId64 " pieces, %" PRId64 " buckets", st, plain ? plain->num_partitions : -1,
+          plain ? plain->num_buckets : -1);
+
+    cfg.align_buckets = 1;
+    st = goddp_plan_graph(g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_OK && plan != NULL, "aligned: status %d, message: %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+    msg = NULL;
+    if (st == GODDP_OK && plan != NULL) {
+        CHECK(plan->num_partitions == LAYERS && plan->num_buckets == plan->num_partitions,
+              "aligned: %" PRId64 " pieces, %" PRId64 " buckets", plan->num_partitions, plan->num_buckets);
+        for (int b = 0; b < LAYERS && b < plan->num_buckets; b++) {
+            int l = LAYERS - 1 - b;
+            int32_t want[2] = {2 * l + 1, 2 * l}; /* ready order: bias, then weight */
+            CHECK(plan->bucket_bytes[b] == WEIGHT_BYTES + BIAS_BYTES && plan->bucket_partitions[b] == l,
+                  "aligned: bucket %d holds %" PRId64 " B in piece %d", b, plan->bucket_bytes[b],
+                  plan->bucket_partitions[b]);
+            check_list("aligned bucket_params", b, plan->bucket_param_offsets, plan->bucket_params, want, 2);
+        }
+        for (int i = 0; i < NUM_NODES; i++) {
+            CHECK(plain == NULL || plan->node_partitions[i] == plain->node_partitions[i],
+                  "aligned: node %d moved to piece %d", i, plan->node_partitions[i]);
+        }
+        CHECK(plain == NULL || plan->fingerprint != plain->fingerprint, "aligned: fingerprint unchanged");
+    }
+    goddp_plan_free(plan);
+    goddp_plan_free(plain);
+
+    cfg.mode = GODDP_MODE_TORCH;
+    plan = NULL;
+    st = goddp_plan_graph(g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && plan == NULL, "torch mode with align_buckets: status %d", st);
+    CHECK(msg != NULL && strstr(msg, "AlignBuckets") != NULL, "torch mode with align_buckets: message %s",
+          msg ? msg : "(none)");
+    goddp_string_free(msg);
+}
+
 static void check_errors(const goddp_graph *g) {
     goddp_plan *plan = NULL;
     char *msg = NULL;
@@ -363,6 +415,7 @@ int main(void) {
     uint64_t fp_torch = plan_and_check(&g, GODDP_MODE_TORCH);
     check_fingerprint_stable(&g, GODDP_MODE_DDP, fp_ddp);
     check_fingerprint_stable(&g, GODDP_MODE_TORCH, fp_torch);
+    check_aligned(&g);
     check_errors(&g);
     check_max_procs();
     check_threads(&g, fp_ddp);

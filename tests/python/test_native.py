@@ -152,12 +152,14 @@ def test_constants_mirror_the_extension(ext):
     assert len(names) == 21
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
-    assert ext.abi_version() == ext.ABI_VERSION == 1
+    assert ext.abi_version() == ext.ABI_VERSION == 2
 
 
 def test_key_tuples_match_the_builders(ext):
     assert set(ext.GRAPH_KEYS) == set(chain_graph(1))
-    assert set(ext.CONFIG_KEYS) == set(toy_config())
+    # toy_config leaves out the optional align_buckets, as callers written
+    # before ABI 2 do.
+    assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets"}
     assert len(ext.PLAN_KEYS) == 16
 
 
@@ -173,7 +175,7 @@ def test_debug_panic_becomes_planner_error(ext):
     assert "deliberate panic" in str(info.value)
     assert "panicOnPurpose" in str(info.value)  # the stack names the culprit
     # The process and the Go runtime are intact afterwards.
-    assert ext.abi_version() == 1
+    assert ext.abi_version() == _native.ABI_VERSION
     with pytest.raises(ext.PlannerError):
         ext.debug_panic()
 
@@ -232,6 +234,62 @@ def test_toy_graph_plan(ext, mode):
     assert csr(plan["partition_output_offsets"], plan["partition_outputs"]) == [[8], [10], [12]]
     # Identical input, identical fingerprint.
     assert _native.plan_graph(chain_graph(3), toy_config(mode))["fingerprint"] == plan["fingerprint"]
+
+
+def _first_use_bytes_per_piece(graph: dict, plan: dict) -> list[int]:
+    """Bytes of the parameters first used in each piece, from the graph's
+    arrays and the plan's node_partitions."""
+    parts = unpack(plan["node_partitions"], "i")
+    offsets, params = graph["node_param_offsets"], graph["node_params"]
+    per_piece = [0] * plan["num_partitions"]
+    seen = set()
+    for node, piece in enumerate(parts):
+        if piece < 0:
+            continue
+        for p in params[offsets[node] : offsets[node + 1]]:
+            if p not in seen:
+                seen.add(p)
+                per_piece[piece] += graph["param_bytes"][p]
+    return per_piece
+
+
+def test_align_buckets_gives_one_bucket_per_piece(ext):
+    """A first cap of one bias and a cap of one weight close two buckets in
+    the last layer: four predicted buckets over three pieces. With
+    align_buckets there is one bucket per piece (DDP order) holding exactly
+    its parameters' bytes: the per-bucket caps to hand to DDP."""
+    graph = chain_graph(3)
+    caps = dict(bucket_cap_bytes=WEIGHT_BYTES, first_bucket_cap_bytes=BIAS_BYTES)
+    plain = ext.plan_graph(graph, toy_config(**caps))
+    assert (plain["num_partitions"], plain["num_buckets"]) == (3, 4)
+    for align in (True, 1):
+        plan = ext.plan_graph(graph, toy_config(align_buckets=align, **caps))
+        assert plan["num_buckets"] == plan["num_partitions"] == 3
+        assert plan["node_partitions"] == plain["node_partitions"]
+        assert unpack(plan["bucket_partitions"], "i") == [2, 1, 0]
+        per_piece = _first_use_bytes_per_piece(graph, plan)
+        assert unpack(plan["bucket_bytes"], "q") == per_piece[::-1] == [WEIGHT_BYTES + BIAS_BYTES] * 3
+        assert csr(plan["bucket_param_offsets"], plan["bucket_params"]) == [[5, 4], [3, 2], [1, 0]]
+        assert plan["fingerprint"] != plain["fingerprint"]
+    # Off, explicitly, is the same as leaving the key out.
+    assert ext.plan_graph(graph, toy_config(align_buckets=False, **caps)) == plain
+    assert ext.plan_graph(graph, toy_config(align_buckets=0, **caps)) == plain
+
+
+def test_align_buckets_refusals(ext):
+    with pytest.raises(ext.PlannerError, match="ModeTorch") as info:
+        ext.plan_graph(chain_graph(2), toy_config(_native.MODE_TORCH, align_buckets=True))
+    assert info.value.code == _native.ERR_INVALID_CONFIG
+    graph = chain_graph(2)
+    graph["param_dtypes"][3] = 7  # layers.1.bias in another dtype
+    with pytest.raises(ext.PlannerError, match="align_buckets needs all counted parameters to share one dtype and device") as info:
+        ext.plan_graph(graph, toy_config(align_buckets=True))
+    assert info.value.code == _native.ERR_INVALID_CONFIG
+    ext.plan_graph(graph, toy_config())  # fine without alignment
+    with pytest.raises(TypeError, match=r"config\['align_buckets'\] must be an int"):
+        ext.plan_graph(chain_graph(2), toy_config(align_buckets="yes"))
+    with pytest.raises(TypeError, match=r"config\['align_buckets'\] must be an int"):
+        ext.plan_graph(chain_graph(2), toy_config(align_buckets=None))
 
 
 def test_fingerprint_depends_on_the_caps(ext):
@@ -499,7 +557,7 @@ def test_forked_child_gets_forked_child_error(ext):
         assert "forked after it was loaded" in line and "'spawn'" in line
     assert time.monotonic() - start < 10
     # The parent is unaffected.
-    assert ext.abi_version() == 1
+    assert ext.abi_version() == _native.ABI_VERSION
 
 
 def _run_python(code: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
