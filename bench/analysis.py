@@ -99,6 +99,9 @@ def summarize_job(ranks: list[dict]) -> dict:
             "compile_wall_s": max(i.get("compile_wall_s", float("nan")) for i in info),
             "graphs": info[0].get("graphs_after_warmup"),
             "recompiled": any(r["variants"][n].get("recompiled") for r in ranks),
+            # goddp compiles the whole graph when planning or cutting fails:
+            # such a row measures an unsplit graph and must say so.
+            "fallbacks": sorted({f for i in info for f in i.get("goddp_fallbacks", [])}),
             "link_bytes_per_step": bytes_per_step,
             "link_drops": sum(b["drops"] for rank_lb in lb for b in rank_lb),
             "ddp_buckets": r0["variants"][n].get("ddp_buckets_end") or info[0].get("ddp_buckets"),
@@ -178,7 +181,7 @@ def job_table(s: dict) -> str:
             + (" SLOWER" if n.startswith("goddp") and vt["median"] > 1.0 else "") if vt else "-")
         lb = r.get("link_bytes_vs_grad")
         rows.append([
-            r["label"] + (" (RECOMPILED)" if r["recompiled"] else ""),
+            r["label"] + (" (RECOMPILED)" if r["recompiled"] else "") + (" (FELL BACK)" if r["fallbacks"] else ""),
             stats.fmt_s(st["median"]), stats.fmt_s(st["p90"]),
             f"{stats.fmt_s(st['min'])}-{stats.fmt_s(st['max'])}", vs,
             stats.fmt_s(r.get("exposed")), stats.fmt_s(r.get("hidden")),
@@ -208,6 +211,9 @@ def job_table(s: dict) -> str:
             m.get("softirq", float("nan")), cpu["compute_slowdown_during_allreduce"]))
     for n, err in s["failed"].items():
         lines.append(f"FAILED {n}: {err.splitlines()[0] if err else ''}")
+    for n, r in s["variants"].items():
+        for f in r["fallbacks"]:
+            lines.append(f"FELL BACK {n}: goddp compiled the whole graph: {f}")
     lines.append(link_check_text(s))
     lines.append(alignment_text(s))
     return "\n".join(lines)

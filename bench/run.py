@@ -33,7 +33,7 @@ MODES = {
     "tiny": dict(size="tiny", rounds=2, steps_per_round=2, warmup=3, profile_steps=2, trace_steps=2,
                  link_sizes_mib=[1, 4], link_reps=2, interference_compute_s=0.1,
                  compile_nodes=[400], compile_e2e=[], compile_repeat=1),
-    "quick": dict(size="quick", rounds=4, steps_per_round=2, warmup=3, profile_steps=3, trace_steps=2,
+    "quick": dict(size="quick", rounds=4, steps_per_round=2, warmup=3, profile_steps=3, trace_steps=3,
                   link_sizes_mib=[1, 8, 32], link_reps=2, interference_compute_s=0.3,
                   compile_nodes=[1000, 4000], compile_e2e=[], compile_repeat=1),
     "full": dict(size="full", rounds=8, steps_per_round=3, warmup=3, profile_steps=5, trace_steps=3,
@@ -72,11 +72,13 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
             for inner in ("aot_eager", "inductor"):
                 short = "aot" if inner == "aot_eager" else "ind"
                 jobs.append(job(f"{model}-{short}", model, inner))
-        # Regimes: vary the work per step (batch) and the link rate.
-        for batch in (256, 1024):
+        # Regimes: vary the work per step (batch: from communication-bound
+        # to compute-bound at 1 Gbit/s) and the link rate at the balanced
+        # batch (a slower link leaves more of the core idle during transfer).
+        for batch in (256, 1024, 2048):
             jobs.append(job(f"mlp-b{batch}-aot", "mlp", "aot_eager", {"batch": batch}, var=SWEEP_VARIANTS))
         for r in ("250mbit", "4gbit"):
-            jobs.append(job(f"mlp-b256-aot-{r}", "mlp", "aot_eager", {"batch": 256}, job_rate=r,
+            jobs.append(job(f"mlp-b1024-aot-{r}", "mlp", "aot_eager", {"batch": 1024}, job_rate=r,
                             var=SWEEP_VARIANTS))
         # Alignment: an explicit bucket_cap_mb makes DDP's first bucket as
         # large as the others (torch's DDPOptimizer still assumes 1 MiB);
@@ -145,7 +147,8 @@ def overview(summaries: list[dict]) -> str:
             if r and r.get("vs_torch") and r["vs_torch"]["n"]:
                 vt = r["vs_torch"]
                 base = s["variants"][variants.BASELINE]
-                rows.append([s["name"], r["label"], f"{vt['median']:.3f}",
+                rows.append([s["name"], r["label"] + (" (FELL BACK)" if r.get("fallbacks") else ""),
+                             f"{vt['median']:.3f}",
                              f"{vt['min']:.3f}-{vt['max']:.3f}", f"{vt['wins']}/{vt['n']}",
                              f"{r['first_step_s'] / base['first_step_s']:.2f}",
                              ", ".join(w for w, bad in (("step SLOWER", vt["median"] > 1.0),
@@ -165,6 +168,7 @@ def overview(summaries: list[dict]) -> str:
         unsplit = s["variants"]["compiled"]["step"]["median"]
         b = s["variants"]["compute_only"]["bwd"]
         cells = [s["name"], s["job"]["rate"], s["regime"], f"{b / s['t_comm']:.2f}",
+                 f"{s['cpu']['compute_slowdown_during_allreduce']:.2f}x",
                  stats.fmt_s(s["ideal"]), stats.fmt_s(unsplit)]
         for n in ("torch_ddpopt", "goddp_torch", "goddp_ddp"):
             r = s["variants"].get(n)
@@ -173,7 +177,8 @@ def overview(summaries: list[dict]) -> str:
         rows.append(cells)
     if rows:
         lines.append(stats.table(
-            ["job", "link", "regime", "B/T_comm", "ideal", "unsplit", "torch DDPOpt", "goddp torch",
+            ["job", "link", "regime", "B/T_comm", "compute slowdown in comm", "ideal", "unsplit",
+             "torch DDPOpt", "goddp torch",
              "goddp ddp"], rows,
             title="== where splitting helps: speed-up over compiled unsplit (and step / ideal) =="))
     failed = [s for s in summaries if "error" in s]

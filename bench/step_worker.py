@@ -40,20 +40,26 @@ def log(rank: int, job: str, msg: str) -> None:
         print(f"[{job}] {msg}", flush=True)
 
 
+def time_allreduces(job: dict, when: str) -> list[dict]:
+    """Allreduce wall time over the configured sizes (for the a + b*bytes fit)."""
+    points = []
+    for mib in job["link_sizes_mib"]:
+        nbytes = int(mib * MiB)
+        buf = torch.zeros(nbytes // 4)
+        dist.all_reduce(buf)  # first use of a size allocates gloo buffers
+        for _ in range(job["link_reps"]):
+            dist.barrier()
+            t = time.perf_counter()
+            dist.all_reduce(buf)
+            points.append({"bytes": nbytes, "seconds": time.perf_counter() - t, "when": when})
+    return points
+
+
 def measure_link(job: dict, rank: int) -> dict:
     """Allreduce time vs size, CPU cost of communicating, and interference."""
     sizes = [int(s * MiB) for s in job["link_sizes_mib"]]
     reps = job["link_reps"]
-    points = []
-    for nbytes in sizes:
-        buf = torch.zeros(nbytes // 4)
-        dist.all_reduce(buf)  # first use of a size allocates gloo buffers
-        for _ in range(reps):
-            dist.barrier()
-            t = time.perf_counter()
-            dist.all_reduce(buf)
-            points.append({"bytes": nbytes, "seconds": time.perf_counter() - t})
-    out = {"points": points}
+    out = {"points": time_allreduces(job, "before")}
 
     # CPU burnt while transferring the largest size (all threads of this
     # process, plus the machine-wide view that includes softirq work).
@@ -210,6 +216,9 @@ def run(job: dict, out_dir: Path) -> dict:
         log(rank, name, f"round {r + 1}/{rounds} ({elapsed:.0f}s, ~{eta:.0f}s left): " + "  ".join(
             f"{v.name} {stats.fmt_s(stats.median(s['total'] for s in steps[v.name] if s['round'] == r))}"
             for v in built))
+
+    # The link again, so that the fit averages over the run's drift.
+    result["link"]["points"] += time_allreduces(job, "after")
 
     # Last, since DDP keeps a comm hook for good: when each bucket launches.
     launches = {}
