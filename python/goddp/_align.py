@@ -16,7 +16,8 @@ at a piece boundary whatever the order inside the piece.
 The rebuild happens on the first real call of the compiled graph, inside
 DDP's forward (after DDP's pre-forward, before its post-forward), never while
 Dynamo traces with fake tensors. It only touches DDP modules where that is
-known to be safe; ``alignment_blocker`` names the reason otherwise and goddp
+known to be safe; ``alignment_blocker`` and ``coverage_blocker`` name the
+reason otherwise and goddp
 keeps DDP's own buckets (the plan's cuts still apply).
 """
 
@@ -45,11 +46,15 @@ def ddp_parameters(ddp: Any) -> list[torch.nn.Parameter]:
     return list(parameters)
 
 
-def alignment_blocker(ddp: Any, bucket_param_names: Sequence[Sequence[str]]) -> str | None:
-    """Why DDP's buckets cannot be set to the given ones, or None if they can.
+def alignment_blocker(ddp: Any) -> str | None:
+    """Why goddp must leave this DDP module's buckets alone, or None."""
+    try:
+        return _settings_blocker(ddp)
+    except Exception as exc:  # a DDP whose private API differs: leave it alone
+        return f"could not inspect DDP ({type(exc).__name__}: {exc})"
 
-    ``bucket_param_names`` lists, per aligned bucket, the fully qualified
-    names of its parameters (relative to the DDP-wrapped module)."""
+
+def _settings_blocker(ddp: Any) -> str | None:
     if not hasattr(ddp, "_bucket_config") or not hasattr(ddp._bucket_config, "per_bucket_bytes_caps"):
         return "this torch's DDP has no per-bucket caps (needs torch >= 2.9)"
     if getattr(ddp, "_use_python_reducer", False):
@@ -60,24 +65,32 @@ def alignment_blocker(ddp: Any, bucket_param_names: Sequence[Sequence[str]]) -> 
         return "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp"
     if getattr(ddp, "mixed_precision", None) is not None:
         return "DDP mixed precision is on"
-    if not ddp.require_backward_grad_sync:
-        return "inside no_sync()"
     logging_data = ddp._get_ddp_logging_data()
     if logging_data.get("comm_hook") and not ddp._comm_hooks:
         # A built-in hook (or fused optimizer) is registered on the reducer and
         # DDP keeps no record from which to register it again.
         return f"a built-in comm hook ({logging_data.get('comm_hook')}) is registered"
-    parameters = ddp_parameters(ddp)
-    keys = {(p.dtype, p.device) for p in parameters}
+    keys = {(p.dtype, p.device) for p in ddp_parameters(ddp)}
     if len(keys) != 1:
         return f"parameters span {len(keys)} (dtype, device) groups; DDP buckets each group apart"
-    names = {id(p): name for name, p in ddp.module.named_parameters(remove_duplicate=True)}
+    return None
+
+
+def coverage_blocker(ddp: Any, bucket_param_names: Sequence[Sequence[str]]) -> str | None:
+    """Why the planned buckets cannot be DDP's: they must hold exactly DDP's
+    parameters. ``bucket_param_names`` lists, per bucket, fully qualified
+    names relative to the DDP-wrapped module."""
+    try:
+        names = {id(p): name for name, p in ddp.module.named_parameters()}
+        parameters = ddp_parameters(ddp)
+    except Exception as exc:
+        return f"could not inspect DDP ({type(exc).__name__}: {exc})"
     expected = sorted(names.get(id(p), "?") for p in parameters)
     planned = sorted(name for bucket in bucket_param_names for name in bucket)
     if planned != expected:
         return (
             f"the graph uses {len(planned)} of DDP's {len(expected)} parameters "
-            "(a graph break, or parameters outside this graph); DDP buckets the whole model"
+            "(a graph break, or parameters used outside this graph); DDP buckets the whole model"
         )
     return None
 
@@ -87,7 +100,10 @@ def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
     reducer so that its next bucket rebuild uses them. Must run inside DDP's
     forward, after its pre-forward. Returns False if the caps were already in
     place."""
-    caps = tuple(int(c) for c in caps_bytes)
+    # A bucket of zero-byte parameters only (possible for the forward-first
+    # piece) gets cap 1 rather than 0, which would make DDP give each of
+    # them a bucket of its own.
+    caps = tuple(max(1, int(c)) for c in caps_bytes)
     if getattr(ddp, ALIGNED_CAPS_ATTR, None) == caps:
         return False
     if not hasattr(ddp, ORIGINAL_CONFIG_ATTR):
@@ -111,7 +127,7 @@ class PendingAlignment:
 
     def __init__(self, ddp: Any, caps_bytes: Sequence[int]) -> None:
         self._ddp = weakref.ref(ddp)
-        self._caps = tuple(int(c) for c in caps_bytes)
+        self._caps = tuple(caps_bytes)
         self.done = False
         self.error: str | None = None
 

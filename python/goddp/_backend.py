@@ -35,6 +35,7 @@ between ranks is the one error that always raises, on every rank.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import logging
 import os
@@ -46,8 +47,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch import fx
 
+from goddp._align import PendingAlignment, alignment_blocker, coverage_blocker
 from goddp._cut import cut_graph
-from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, read_ddp_settings
+from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
 from goddp._export import export_graph
 from goddp._options import Options, parse_options
 from goddp._plan import call_planner, decode_plan, example_value
@@ -295,6 +297,11 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
     settings = read_ddp_settings(ddp)
     note_ddp_settings(ddp, settings, options)
     caps = caps_for(settings, options)
+    not_aligned = "off (align_buckets=False or mode='torch')"
+    if options.aligns_buckets:
+        not_aligned = alignment_blocker(ddp)
+        if not_aligned is None:
+            caps = dataclasses.replace(caps, align_buckets=True)
     timings = dict.fromkeys(("export", "plan", "cut", "example_inputs", "compile", "stitch"), 0.0)
     record: dict[str, Any] = {
         "fingerprint": None,
@@ -307,6 +314,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
         "fallback": None,
         "plan_check": None,
         "graph": {"num_nodes": len(gm.graph.nodes), "num_params": None},
+        "ddp_buckets": None,
         "inner": options.inner if isinstance(options.inner, str) else getattr(options.inner, "__name__", repr(options.inner)),
     }
 
@@ -328,8 +336,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
         timings["export"] = time.perf_counter() - start
         record["graph"]["num_params"] = len(exported.params)
         start = time.perf_counter()
-        raw = call_planner(exported, options.mode, caps)
-        plan = decode_plan(raw, exported, options.mode, caps)
+        plan = decode_plan(call_planner(exported, options.mode, caps), exported, options.mode, caps)
+        if caps.align_buckets:
+            not_aligned = coverage_blocker(ddp, [b.param_names for b in plan.buckets])
+            if not_aligned is not None:
+                caps = dataclasses.replace(caps, align_buckets=False)
+                plan = decode_plan(call_planner(exported, options.mode, caps), exported, options.mode, caps)
         timings["plan"] = time.perf_counter() - start
     except Exception as exc:
         if options.strict:
@@ -339,6 +351,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
         return whole_graph(f"planning failed ({_describe(exc)})")
 
     plan_dict = plan.to_dict()
+    record["caps"] = caps.to_dict()
+    if caps.align_buckets and plan.num_pieces <= 1:
+        caps, not_aligned = dataclasses.replace(caps, align_buckets=False), "one piece: nothing to align"
+    record["ddp_buckets"] = {"aligned": caps.align_buckets, "reason": not_aligned}
+    if not caps.align_buckets and options.aligns_buckets:
+        note_once(ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {not_aligned}")
     record.update(
         fingerprint=plan.fingerprint,
         num_pieces=plan.num_pieces,
@@ -386,6 +404,10 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
 
     start = time.perf_counter()
     stitched = StitchedPieces(gm, pieces, compiled)
+    if caps.align_buckets:
+        # Installed on the first real call, inside DDP's forward: never while
+        # Dynamo traces with fake tensors.
+        stitched.before_first_call = PendingAlignment(ddp, [b.bytes for b in plan.buckets])
     timings["stitch"] = time.perf_counter() - start
     add_record(record)
     return stitched

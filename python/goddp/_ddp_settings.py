@@ -40,8 +40,17 @@ class DDPSettings:
     param_name_of: Callable[[torch.Tensor], str | None]
 
 
+def _bucket_config(ddp: Any) -> Any:
+    """DDP's bucket settings as the user made them: goddp's own per-bucket
+    caps (goddp._align) replace them on the module, but plans keep following
+    the user's, so that recompiling a frame plans the same cuts."""
+    from goddp._align import ORIGINAL_CONFIG_ATTR
+
+    return getattr(ddp, ORIGINAL_CONFIG_ATTR, None) or getattr(ddp, "_bucket_config", None)
+
+
 def _first_bucket_cap(ddp: Any, cap: int) -> int:
-    config = getattr(ddp, "_bucket_config", None)
+    config = _bucket_config(ddp)
     first = getattr(config, "first_bucket_bytes_cap", None)
     if first is not None:
         return int(first)
@@ -53,7 +62,7 @@ def _first_bucket_cap(ddp: Any, cap: int) -> int:
 
 
 def _per_bucket_caps(ddp: Any) -> tuple[int, ...]:
-    config = getattr(ddp, "_bucket_config", None)
+    config = _bucket_config(ddp)
     caps = getattr(config, "per_bucket_bytes_caps", None)
     if caps is None:
         caps = getattr(ddp, "bucket_bytes_cap_list", None)
@@ -99,6 +108,18 @@ def caps_for(settings: DDPSettings, options: Options) -> Caps:
 
 
 _noted_modules: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_noted_messages: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def note_once(ddp: Any, message: str) -> None:
+    """Logs message at INFO once per DDP module."""
+    try:
+        seen = _noted_messages.setdefault(ddp, set())
+    except TypeError:
+        seen = set()
+    if message not in seen:
+        seen.add(message)
+        logger.info("%s", message)
 
 
 def note_ddp_settings(ddp: Any, settings: DDPSettings, options: Options) -> None:

@@ -25,6 +25,7 @@ OPTION_KEYS = (
     "bucket_cap_mb",
     "first_bucket_cap_mb",
     "max_pieces",
+    "align_buckets",
     "strict",
     "log_plan",
     "check_plans",
@@ -45,6 +46,9 @@ class Options:
     bucket_cap_mb / first_bucket_cap_mb: override the DDP module's caps (MiB).
     max_pieces: at most this many pieces (ddp mode), decoupling the piece
         count from the bucket size; None for no limit.
+    align_buckets: ddp mode: make DDP's own buckets the pieces, by installing
+        each piece's exact byte total as DDP's per-bucket caps (see
+        goddp._align); on by default in ddp mode, off in torch mode.
     strict: raise instead of warning and compiling the whole graph when
         planning or a piece's compilation fails.
     log_plan: log the bucket table at INFO on logger "goddp".
@@ -57,6 +61,7 @@ class Options:
     bucket_cap_mb: float | None = None
     first_bucket_cap_mb: float | None = None
     max_pieces: int | None = None
+    align_buckets: bool | None = None  # None: on in ddp mode, off in torch mode
     strict: bool = False
     log_plan: bool = True
     check_plans: bool = True
@@ -66,6 +71,10 @@ class Options:
 
     def with_compile_mode(self, compile_mode: str | None) -> "Options":
         return replace(self, compile_mode=compile_mode)
+
+    @property
+    def aligns_buckets(self) -> bool:
+        return self.mode == "ddp" and self.align_buckets is not False
 
 
 def _is_number(value: Any) -> bool:
@@ -161,7 +170,7 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
                 f"goddp option 'max_pieces' must be an int >= 1 or None (no limit), got {max_pieces!r}"
             )
         values["max_pieces"] = max_pieces
-    for key in ("strict", "log_plan", "check_plans"):
+    for key in ("align_buckets", "strict", "log_plan", "check_plans"):
         if key in raw:
             values[key] = _check_bool(key, raw[key])
 
@@ -170,6 +179,11 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
         raise ValueError(
             "goddp option 'max_pieces' applies only to mode='ddp' "
             f"(mode='torch' reproduces torch's DDPOptimizer exactly), got mode={options.mode!r}"
+        )
+    if options.align_buckets and options.mode != "ddp":
+        raise ValueError(
+            "goddp option 'align_buckets' applies only to mode='ddp' "
+            f"(mode='torch' leaves DDP's buckets alone, as torch's DDPOptimizer does), got mode={options.mode!r}"
         )
     if (
         options.bucket_cap_mb is not None

@@ -32,6 +32,9 @@ class Caps:
     first_bucket_cap_bytes: int
     bucket_caps_bytes: tuple[int, ...] = ()
     max_pieces: int | None = None
+    # ddp mode: one bucket per piece with its exact byte total, to be
+    # installed as DDP's per-bucket caps (see goddp._align).
+    align_buckets: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -39,6 +42,7 @@ class Caps:
             "first_bucket_cap_bytes": self.first_bucket_cap_bytes,
             "bucket_caps_bytes": list(self.bucket_caps_bytes),
             "max_pieces": self.max_pieces,
+            "align_buckets": self.align_buckets,
         }
 
 
@@ -148,6 +152,8 @@ class GraphPlan:
             head += " per-bucket=[" + ", ".join(f"{c / MIB:.2f}" for c in caps.bucket_caps_bytes) + "] MiB"
         if caps.max_pieces is not None:
             head += f" max_pieces={caps.max_pieces}"
+        if caps.align_buckets:
+            head += " (DDP's buckets set to the pieces)"
         rows = [("bucket", "MiB", "piece", "params")]
         for bucket in self.buckets:
             names = list(bucket.param_names) or ["(none)"]
@@ -169,6 +175,7 @@ def native_config(mode: str, caps: Caps) -> dict[str, Any]:
         "first_bucket_cap_bytes": int(caps.first_bucket_cap_bytes),
         "bucket_caps_bytes": [int(c) for c in caps.bucket_caps_bytes],
         "max_partitions": int(caps.max_pieces or 0),
+        "align_buckets": int(caps.align_buckets),
     }
 
 
@@ -253,6 +260,7 @@ def resolve_caps(
     first_bucket_cap_bytes: int | None,
     bucket_caps_bytes: Iterable[int] = (),
     max_pieces: int | None = None,
+    align_buckets: bool = False,
 ) -> Caps:
     """Fills in defaults the way DDP (ddp mode) or DDPOptimizer (torch mode)
     would, without deciding anything about cuts."""
@@ -267,7 +275,7 @@ def resolve_caps(
     else:
         # DDP: 1 MiB with the default cap, else the cap itself.
         first = cap if cap_given else DEFAULT_FIRST_BUCKET_BYTES
-    return Caps(cap, first, tuple(int(c) for c in bucket_caps_bytes), max_pieces)
+    return Caps(cap, first, tuple(int(c) for c in bucket_caps_bytes), max_pieces, align_buckets)
 
 
 def _name_lookup(param_names: Any) -> Any:
@@ -302,6 +310,7 @@ def plan_graph_module(
     ignored: Iterable[str] = (),
     max_pieces: int | None = None,
     param_names: Any = None,
+    align_buckets: bool = False,
 ) -> GraphPlan:
     """Plans a Dynamo-captured GraphModule without compiling anything.
 
@@ -317,6 +326,9 @@ def plan_graph_module(
     param_names: where parameter names come from: an nn.Module (or DDP
         wrapper) whose named_parameters() name them, or a mapping
         parameter -> name; by default Dynamo's sources, then node names.
+    align_buckets: ddp mode: one bucket per piece, holding exactly the
+        parameters first used in that piece (what goddp installs as DDP's
+        per-bucket caps so that DDP's rebuilt buckets follow the cuts).
 
     Raises ValueError for a bad mode or max_pieces; the planner's errors
     (goddp._goddp.PlannerError) for an invalid graph or caps.
@@ -327,7 +339,9 @@ def plan_graph_module(
         raise ValueError(f"max_pieces must be an int >= 1 or None, got {max_pieces!r}")
     if max_pieces is not None and mode != "ddp":
         raise ValueError("max_pieces applies only to mode='ddp'")
-    caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces)
+    if align_buckets and mode != "ddp":
+        raise ValueError("align_buckets applies only to mode='ddp'")
+    caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets)
     exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored)
     return decode_plan(call_planner(exported, mode, caps), exported, mode, caps)
 

@@ -102,6 +102,8 @@ class StitchedPieces:
             if not _example_requires_grad(value)
         }
         self._checked = False
+        # Called once, before the first run of the pieces (goddp._align).
+        self.before_first_call: Callable[[], None] | None = None
 
     def __call__(self, *args: Any) -> Any:
         if not self._checked:
@@ -116,6 +118,8 @@ class StitchedPieces:
         return self._collect(env)
 
     def _first_call(self, args: tuple) -> Any:
+        if self.before_first_call is not None:
+            self.before_first_call()
         env = [*args, *self._blank]
         for fn, gather, writes, releases in self._steps:
             results = fn(*gather(env))

@@ -536,21 +536,24 @@ def test_a_tuple_crossing_a_cut_falls_back_to_the_whole_graph(dist_group, native
         torch.testing.assert_close(p.grad, q.grad)
 
 
-def test_max_pieces_caps_the_piece_count(dist_group, native_module):
+@pytest.mark.parametrize(("align_buckets", "num_buckets"), [(False, 6), (True, 2)])
+def test_max_pieces_caps_the_piece_count(dist_group, native_module, align_buckets, num_buckets):
     base = seeded(MLP, 32, 6)
     model, reference = copy.deepcopy(base), copy.deepcopy(base)
     recorder = RecordingCompiler("aot_eager")
     # Each layer alone fills a bucket; max_pieces merges them into two pieces.
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=0.001),
-        backend=goddp.backend(inner=recorder, max_pieces=2, check_plans=False),
+        backend=goddp.backend(inner=recorder, max_pieces=2, check_plans=False, align_buckets=align_buckets),
     )
     x = torch.randn(4, 32)
     out, ref = run_step(compiled, x), run_step(reference, x)
     (record,) = goddp.last_plans()
     assert record["num_pieces"] == 2 == len(recorder.graphs)
     assert record["caps"]["max_pieces"] == 2
-    assert len(record["buckets"]) == 6  # buckets still follow DDP's
+    # Left alone, DDP keeps one bucket per layer; aligned, DDP's buckets are
+    # the two pieces (gradients of one piece are ready together anyway).
+    assert len(record["buckets"]) == num_buckets
     torch.testing.assert_close(out, ref)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)

@@ -47,7 +47,7 @@ def test_importing_goddp_switched_off_torch_ddp_optimizer():
 @pytest.mark.parametrize(
     "options, fragment",
     [
-        ({"bucket_cap": 25}, "valid keys: inner, inner_options, mode, bucket_cap_mb"),
+        ({"bucket_cap": 25}, "valid keys: inner, inner_options, mode, bucket_cap_mb, first_bucket_cap_mb, max_pieces, align_buckets, strict"),
         ({"mode": "fast"}, "'ddp', 'torch'"),
         ({"inner": "no_such_backend"}, "valid choices:"),
         ({"inner": 3}, "'inductor', 'aot_eager', 'eager'"),
@@ -60,6 +60,8 @@ def test_importing_goddp_switched_off_torch_ddp_optimizer():
         ({"max_pieces": 2.0}, "int >= 1 or None"),
         ({"max_pieces": True}, "int >= 1 or None"),
         ({"max_pieces": 4, "mode": "torch"}, "only to mode='ddp'"),
+        ({"align_buckets": True, "mode": "torch"}, "only to mode='ddp'"),
+        ({"align_buckets": "on"}, "True or False"),
         ({"strict": 1}, "True or False"),
         ({"log_plan": "yes"}, "True or False"),
         ({"check_plans": None}, "True or False"),
@@ -85,6 +87,7 @@ def test_every_documented_key_is_accepted():
         "bucket_cap_mb": 10,
         "first_bucket_cap_mb": 0.5,
         "max_pieces": 3,
+        "align_buckets": False,
         "strict": True,
         "log_plan": False,
         "check_plans": False,
@@ -100,6 +103,8 @@ def test_defaults():
     assert options.mode == "ddp"
     assert options.bucket_cap_mb is None and options.first_bucket_cap_mb is None
     assert options.max_pieces is None
+    assert options.align_buckets is None and options.aligns_buckets
+    assert not parse_options({"mode": "torch"}).aligns_buckets
     assert (options.strict, options.log_plan, options.check_plans) == (False, True, True)
 
 

@@ -1,0 +1,127 @@
+"""align_buckets: goddp sets DDP's own buckets to the pieces it cut (see
+goddp._align), and leaves DDP alone, saying why, where that is not safe."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import goddp
+from goddp._align import ALIGNED_CAPS_ATTR, alignment_blocker, install_bucket_caps
+from models import ZOO
+
+
+@pytest.fixture(autouse=True)
+def _group(dist_group):
+    return dist_group
+
+
+class Stack(nn.Module):
+    def __init__(self, width: int = 128, depth: int = 6) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def _recording_hook(seen: list):
+    def hook(state, bucket):
+        seen.append(sorted(bucket.parameters(), key=id))
+        work = dist.all_reduce(bucket.buffer(), async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    return hook
+
+
+def _rebuilt_sizes(ddp) -> list[int]:
+    data = ddp._get_ddp_logging_data()
+    assert data.get("has_rebuilt_buckets"), data
+    return [int(x) for x in data["rebuilt_bucket_sizes"].split(", ")]
+
+
+def test_installed_caps_make_ddp_rebuild_exactly_those_buckets_and_keep_comm_hooks():
+    """The mechanism on eager DDP: caps installed inside DDP's forward are
+    the buckets DDP rebuilds, and a user's comm hook survives the new reducer."""
+    torch.manual_seed(0)
+    model = Stack()
+    ddp = DDP(model, bucket_cap_mb=0.25)
+    seen: list = []
+    ddp.register_comm_hook(None, _recording_hook(seen))
+    per_layer = (128 * 128 + 128) * 4
+    caps = [2 * per_layer, 3 * per_layer, per_layer]
+    assert alignment_blocker(ddp) is None
+
+    installed = []
+    model.register_forward_pre_hook(lambda mod, args: installed.append(install_bucket_caps(ddp, caps)))
+    for _ in range(3):
+        seen.clear()
+        ddp(torch.randn(4, 128)).sum().backward()
+    assert installed == [True, False, False]  # idempotent once in place
+    assert getattr(ddp, ALIGNED_CAPS_ATTR) == tuple(caps)
+    assert _rebuilt_sizes(ddp) == caps
+    # The hook saw every bucket of the last iteration, each of the right size.
+    assert [sum(p.numel() * 4 for p in params) for params in seen] == caps
+
+
+def test_goddp_plans_and_ddp_agree_and_gradients_stay_exact():
+    torch.manual_seed(0)
+    base = Stack()
+    eager = DDP(Stack(), bucket_cap_mb=0.125)
+    eager.module.load_state_dict(base.state_dict())
+    ddp = DDP(Stack(), bucket_cap_mb=0.125)
+    ddp.module.load_state_dict(base.state_dict())
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
+    for step in range(3):
+        x = torch.randn(4, 128, generator=torch.Generator().manual_seed(step))
+        eager.zero_grad()
+        ddp.zero_grad()
+        eager(x).square().sum().backward()
+        compiled(x).square().sum().backward()
+        for a, b in zip(eager.parameters(), ddp.parameters()):
+            assert torch.equal(a.grad, b.grad)
+    (plan,) = goddp.last_plans()
+    assert plan["ddp_buckets"]["aligned"] and plan["num_pieces"] >= 3
+    assert _rebuilt_sizes(ddp) == [b["bytes"] for b in plan["buckets"]]
+
+
+@pytest.mark.parametrize(
+    ("ddp_kwargs", "options", "reason"),
+    [
+        ({"find_unused_parameters": True}, {}, "find_unused_parameters=True"),
+        ({"static_graph": True}, {}, "static_graph=True"),
+        ({}, {"align_buckets": False}, "align_buckets=False"),
+        ({}, {"mode": "torch"}, "mode='torch'"),
+    ],
+)
+def test_ddp_keeps_its_own_buckets_where_goddp_cannot_set_them(ddp_kwargs, options, reason):
+    torch.manual_seed(0)
+    ddp = DDP(Stack(), bucket_cap_mb=0.125, **ddp_kwargs)
+    before = ddp.reducer
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False, **options})
+    compiled(torch.randn(4, 128)).sum().backward()
+    (plan,) = goddp.last_plans()
+    assert plan["num_pieces"] > 1
+    assert plan["ddp_buckets"]["aligned"] is False
+    assert reason in plan["ddp_buckets"]["reason"]
+    assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
+
+
+def test_a_graph_break_leaves_ddp_buckets_alone():
+    """Each frame holds only part of DDP's parameters, while DDP buckets the
+    whole model: per-frame caps cannot describe that."""
+    entry = ZOO["graph_break"]
+    ddp = entry.wrap(entry.build(), bucket_cap_mb=entry.ddp_cap_mb)
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
+    entry.loss(compiled(*entry.make_inputs(0))).backward()
+    plans = goddp.last_plans()
+    assert len(plans) == 2
+    for plan in plans:
+        assert plan["ddp_buckets"]["aligned"] is False
+        assert "of DDP's" in plan["ddp_buckets"]["reason"]
+    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
