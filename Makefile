@@ -57,9 +57,10 @@ gotest: ## Go vet, unit tests with the race detector, a short fuzz run
 pytest: install ## Python suites in one process (a 1-rank gloo group)
 	$(PY) -m pytest -q tests/python
 
-# The same suites again under torchrun: two ranks, gloo, CPU.
+# The backend and distributed suites again under torchrun: two ranks, gloo, CPU.
 pytest-dist: install
-	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider tests/python -m "not single_process"
+	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
+	    tests/python/test_backend_*.py tests/python/test_dist_*.py
 
 test: gotest ctest pytest pytest-dist ## Run every test: Go, C, Python, Python under torchrun
 
