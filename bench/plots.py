@@ -51,9 +51,18 @@ def step_times(summaries: list[dict], path: Path) -> None:
                       rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("step time (s), slower rank")
         ax.set_ylim(bottom=0)
+        # One stalled step (seen: 20 s among 4 s steps) would flatten the
+        # boxes; clip the axis and say so.
+        flat = sorted(x for d in data for x in d)
+        if flat:
+            p95 = flat[int(0.95 * (len(flat) - 1))]
+            if flat[-1] > 1.5 * p95:
+                ax.set_ylim(top=1.3 * p95)
+                ax.text(0.01, 0.98, f"clipped: max {flat[-1]:.1f}s", transform=ax.transAxes,
+                        fontsize=6, va="top", color="#b33")
         ax.set_title(_job_title(s), fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("Step time per variant (box: quartiles; whiskers 1.5 IQR)", fontsize=10)
+    fig.suptitle("Step time per variant\n(box: quartiles; whiskers: 1.5 IQR)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -88,8 +97,8 @@ def launch_timelines(summaries: list[dict], path: Path) -> None:
         ax.set_xlabel("seconds since backward started (black tick: backward returned)", fontsize=7)
         ax.set_title(_job_title(s), fontsize=8)
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle("When each bucket's allreduce runs (grey: backward compute; colour: allreduce per bucket)",
-                 fontsize=10)
+    fig.suptitle("When each bucket's allreduce runs\n(grey: backward compute; colour: one bar per bucket, "
+                 "launch to completion)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
