@@ -85,6 +85,20 @@ class MLPStack(nn.Module):
         return self.out(h)
 
 
+class SquareStack(nn.Module):
+    """``depth`` Linear(width, width) layers with ReLU after each: every layer
+    holds the same bytes, which makes bucket arithmetic in tests easy."""
+
+    def __init__(self, width: int = 64, depth: int = 6) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
 class ConvBNNet(nn.Module):
     """Convolutions with BatchNorm: running statistics are buffers (not
     parameters) that DDP broadcasts and neither planner may count."""

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from goddp._align import ALIGNED_CAPS_ATTR, alignment_blocker, install_bucket_caps
-from models import ZOO
+from models import ZOO, SquareStack
 
 
 @pytest.fixture(autouse=True)
@@ -19,15 +19,8 @@ def _group(dist_group):
     return dist_group
 
 
-class Stack(nn.Module):
-    def __init__(self, width: int = 128, depth: int = 6) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
+def Stack(width: int = 128, depth: int = 6) -> nn.Module:
+    return SquareStack(width, depth)
 
 
 def _recording_hook(seen: list):

@@ -20,19 +20,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 import goddp._backend
+from models import SquareStack
 
 LAYER_BYTES_64 = 64 * 64 * 4 + 64 * 4  # one Linear(64, 64) in float32
 
 
-class MLP(nn.Module):
-    def __init__(self, width: int = 64, depth: int = 6) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
+MLP = SquareStack
 
 
 class RecordingCompiler:

@@ -19,17 +19,11 @@ import goddp
 from goddp import _native
 from goddp._export import export_graph
 from goddp._plan import native_config, resolve_caps
+from models import SquareStack
 
 
-class Stack(nn.Module):
-    def __init__(self, width: int = 32, depth: int = 6) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
+def Stack(width: int = 32, depth: int = 6) -> nn.Module:
+    return SquareStack(width, depth)
 
 
 def capture_dynamo_graph(model: nn.Module, *inputs) -> fx.GraphModule:
