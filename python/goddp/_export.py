@@ -247,7 +247,13 @@ def export_graph(
                 if module is not None:
                     mod_id = module_id(module)
                     add_module_refs(module, receiver.target)
-            add_arg_refs(node, REF_ARG)
+                add_arg_refs(node, REF_ARG)
+            else:
+                # torch's DDPOptimizer counts a method's parameter arguments
+                # only when the receiver's target is a name (placeholder,
+                # get_attr, call_module, call_method); e.g. not for h.mul(w)
+                # where h comes from a call_function. Still a use (ddp mode).
+                add_arg_refs(node, REF_OTHER)
         elif op == "call_module":
             module = gm.get_submodule(node.target)
             mod_id = module_id(module)

@@ -183,3 +183,31 @@ def test_inner_resolution_forwards_torch_compile_mode_to_inductor():
     from torch._dynamo.backends.registry import lookup_backend
 
     assert resolve_inner(parse_options({"inner": "aot_eager"})) is lookup_backend("aot_eager")
+
+
+def test_call_method_parameter_args_count_only_on_a_named_receiver():
+    """torch's DDPOptimizer counts a method call's parameter arguments only
+    when the receiver's target is a name: w.mul(x) counts (receiver is the
+    placeholder w), relu(x).mul(w) does not (receiver is a call_function)."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    w = graph.placeholder("w")
+    h = graph.call_function(torch.relu, (x,))
+    named = graph.call_method("mul", (w, x))
+    unnamed = graph.call_method("mul", (h, w))
+    graph.output((named, unnamed))
+    weight = nn.Parameter(torch.ones(4))
+    for node, value in ((x, torch.ones(4)), (w, weight)):
+        node.meta["example_value"] = value
+    gm = fx.GraphModule(nn.Module(), graph)
+    exported = export_graph(gm)
+    arrays = exported.arrays
+    nodes = list(gm.graph.nodes)
+
+    def refs(node):
+        i = nodes.index(node)
+        lo, hi = arrays["node_param_offsets"][i], arrays["node_param_offsets"][i + 1]
+        return list(arrays["node_param_refs"][lo:hi])
+
+    assert refs(named) == [0]  # REF_ARG
+    assert refs(unnamed) == [1]  # REF_OTHER: still a use in ddp mode
