@@ -12,7 +12,13 @@ Definitions (all per job, i.e. per model, inner compiler, link rate, batch):
   hideable    min(B, T_comm): at most this much can overlap with backward
   ideal       F + O + max(B, T_comm): perfect overlap, no slowdown of compute
               by the network stack, one allreduce of everything with no
-              per-bucket latency; a lower bound
+              per-bucket latency; a lower bound set by the link
+  CPU bound   compute-only step + T_comm * (CPU seconds the rank's network
+              work costs per second of allreduce: its own user + sys, plus
+              half the machine's softirq, both ranks sharing it). Each rank
+              has one core, so compute and the network stack add up on it
+              however well they overlap; a lower bound set by the core
+  bound       max(ideal, CPU bound): what the better of the two allows
   vs torch    per round, this variant's median step / torch DDPOptimizer's
               median step; median and spread over rounds (paired, so slow
               drifts of the shared machine cancel)
@@ -57,6 +63,9 @@ def cpu_cost(ranks: list[dict]) -> dict:
             machine["busy_cores"] = sum(v for k, v in machine.items() if k not in ("idle", "iowait"))
             out["machine"] = machine
     inter = [r["link"]["interference"] for r in ranks]
+    softirq = out.get("machine", {}).get("softirq", 0.0)
+    out["comm_cpu_per_s"] = max(out[f"rank{r['rank']}"]["user_per_s"] + out[f"rank{r['rank']}"]["sys_per_s"]
+                                for r in ranks) + softirq / len(ranks)
     out["compute_slowdown_during_allreduce"] = max(
         i["compute_during_allreduce_s"] / i["compute_alone_s"] for i in inter)
     out["interference"] = inter
@@ -121,11 +130,15 @@ def summarize_job(ranks: list[dict]) -> dict:
         compute_step = ref["step"]["median"]
         out["ideal"] = f + o + max(b, t_comm)
         out["compute_step"] = compute_step
+        out["comm_cpu_per_s"] = out["cpu"]["comm_cpu_per_s"]
+        out["cpu_bound"] = compute_step + t_comm * out["comm_cpu_per_s"]
+        out["bound"] = max(out["ideal"], out["cpu_bound"])
         out["hideable"] = min(b, t_comm)
         out["regime"] = _regime(b, t_comm)
         for n, row in rows.items():
             med = row["step"]["median"]
             row["vs_ideal"] = med / out["ideal"]
+            row["vs_bound"] = med / out["bound"]
             if n != "compute_only":
                 row["exposed"] = med - compute_step
                 row["hidden"] = compute_step + t_comm - med
@@ -167,7 +180,7 @@ def _pieces(info: dict) -> dict | None:
 # ----------------------------------------------------------------- printing
 
 COLUMNS = ("variant", "median", "p90", "spread", "vs torch (paired)", "exposed", "hidden", "overlap eff",
-           "x ideal", "compute", "CPU/step", "link B/step", "first step", "graphs")
+           "x ideal", "x bound", "compute", "CPU/step", "link B/step", "first step", "graphs")
 
 
 def job_table(s: dict) -> str:
@@ -185,7 +198,8 @@ def job_table(s: dict) -> str:
             stats.fmt_s(st["median"]), stats.fmt_s(st["p90"]),
             f"{stats.fmt_s(st['min'])}-{stats.fmt_s(st['max'])}", vs,
             stats.fmt_s(r.get("exposed")), stats.fmt_s(r.get("hidden")),
-            _overlap_text(r, s), "-" if reference else stats.fmt_ratio(r.get("vs_ideal")), stats.fmt_s(r["compute"]), stats.fmt_s(r["cpu_per_step"]),
+            _overlap_text(r, s), "-" if reference else stats.fmt_ratio(r.get("vs_ideal")),
+            "-" if reference else stats.fmt_ratio(r.get("vs_bound")), stats.fmt_s(r["compute"]), stats.fmt_s(r["cpu_per_step"]),
             "-" if lb is None else f"{lb:.2f}x grads", stats.fmt_s(r["first_step_s"]),
             "eager" if r["graphs"] is None else r["graphs"],
         ])
@@ -202,6 +216,10 @@ def job_table(s: dict) -> str:
             f"+ max(B {stats.fmt_s(co['bwd'])}, T_comm {stats.fmt_s(s['t_comm'])}); "
             f"regime: {s['regime']}; allreduce fit {fit['a'] * 1e3:.1f}ms + bytes/"
             f"{fit['bandwidth_mib_s']:.0f}MiB/s (R^2 {fit['r2']:.3f})")
+        lines.append(
+            f"CPU bound {stats.fmt_s(s['cpu_bound'])} = compute-only step {stats.fmt_s(s['compute_step'])} + "
+            f"T_comm x {s['comm_cpu_per_s']:.2f} CPU-s of network work per s; the tighter bound is the "
+            + ("CPU (one core per rank)" if s["cpu_bound"] > s["ideal"] else "link"))
     cpu = s["cpu"]
     m = cpu.get("machine", {})
     lines.append(
