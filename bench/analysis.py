@@ -13,11 +13,11 @@ Definitions (all per job, i.e. per model, inner compiler, link rate, batch):
   ideal       F + O + max(B, T_comm): perfect overlap, no slowdown of compute
               by the network stack, one allreduce of everything with no
               per-bucket latency; a lower bound set by the link
-  CPU bound   compute-only step + T_comm * (CPU seconds the rank's network
-              work costs per second of allreduce: its own user + sys, plus
-              half the machine's softirq, both ranks sharing it). Each rank
-              has one core, so compute and the network stack add up on it
-              however well they overlap; a lower bound set by the core
+  CPU bound   compute-only step + T_comm * (CPU seconds of network work per
+              second of allreduce and rank: the machine's busy cores during
+              an allreduce, shared by the two ranks). Each rank has one core,
+              so compute and the network stack add up on it however well
+              they overlap; an estimate of the floor set by the core
   bound       max(ideal, CPU bound): what the better of the two allows
   vs torch    per round, this variant's median step / torch DDPOptimizer's
               median step; median and spread over rounds (paired, so slow
@@ -63,9 +63,14 @@ def cpu_cost(ranks: list[dict]) -> dict:
             machine["busy_cores"] = sum(v for k, v in machine.items() if k not in ("idle", "iowait"))
             out["machine"] = machine
     inter = [r["link"]["interference"] for r in ranks]
-    softirq = out.get("machine", {}).get("softirq", 0.0)
-    out["comm_cpu_per_s"] = max(out[f"rank{r['rank']}"]["user_per_s"] + out[f"rank{r['rank']}"]["sys_per_s"]
-                                for r in ranks) + softirq / len(ranks)
+    # CPU per second of allreduce, per rank: the machine's busy cores shared
+    # by the ranks. The rank's own user+sys is not enough (softirq work runs
+    # outside it) and cannot be added to softirq either (tick accounting
+    # charges softirq to whichever task it interrupted). Machine-wide, so
+    # other load on the machine inflates it: an estimate.
+    own = max(out[f"rank{r['rank']}"]["user_per_s"] + out[f"rank{r['rank']}"]["sys_per_s"] for r in ranks)
+    busy = out.get("machine", {}).get("busy_cores")
+    out["comm_cpu_per_s"] = max(own, busy / len(ranks)) if busy is not None else own
     out["compute_slowdown_during_allreduce"] = max(
         i["compute_during_allreduce_s"] / i["compute_alone_s"] for i in inter)
     out["interference"] = inter

@@ -204,8 +204,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-link", action="store_true", help="development: ranks over loopback, unshaped")
     ap.add_argument("--out", type=Path, help="output directory (default bench/results/<time>-<mode>)")
     ap.add_argument("--list", action="store_true", help="print the jobs and exit")
+    ap.add_argument("--reanalyze", type=Path, metavar="DIR",
+                    help="redo tables, report and plots of an earlier run from its raw/ files")
     args = ap.parse_args(argv)
     mode = args.mode or "quick"
+    if args.reanalyze:
+        return reanalyze(args.reanalyze)
 
     jobs = [] if args.only == "compile" else plan_jobs(mode, args.rate, args.models, args.inners)
     if args.jobs:
@@ -241,7 +245,31 @@ def main(argv=None) -> int:
         compile_res = compile_overhead.run(m["compile_nodes"], list(compile_overhead.TOOLS), m["compile_e2e"],
                                            repeat=m["compile_repeat"])
     _save(out, summaries, compile_res)
+    finish(out, summaries, compile_res)
+    print(f"\ndone in {(time.perf_counter() - t0) / 60:.1f} min; results, plots and report in {out}", flush=True)
+    return 0
 
+
+def reanalyze(out: Path) -> int:
+    """Rebuild summary.json, report.txt and the plots from raw/ (no measuring)."""
+    previous = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    rates = {s["name"]: s["job"].get("rate") for s in previous.get("steps", [])}
+    order = {name: i for i, name in enumerate(rates)}  # the run's own job order
+    summaries = []
+    job_dirs = [p for p in (out / "raw").iterdir() if (p / "rank1.json").exists()]
+    for job_dir in sorted(job_dirs, key=lambda p: (order.get(p.name, len(order)), p.name)):
+        ranks = [json.loads((job_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+        s = analysis.summarize_job(ranks)
+        s["job"]["rate"] = rates.get(s["name"]) or s["job"].get("rate") or "unshaped"
+        summaries.append(s)
+    compile_res = previous.get("compile")
+    _save(out, summaries, compile_res)
+    finish(out, summaries, compile_res)
+    return 0
+
+
+def finish(out: Path, summaries: list[dict], compile_res: dict | None) -> None:
+    """Write report.txt and the plots, and print the report."""
     texts = [analysis.job_table(s) for s in summaries if "variants" in s]
     texts.append(overview(summaries))
     if compile_res:
@@ -258,8 +286,6 @@ def main(argv=None) -> int:
         plots.compile_phases([r for r in compile_res["synthetic"] if "error" not in r],
                              out / "compile_phases.png")
     print("\n" + "=" * 100 + "\n" + report, flush=True)
-    print(f"\ndone in {(time.perf_counter() - t0) / 60:.1f} min; results, plots and report in {out}", flush=True)
-    return 0
 
 
 if __name__ == "__main__":
