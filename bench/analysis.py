@@ -128,6 +128,7 @@ def summarize_job(ranks: list[dict]) -> dict:
         "name": job["name"], "job": job, "workload": r0["workload"], "grad_bytes": grad_bytes,
         "link": {k: v for k, v in fit.items()}, "t_comm": t_comm, "cpu": cpu_cost(ranks),
         "variants": rows, "failed": failed,
+        "peak_rss_mib": [r.get("max_rss_mib") for r in ranks],
     }
     ref = rows.get("compute_only")
     if ref:
@@ -238,6 +239,9 @@ def job_table(s: dict) -> str:
         for f in r["fallbacks"]:
             lines.append(f"FELL BACK {n}: goddp compiled the whole graph: {f}")
     lines.append(link_check_text(s))
+    if all(s.get("peak_rss_mib") or [None]):
+        lines.append("peak RSS per rank: " + ", ".join(f"{m / 1024:.1f} GiB" for m in s["peak_rss_mib"])
+                     + f" ({len(s['variants'])} model copies each)")
     lines.append(alignment_text(s))
     return "\n".join(lines)
 
