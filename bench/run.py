@@ -1,7 +1,7 @@
 """goddp benchmarks: step time over a shaped two-host link, and compile overhead.
 
     .venv/bin/python -m bench.run --quick        # < 10 min on 2 quiet cores
-    .venv/bin/python -m bench.run --full         # about 2.75 h; see --list
+    .venv/bin/python -m bench.run --full         # about 3 h; see --list
     .venv/bin/python -m bench.run --full --only step --models mlp --inners aot_eager
     .venv/bin/python -m bench.run --full --only step --jobs mlp-b256-aot-cap25
     .venv/bin/python -m bench.run --tiny --no-link   # harness smoke test, ~2 min
@@ -62,6 +62,7 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
     if mode == "tiny":
         jobs.append(job("tiny-mlp", "mlp", "aot_eager"))
         jobs.append(job("tiny-gpt", "gpt", "inductor"))
+        jobs.append(job("tiny-conv", "conv", "aot_eager"))
     elif mode == "quick":
         # A job near balance (backward ~ allreduce), where splitting matters
         # most, and a small transformer with a tied embedding. aot_eager
