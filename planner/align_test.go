@@ -87,15 +87,7 @@ func TestAlignedGoldenPlansByHand(t *testing.T) {
 // fuzz decoder.
 func TestAlignedRandomPlansByHand(t *testing.T) {
 	rng := rand.New(rand.NewPCG(99, 5))
-	runs := 1500
-	if testing.Short() {
-		runs = 300
-	}
-	data := make([]byte, 400)
-	for range runs {
-		for k := range data {
-			data[k] = byte(rng.Uint32())
-		}
+	forRandomFuzzInputs(t, rng, 1500, 300, func(data []byte) {
 		data[0] = 0x02 // ModeDDP, AlignBuckets, one key, no corruption
 		g, cfg := decodeFuzzInput(data)
 		pl, err := Build(g, cfg)
@@ -103,10 +95,7 @@ func TestAlignedRandomPlansByHand(t *testing.T) {
 			t.Fatalf("input %x: %v", data, err)
 		}
 		checkAlignedByHand(t, g, pl, rng)
-		if t.Failed() {
-			t.Fatalf("failing input: %x", data)
-		}
-	}
+	})
 }
 
 // TestAlignedNoCountedParameters: a single piece without counted

@@ -268,18 +268,26 @@ func FuzzPlan(f *testing.F) {
 // inputs on every test run, so the comparison with the reference
 // implementations covers thousands of shapes without the fuzzer.
 func TestRandomGraphs(t *testing.T) {
-	rng := rand.New(rand.NewPCG(20240611, 7))
-	runs := 4000
+	forRandomFuzzInputs(t, rand.New(rand.NewPCG(20240611, 7)), 4000, 500, func(data []byte) {
+		g, cfg := decodeFuzzInput(data)
+		checkBuild(t, g, cfg)
+	})
+}
+
+// forRandomFuzzInputs calls check on runs (shortRuns with -short) random
+// fuzz inputs drawn from rng, and stops at the first failing one, printing
+// it so that it can be added to the fuzz corpus.
+func forRandomFuzzInputs(t *testing.T, rng *rand.Rand, runs, shortRuns int, check func(data []byte)) {
+	t.Helper()
 	if testing.Short() {
-		runs = 500
+		runs = shortRuns
 	}
 	data := make([]byte, 400)
 	for range runs {
 		for k := range data {
 			data[k] = byte(rng.Uint32())
 		}
-		g, cfg := decodeFuzzInput(data)
-		checkBuild(t, g, cfg)
+		check(data)
 		if t.Failed() {
 			t.Fatalf("failing input: %x", data)
 		}
