@@ -81,3 +81,15 @@ def run_file_under_torchrun(test_file: str, nproc: int = 2, timeout: float = 300
 def passed_counts(output: str) -> list[int]:
     """The 'N passed' counts of each rank's pytest summary line."""
     return [int(m) for m in re.findall(r"(\d+) passed", output)]
+
+
+def assert_file_passes_under_torchrun(test_file: str, *, cases_per_rank: int, timeout: float) -> None:
+    """For a plain pytest run: run test_file's two-rank cases under torchrun
+    and require every rank to pass all of them. Inside torchrun those cases
+    already ran in this process, so this skips."""
+    if under_torchrun():
+        pytest.skip("already inside torchrun: the cases above ran in this process")
+    returncode, output = run_file_under_torchrun(test_file, nproc=2, timeout=timeout)
+    assert returncode == 0, output[-6000:]
+    # Both ranks ran every case (the launching test itself skips inside torchrun).
+    assert passed_counts(output) == [cases_per_rank, cases_per_rank], output[-6000:]

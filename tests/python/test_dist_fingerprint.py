@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import goddp
-from _dist_util import needs_two_ranks, passed_counts, rank, run_file_under_torchrun, short_timeout_group, under_torchrun
+from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
 from models import ZOO
 
 PERTURBED_RANK = 1
@@ -82,8 +82,4 @@ def test_unperturbed_plans_agree(group, monkeypatch):
 @pytest.mark.single_process
 def test_fingerprint_under_torchrun():
     """Plain pytest: run this file's two-rank cases under torchrun."""
-    if under_torchrun():
-        pytest.skip("already inside torchrun: the cases above ran in this process")
-    returncode, output = run_file_under_torchrun(__file__, nproc=2, timeout=240)
-    assert returncode == 0, output[-6000:]
-    assert passed_counts(output) == [3, 3], output[-6000:]
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=3, timeout=240)

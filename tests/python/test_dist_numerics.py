@@ -23,7 +23,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import goddp
-from _dist_util import needs_two_ranks, passed_counts, rank, run_file_under_torchrun, short_timeout_group, under_torchrun
+from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
 from models import ZOO
 
 STEPS = 4
@@ -101,9 +101,4 @@ def test_goddp_training_equals_eager_ddp(group, name, mode, inner):
 @pytest.mark.single_process
 def test_numerics_under_torchrun():
     """Plain pytest: run this file's two-rank cases under torchrun."""
-    if under_torchrun():
-        pytest.skip("already inside torchrun: the cases above ran in this process")
-    returncode, output = run_file_under_torchrun(__file__, nproc=2, timeout=540)
-    assert returncode == 0, output[-6000:]
-    # both ranks ran every case (the spawner itself skips inside torchrun)
-    assert passed_counts(output) == [len(CASES), len(CASES)], output[-6000:]
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=len(CASES), timeout=540)
