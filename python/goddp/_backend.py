@@ -351,9 +351,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
         return whole_graph(f"planning failed ({_describe(exc)})")
 
     plan_dict = plan.to_dict()
-    record["caps"] = caps.to_dict()
     if caps.align_buckets and plan.num_pieces <= 1:
         caps, not_aligned = dataclasses.replace(caps, align_buckets=False), "one piece: nothing to align"
+    record["caps"] = caps.to_dict()
     record["ddp_buckets"] = {"aligned": caps.align_buckets, "reason": not_aligned}
     if not caps.align_buckets and options.aligns_buckets:
         note_once(ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {not_aligned}")
