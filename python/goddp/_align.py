@@ -108,26 +108,57 @@ def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
         return False
     if not hasattr(ddp, ORIGINAL_CONFIG_ATTR):
         setattr(ddp, ORIGINAL_CONFIG_ATTR, ddp._bucket_config)
-    ddp.reducer._remove_autograd_hooks()
+    # Everything that can be computed before the old reducer loses its hooks.
     parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
     param_to_name_mapping = ddp._build_debug_param_to_name_mapping(parameters)
-    ddp._bucket_config = dataclasses.replace(ddp._bucket_config, per_bucket_bytes_caps=caps)
-    ddp.bucket_bytes_cap_list = list(caps)
+    previous = ddp._bucket_config
+    aligned = dataclasses.replace(previous, per_bucket_bytes_caps=caps)
+    rebuild_args = (parameters, expect_sparse_gradient, param_to_name_mapping)
+
+    ddp.reducer._remove_autograd_hooks()
+    try:
+        _rebuild_reducer(ddp, aligned, *rebuild_args)
+    except Exception as exc:
+        # Without its autograd hooks DDP would silently skip the allreduce
+        # of every gradient. Put a reducer with DDP's previous settings back;
+        # if even that fails, training must stop rather than diverge.
+        try:
+            _rebuild_reducer(ddp, previous, *rebuild_args)
+        except Exception as again:
+            raise ReducerLost(
+                "goddp: rebuilding DDP's reducer failed twice (with goddp's caps: "
+                f"{type(exc).__name__}: {exc}; with DDP's own: {type(again).__name__}: {again}); "
+                "DDP can no longer reduce gradients"
+            ) from again
+        raise
+    setattr(ddp, ALIGNED_CAPS_ATTR, caps)
+    return True
+
+
+class ReducerLost(RuntimeError):
+    """DDP's reducer could not be rebuilt: gradients would not be reduced."""
+
+
+def _rebuild_reducer(ddp: Any, config: Any, parameters, expect_sparse_gradient, param_to_name_mapping) -> None:
+    """A new reducer (with autograd hooks) for ddp under bucket settings
+    config, in the state DDP's pre-forward leaves one in."""
+    ddp._bucket_config = config
+    ddp.bucket_bytes_cap_list = list(config.per_bucket_bytes_caps)
     ddp._ddp_init_helper(parameters, expect_sparse_gradient, param_to_name_mapping, ddp.static_graph)
     for hook, state in ddp._comm_hooks:
         dist._register_comm_hook(ddp.reducer, state, hook)
     # DDP's pre-forward already told the old reducer that a forward began.
     ddp.reducer.prepare_for_forward()
-    setattr(ddp, ALIGNED_CAPS_ATTR, caps)
-    return True
 
 
 class PendingAlignment:
     """Installs the caps on the first real call of the compiled graph."""
 
-    def __init__(self, ddp: Any, caps_bytes: Sequence[int]) -> None:
+    def __init__(self, ddp: Any, caps_bytes: Sequence[int], status: dict[str, Any] | None = None) -> None:
         self._ddp = weakref.ref(ddp)
         self._caps = tuple(caps_bytes)
+        # The plan record's "ddp_buckets" entry, corrected if installing fails.
+        self._status = status if status is not None else {}
         self.done = False
         self.error: str | None = None
 
@@ -146,6 +177,9 @@ class PendingAlignment:
                     len(self._caps),
                     list(self._caps),
                 )
+        except ReducerLost:
+            raise
         except Exception as exc:  # keep training on DDP's own buckets
             self.error = f"{type(exc).__name__}: {exc}"
+            self._status.update(aligned=False, reason=f"installing the caps failed ({self.error})")
             logger.warning("goddp: could not set DDP's buckets to the pieces (%s); DDP keeps its own", self.error)

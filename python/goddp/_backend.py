@@ -407,7 +407,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
     if caps.align_buckets:
         # Installed on the first real call, inside DDP's forward: never while
         # Dynamo traces with fake tensors.
-        stitched.before_first_call = PendingAlignment(ddp, [b.bytes for b in plan.buckets])
+        stitched.before_first_call = PendingAlignment(ddp, [b.bytes for b in plan.buckets], record["ddp_buckets"])
     timings["stitch"] = time.perf_counter() - start
     add_record(record)
     return stitched

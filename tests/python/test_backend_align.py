@@ -118,3 +118,54 @@ def test_a_graph_break_leaves_ddp_buckets_alone():
         assert plan["ddp_buckets"]["aligned"] is False
         assert "of DDP's" in plan["ddp_buckets"]["reason"]
     assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+
+
+def _failing_first_init(ddp, failures: int):
+    """Makes DDP's reducer construction fail `failures` times, then work."""
+    real = ddp._ddp_init_helper
+    calls = []
+
+    def init_helper(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= failures:
+            raise RuntimeError("injected reducer failure")
+        return real(*args, **kwargs)
+
+    ddp._ddp_init_helper = init_helper
+    return calls
+
+
+def test_a_failed_install_puts_a_working_reducer_back():
+    """Rebuilding the reducer with goddp's caps fails: DDP gets a reducer with
+    its own settings back (its hooks keep reducing gradients), goddp warns and
+    the plan record says the buckets were not aligned."""
+    torch.manual_seed(0)
+    ddp = DDP(Stack(), bucket_cap_mb=0.125)
+    seen: list = []
+    ddp.register_comm_hook(None, _recording_hook(seen))
+    calls = _failing_first_init(ddp, failures=1)
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
+    reference = Stack()
+    reference.load_state_dict(ddp.module.state_dict())
+    x = torch.randn(4, 128)
+    compiled(x).sum().backward()
+    reference(x).sum().backward()
+    assert len(calls) == 2  # goddp's caps, then DDP's own
+    assert seen, "no bucket was reduced: the reducer lost its hooks"
+    for p, q in zip(ddp.module.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    (plan,) = goddp.last_plans()
+    assert plan["ddp_buckets"]["aligned"] is False
+    assert "injected reducer failure" in plan["ddp_buckets"]["reason"]
+    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+
+
+def test_losing_the_reducer_stops_training():
+    """If DDP's reducer cannot be rebuilt at all, gradients would never be
+    reduced: the step must fail loudly instead of training on silently."""
+    torch.manual_seed(0)
+    ddp = DDP(Stack(), bucket_cap_mb=0.125)
+    _failing_first_init(ddp, failures=2)
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
+    with pytest.raises(Exception, match="DDP can no longer reduce gradients"):
+        compiled(torch.randn(4, 128))
