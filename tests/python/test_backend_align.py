@@ -26,7 +26,8 @@ def Stack(width: int = 128, depth: int = 6) -> nn.Module:
 def _recording_hook(seen: list):
     def hook(state, bucket):
         seen.append(sorted(bucket.parameters(), key=id))
-        work = dist.all_reduce(bucket.buffer(), async_op=True)
+        # Average, as DDP's own reduction does.
+        work = dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])
 
     return hook
