@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import os
 import threading
-import time
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ import goddp
 from goddp import _native
 from goddp._export import export_graph
 from goddp._plan import native_config, resolve_caps
+from _fork_util import wait_for_child
 from models import SquareStack
 
 
@@ -82,18 +82,6 @@ def test_plan_graph_module_from_four_threads_gives_identical_plans(native_module
     assert results == [want] * 4
 
 
-def _wait_for_child(pid: int, timeout: float) -> int | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return None
-
-
 def test_forked_child_calling_the_planner_gets_a_clear_error(native_module):
     torch.manual_seed(0)
     gm = capture_dynamo_graph(Stack(16, 2), torch.randn(2, 16))
@@ -114,8 +102,7 @@ def test_forked_child_calling_the_planner_gets_a_clear_error(native_module):
             code = 1
         finally:
             os._exit(code)
-    exit_code = _wait_for_child(pid, timeout=30)
-    assert exit_code is not None, "forked child hung calling the planner"
+    exit_code = wait_for_child(pid, timeout=30)
     assert exit_code == 0, {1: "other exception", 2: "planned in the child", 4: "unclear message"}.get(exit_code)
 
 

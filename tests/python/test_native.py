@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from array import array
 
 import pytest
 
+from _fork_util import wait_for_child
 from goddp import _native
 
 pytestmark = pytest.mark.single_process
@@ -504,20 +504,6 @@ def test_gil_is_released_while_go_plans(ext):
 # fork()
 
 
-def _wait_for(pid: int, timeout: float) -> int:
-    """waitpid with a deadline: a child that hangs is killed and reported,
-    so that a hang fails the test rather than the whole run."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    pytest.fail(f"child {pid} still running after {timeout}s: it hung calling into Go")
-
-
 def test_forked_child_gets_forked_child_error(ext):
     ext.abi_version()  # the Go runtime is certainly running in this process
     r, w = os.pipe()
@@ -547,7 +533,7 @@ def test_forked_child_gets_forked_child_error(ext):
         finally:
             os._exit(code)
     os.close(w)
-    exit_code = _wait_for(pid, timeout=20)
+    exit_code = wait_for_child(pid, timeout=20)
     with os.fdopen(r, "rb") as f:
         report = f.read().decode().splitlines()
     assert exit_code == 0
