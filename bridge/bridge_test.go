@@ -80,8 +80,8 @@ func toyConfig(mode planner.Mode) *rawConfig {
 }
 
 func TestABIVersion(t *testing.T) {
-	if got := callABIVersion(); got != 2 {
-		t.Fatalf("goddp_abi_version() = %d, want 2 (GODDP_ABI_VERSION)", got)
+	if got := callABIVersion(); got != 3 {
+		t.Fatalf("goddp_abi_version() = %d, want 3 (GODDP_ABI_VERSION)", got)
 	}
 }
 
@@ -190,12 +190,12 @@ func TestConvertGraph(t *testing.T) {
 
 func TestConvertConfig(t *testing.T) {
 	cfg, err := convertConfigViaC(&rawConfig{Mode: 1, BucketCapBytes: 10, FirstBucketCapBytes: 5,
-		NumBucketCaps: 2, BucketCapsBytes: []int64{7, 9}, MaxPartitions: 4, AlignBuckets: -3})
+		NumBucketCaps: 2, BucketCapsBytes: []int64{7, 9}, MaxPieces: 4, AlignBuckets: -3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := planner.Config{Mode: planner.ModeTorch, BucketCapBytes: 10, FirstBucketCapBytes: 5,
-		BucketCapsBytes: []int64{7, 9}, MaxPartitions: 4, AlignBuckets: true}
+		BucketCapsBytes: []int64{7, 9}, MaxPieces: 4, AlignBuckets: true}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("config = %+v, want %+v", cfg, want)
 	}
@@ -299,16 +299,16 @@ func TestBridgeMatchesPlanner(t *testing.T) {
 			for i := range want.Buckets {
 				want.Buckets[i].DType, want.Buckets[i].Device = 0, 0
 			}
-			if got.Fingerprint != want.Fingerprint || got.NumPartitions != want.NumPartitions ||
-				!reflect.DeepEqual(got.NodePartition, want.NodePartition) {
+			if got.Fingerprint != want.Fingerprint || got.NumPieces != want.NumPieces ||
+				!reflect.DeepEqual(got.NodePiece, want.NodePiece) {
 				t.Errorf("plan header differs:\n got %+v\nwant %+v", got, want)
 			}
 			if !reflect.DeepEqual(got.Buckets, want.Buckets) {
 				t.Errorf("buckets differ:\n got %+v\nwant %+v", got.Buckets, want.Buckets)
 			}
-			if !equalLists(got.PartitionInputs, want.PartitionInputs) || !equalLists(got.PartitionOutputs, want.PartitionOutputs) {
+			if !equalLists(got.PieceInputs, want.PieceInputs) || !equalLists(got.PieceOutputs, want.PieceOutputs) {
 				t.Errorf("crossing values differ:\n got %v / %v\nwant %v / %v",
-					got.PartitionInputs, got.PartitionOutputs, want.PartitionInputs, want.PartitionOutputs)
+					got.PieceInputs, got.PieceOutputs, want.PieceInputs, want.PieceOutputs)
 			}
 		})
 	}
@@ -327,15 +327,15 @@ func TestAlignBucketsThroughC(t *testing.T) {
 	if plain.Status != statusOK || aligned.Status != statusOK {
 		t.Fatalf("status %d %q / %d %q", plain.Status, plain.Msg, aligned.Status, aligned.Msg)
 	}
-	if plain.Plan.NumPartitions != 3 || len(plain.Plan.Buckets) != 4 {
-		t.Fatalf("unaligned: %d pieces, %d buckets; want 3, 4", plain.Plan.NumPartitions, len(plain.Plan.Buckets))
+	if plain.Plan.NumPieces != 3 || len(plain.Plan.Buckets) != 4 {
+		t.Fatalf("unaligned: %d pieces, %d buckets; want 3, 4", plain.Plan.NumPieces, len(plain.Plan.Buckets))
 	}
-	if aligned.Plan.NumPartitions != 3 || len(aligned.Plan.Buckets) != 3 {
-		t.Fatalf("aligned: %d pieces, %d buckets; want 3, 3", aligned.Plan.NumPartitions, len(aligned.Plan.Buckets))
+	if aligned.Plan.NumPieces != 3 || len(aligned.Plan.Buckets) != 3 {
+		t.Fatalf("aligned: %d pieces, %d buckets; want 3, 3", aligned.Plan.NumPieces, len(aligned.Plan.Buckets))
 	}
 	for k, b := range aligned.Plan.Buckets {
 		l := int32(2 - k)
-		if b.Bytes != 4_004_000 || b.Partition != int(l) || !reflect.DeepEqual(b.Params, []int32{2*l + 1, 2 * l}) {
+		if b.Bytes != 4_004_000 || b.Piece != int(l) || !reflect.DeepEqual(b.Params, []int32{2*l + 1, 2 * l}) {
 			t.Errorf("aligned bucket %d = %+v, want layer %d's bias and weight, 4004000 bytes", k, b, l)
 		}
 	}

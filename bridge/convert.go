@@ -180,16 +180,16 @@ func configFromC(c *C.goddp_config) (planner.Config, error) {
 	if err != nil {
 		return planner.Config{}, err
 	}
-	maxPartitions := int64(c.max_partitions)
-	if int64(int(maxPartitions)) != maxPartitions {
-		return planner.Config{}, invalidConfig("goddp: max_partitions = %d does not fit in an int", maxPartitions)
+	maxPieces := int64(c.max_pieces)
+	if int64(int(maxPieces)) != maxPieces {
+		return planner.Config{}, invalidConfig("goddp: max_pieces = %d does not fit in an int", maxPieces)
 	}
 	return planner.Config{
 		Mode:                planner.Mode(c.mode),
 		BucketCapBytes:      int64(c.bucket_cap_bytes),
 		FirstBucketCapBytes: int64(c.first_bucket_cap_bytes),
 		BucketCapsBytes:     caps,
-		MaxPartitions:       int(maxPartitions),
+		MaxPieces:           int(maxPieces),
 		AlignBuckets:        c.align_buckets != 0,
 	}, nil
 }
@@ -238,10 +238,10 @@ func cCSR(lists [][]int32) (offsets, values unsafe.Pointer, err error) {
 // all malloc'd. Nothing in it points into Go memory. On error everything
 // allocated so far is freed.
 func planToC(p *planner.Plan) (_ *C.goddp_plan, err error) {
-	if len(p.PartitionInputs) != p.NumPartitions || len(p.PartitionOutputs) != p.NumPartitions {
+	if len(p.PieceInputs) != p.NumPieces || len(p.PieceOutputs) != p.NumPieces {
 		// A planner bug, reported as GODDP_ERR_INTERNAL.
 		return nil, fmt.Errorf("goddp: planner returned %d input and %d output lists for %d pieces",
-			len(p.PartitionInputs), len(p.PartitionOutputs), p.NumPartitions)
+			len(p.PieceInputs), len(p.PieceOutputs), p.NumPieces)
 	}
 	// calloc: every array pointer starts NULL, so freeing a half-built plan
 	// is safe.
@@ -256,16 +256,16 @@ func planToC(p *planner.Plan) (_ *C.goddp_plan, err error) {
 	}()
 
 	cp.fingerprint = C.uint64_t(p.Fingerprint)
-	cp.num_nodes = C.int64_t(len(p.NodePartition))
-	cp.num_partitions = C.int64_t(p.NumPartitions)
+	cp.num_nodes = C.int64_t(len(p.NodePiece))
+	cp.num_pieces = C.int64_t(p.NumPieces)
 	cp.num_buckets = C.int64_t(len(p.Buckets))
 
-	ptr, nodeParts, err := cAlloc[int32](len(p.NodePartition))
+	ptr, nodeParts, err := cAlloc[int32](len(p.NodePiece))
 	if err != nil {
 		return nil, err
 	}
-	cp.node_partitions = (*C.int32_t)(ptr)
-	copy(nodeParts, p.NodePartition)
+	cp.node_pieces = (*C.int32_t)(ptr)
+	copy(nodeParts, p.NodePiece)
 
 	nb := len(p.Buckets)
 	ptr, bucketBytes, err := cAlloc[int64](nb)
@@ -277,7 +277,7 @@ func planToC(p *planner.Plan) (_ *C.goddp_plan, err error) {
 	if err != nil {
 		return nil, err
 	}
-	cp.bucket_partitions = (*C.int32_t)(ptr)
+	cp.bucket_pieces = (*C.int32_t)(ptr)
 	ptr, nodeBegin, err := cAlloc[int64](nb)
 	if err != nil {
 		return nil, err
@@ -296,7 +296,7 @@ func planToC(p *planner.Plan) (_ *C.goddp_plan, err error) {
 	bucketParams := make([][]int32, nb)
 	for i, b := range p.Buckets {
 		bucketBytes[i] = b.Bytes
-		bucketParts[i] = int32(b.Partition)
+		bucketParts[i] = int32(b.Piece)
 		nodeBegin[i] = int64(b.NodeBegin)
 		nodeEnd[i] = int64(b.NodeEnd)
 		extended[i] = 0
@@ -311,14 +311,14 @@ func planToC(p *planner.Plan) (_ *C.goddp_plan, err error) {
 	}
 	cp.bucket_param_offsets, cp.bucket_params = (*C.int64_t)(offs), (*C.int32_t)(vals)
 
-	if offs, vals, err = cCSR(p.PartitionInputs); err != nil {
+	if offs, vals, err = cCSR(p.PieceInputs); err != nil {
 		return nil, err
 	}
-	cp.partition_input_offsets, cp.partition_inputs = (*C.int64_t)(offs), (*C.int32_t)(vals)
-	if offs, vals, err = cCSR(p.PartitionOutputs); err != nil {
+	cp.piece_input_offsets, cp.piece_inputs = (*C.int64_t)(offs), (*C.int32_t)(vals)
+	if offs, vals, err = cCSR(p.PieceOutputs); err != nil {
 		return nil, err
 	}
-	cp.partition_output_offsets, cp.partition_outputs = (*C.int64_t)(offs), (*C.int32_t)(vals)
+	cp.piece_output_offsets, cp.piece_outputs = (*C.int64_t)(offs), (*C.int32_t)(vals)
 	return cp, nil
 }
 
@@ -329,18 +329,18 @@ func freePlan(cp *C.goddp_plan) {
 		return
 	}
 	for _, p := range []unsafe.Pointer{
-		unsafe.Pointer(cp.node_partitions),
+		unsafe.Pointer(cp.node_pieces),
 		unsafe.Pointer(cp.bucket_bytes),
-		unsafe.Pointer(cp.bucket_partitions),
+		unsafe.Pointer(cp.bucket_pieces),
 		unsafe.Pointer(cp.bucket_node_begin),
 		unsafe.Pointer(cp.bucket_node_end),
 		unsafe.Pointer(cp.bucket_extended),
 		unsafe.Pointer(cp.bucket_param_offsets),
 		unsafe.Pointer(cp.bucket_params),
-		unsafe.Pointer(cp.partition_input_offsets),
-		unsafe.Pointer(cp.partition_inputs),
-		unsafe.Pointer(cp.partition_output_offsets),
-		unsafe.Pointer(cp.partition_outputs),
+		unsafe.Pointer(cp.piece_input_offsets),
+		unsafe.Pointer(cp.piece_inputs),
+		unsafe.Pointer(cp.piece_output_offsets),
+		unsafe.Pointer(cp.piece_outputs),
 	} {
 		C.free(p)
 	}

@@ -60,7 +60,7 @@ type rawConfig struct {
 	FirstBucketCapBytes int64
 	NumBucketCaps       int64
 	BucketCapsBytes     []int64
-	MaxPartitions       int64
+	MaxPieces           int64
 	AlignBuckets        int32
 }
 
@@ -125,7 +125,7 @@ func (a *cArena) config(c *rawConfig) *C.goddp_config {
 	cc.first_bucket_cap_bytes = C.int64_t(c.FirstBucketCapBytes)
 	cc.num_bucket_caps = C.int64_t(c.NumBucketCaps)
 	cc.bucket_caps_bytes = (*C.int64_t)(cArenaCopy(a, c.BucketCapsBytes))
-	cc.max_partitions = C.int64_t(c.MaxPartitions)
+	cc.max_pieces = C.int64_t(c.MaxPieces)
 	cc.align_buckets = C.int32_t(c.AlignBuckets)
 	return cc
 }
@@ -210,14 +210,14 @@ func planFromCPlan(cp *C.goddp_plan) *planner.Plan {
 	}
 	nb := int64(cp.num_buckets)
 	p := &planner.Plan{
-		Fingerprint:      uint64(cp.fingerprint),
-		NodePartition:    int32s(cp.node_partitions, int64(cp.num_nodes)),
-		NumPartitions:    int(cp.num_partitions),
-		PartitionInputs:  csr(cp.partition_input_offsets, cp.partition_inputs, int64(cp.num_partitions)),
-		PartitionOutputs: csr(cp.partition_output_offsets, cp.partition_outputs, int64(cp.num_partitions)),
+		Fingerprint:  uint64(cp.fingerprint),
+		NodePiece:    int32s(cp.node_pieces, int64(cp.num_nodes)),
+		NumPieces:    int(cp.num_pieces),
+		PieceInputs:  csr(cp.piece_input_offsets, cp.piece_inputs, int64(cp.num_pieces)),
+		PieceOutputs: csr(cp.piece_output_offsets, cp.piece_outputs, int64(cp.num_pieces)),
 	}
 	bytes := int64s(cp.bucket_bytes, nb)
-	parts := int32s(cp.bucket_partitions, nb)
+	parts := int32s(cp.bucket_pieces, nb)
 	begins := int64s(cp.bucket_node_begin, nb)
 	ends := int64s(cp.bucket_node_end, nb)
 	var extended []uint8
@@ -231,7 +231,7 @@ func planFromCPlan(cp *C.goddp_plan) *planner.Plan {
 			Params:    params[i],
 			NodeBegin: int(begins[i]),
 			NodeEnd:   int(ends[i]),
-			Partition: int(parts[i]),
+			Piece:     int(parts[i]),
 			Extended:  extended[i] != 0,
 		})
 	}

@@ -217,17 +217,17 @@ static const char *const graph_keys[] = {
 /* The required keys first, then the optional ones (added in later ABI
  * versions; callers written before them keep working). */
 static const char *const config_keys[] = {
-    "mode", "bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "max_partitions",
+    "mode", "bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "max_pieces",
     "align_buckets", /* optional, default 0 (ABI 2) */
 };
 #define NUM_CONFIG_KEYS (sizeof config_keys / sizeof config_keys[0])
 #define NUM_REQUIRED_CONFIG_KEYS 5
 
 static const char *const plan_keys[] = {
-    "fingerprint",         "num_nodes",         "node_partitions",         "num_partitions",
-    "num_buckets",         "bucket_bytes",      "bucket_partitions",       "bucket_node_begin",
+    "fingerprint",         "num_nodes",         "node_pieces",         "num_pieces",
+    "num_buckets",         "bucket_bytes",      "bucket_pieces",       "bucket_node_begin",
     "bucket_node_end",     "bucket_extended",   "bucket_param_offsets",    "bucket_params",
-    "partition_input_offsets", "partition_inputs", "partition_output_offsets", "partition_outputs",
+    "piece_input_offsets", "piece_inputs", "piece_output_offsets", "piece_outputs",
 };
 #define NUM_PLAN_KEYS (sizeof plan_keys / sizeof plan_keys[0])
 
@@ -407,15 +407,15 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps)
         return -1;
     }
     cfg->mode = (int32_t)mode;
-    int64_t cap, first_cap, max_partitions;
+    int64_t cap, first_cap, max_pieces;
     if (get_int64(config, "config", "bucket_cap_bytes", &cap) < 0 ||
         get_int64(config, "config", "first_bucket_cap_bytes", &first_cap) < 0 ||
-        get_int64(config, "config", "max_partitions", &max_partitions) < 0) {
+        get_int64(config, "config", "max_pieces", &max_pieces) < 0) {
         return -1;
     }
     cfg->bucket_cap_bytes = cap;
     cfg->first_bucket_cap_bytes = first_cap;
-    cfg->max_partitions = max_partitions;
+    cfg->max_pieces = max_pieces;
 
     /* Optional: a bool or an int, nonzero meaning on. */
     cfg->align_buckets = 0;
@@ -492,29 +492,29 @@ static int64_t csr_total(const int64_t *offsets, int64_t count) { return offsets
 static PyObject *plan_to_dict(const goddp_plan *p) {
     PyObject *d = PyDict_New();
     if (d == NULL) return NULL;
-    int64_t nn = p->num_nodes, np = p->num_partitions, nb = p->num_buckets;
+    int64_t nn = p->num_nodes, np = p->num_pieces, nb = p->num_buckets;
     if (nn < 0 || np < 0 || nb < 0) {
         PyErr_SetString(PyExc_RuntimeError, "goddp: library returned a plan with negative counts");
         goto fail;
     }
     if (set_int(d, "fingerprint", PyLong_FromUnsignedLongLong(p->fingerprint)) < 0 ||
         set_int(d, "num_nodes", PyLong_FromLongLong(nn)) < 0 ||
-        set_int(d, "num_partitions", PyLong_FromLongLong(np)) < 0 ||
+        set_int(d, "num_pieces", PyLong_FromLongLong(np)) < 0 ||
         set_int(d, "num_buckets", PyLong_FromLongLong(nb)) < 0 ||
-        set_bytes(d, "node_partitions", p->node_partitions, nn, sizeof(int32_t)) < 0 ||
+        set_bytes(d, "node_pieces", p->node_pieces, nn, sizeof(int32_t)) < 0 ||
         set_bytes(d, "bucket_bytes", p->bucket_bytes, nb, sizeof(int64_t)) < 0 ||
-        set_bytes(d, "bucket_partitions", p->bucket_partitions, nb, sizeof(int32_t)) < 0 ||
+        set_bytes(d, "bucket_pieces", p->bucket_pieces, nb, sizeof(int32_t)) < 0 ||
         set_bytes(d, "bucket_node_begin", p->bucket_node_begin, nb, sizeof(int64_t)) < 0 ||
         set_bytes(d, "bucket_node_end", p->bucket_node_end, nb, sizeof(int64_t)) < 0 ||
         set_bytes(d, "bucket_extended", p->bucket_extended, nb, sizeof(uint8_t)) < 0 ||
         set_bytes(d, "bucket_param_offsets", p->bucket_param_offsets, nb + 1, sizeof(int64_t)) < 0 ||
         set_bytes(d, "bucket_params", p->bucket_params, csr_total(p->bucket_param_offsets, nb), sizeof(int32_t)) <
             0 ||
-        set_bytes(d, "partition_input_offsets", p->partition_input_offsets, np + 1, sizeof(int64_t)) < 0 ||
-        set_bytes(d, "partition_inputs", p->partition_inputs, csr_total(p->partition_input_offsets, np),
+        set_bytes(d, "piece_input_offsets", p->piece_input_offsets, np + 1, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "piece_inputs", p->piece_inputs, csr_total(p->piece_input_offsets, np),
                   sizeof(int32_t)) < 0 ||
-        set_bytes(d, "partition_output_offsets", p->partition_output_offsets, np + 1, sizeof(int64_t)) < 0 ||
-        set_bytes(d, "partition_outputs", p->partition_outputs, csr_total(p->partition_output_offsets, np),
+        set_bytes(d, "piece_output_offsets", p->piece_output_offsets, np + 1, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "piece_outputs", p->piece_outputs, csr_total(p->piece_output_offsets, np),
                   sizeof(int32_t)) < 0) {
         goto fail;
     }

@@ -57,7 +57,7 @@ func alignedBuckets(g *Graph, ready, firstUse, part []int32, numPieces int, pred
 	extended := make([]bool, numPieces)
 	for k := range predicted {
 		if predicted[k].Extended {
-			extended[predicted[k].Partition] = true
+			extended[predicted[k].Piece] = true
 		}
 	}
 	var out []Bucket
@@ -66,7 +66,7 @@ func alignedBuckets(g *Graph, ready, firstUse, part []int32, numPieces int, pred
 		first := &g.Params[ready[lo]]
 		b := Bucket{
 			NodeBegin: len(g.Ops),
-			Partition: int(piece),
+			Piece:     int(piece),
 			Extended:  extended[piece],
 			DType:     first.DType,
 			Device:    first.Device,

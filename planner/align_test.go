@@ -10,7 +10,7 @@ import (
 // first use by a compute node lies in it, found by scanning the nodes
 // forward.
 func firstUsePieces(g *Graph, pl *Plan) []map[int32]bool {
-	sets := make([]map[int32]bool, pl.NumPartitions)
+	sets := make([]map[int32]bool, pl.NumPieces)
 	for q := range sets {
 		sets[q] = map[int32]bool{}
 	}
@@ -22,7 +22,7 @@ func firstUsePieces(g *Graph, pl *Plan) []map[int32]bool {
 		for _, p := range g.ParamIndex[g.ParamOffsets[i]:g.ParamOffsets[i+1]] {
 			if !seen[p] && g.Params[p].RequiresGrad && !g.Params[p].Ignored {
 				seen[p] = true
-				sets[pl.NodePartition[i]][p] = true
+				sets[pl.NodePiece[i]][p] = true
 			}
 		}
 	}
@@ -43,10 +43,10 @@ func checkAlignedByHand(t *testing.T, g *Graph, pl *Plan, rng *rand.Rand) {
 		}
 	}
 	if len(pl.Buckets) != nonEmpty {
-		t.Fatalf("%d buckets, %d pieces of which %d hold counted parameters", len(pl.Buckets), pl.NumPartitions, nonEmpty)
+		t.Fatalf("%d buckets, %d pieces of which %d hold counted parameters", len(pl.Buckets), pl.NumPieces, nonEmpty)
 	}
 	for k, b := range pl.Buckets {
-		q := pl.NumPartitions - 1 - k
+		q := pl.NumPieces - 1 - k
 		got := map[int32]bool{}
 		for _, p := range b.Params {
 			got[p] = true
@@ -83,7 +83,7 @@ func TestAlignedGoldenPlansByHand(t *testing.T) {
 }
 
 // TestAlignedRandomPlansByHand runs the same checks over random graphs with
-// one (dtype, device) key, caps, per-bucket caps and MaxPartitions from the
+// one (dtype, device) key, caps, per-bucket caps and MaxPieces from the
 // fuzz decoder.
 func TestAlignedRandomPlansByHand(t *testing.T) {
 	rng := rand.New(rand.NewPCG(99, 5))
@@ -118,8 +118,8 @@ func TestAlignedNoCountedParameters(t *testing.T) {
 		if name == "no compute" {
 			wantPieces = 0
 		}
-		if pl.NumPartitions != wantPieces || len(pl.Buckets) != 0 {
-			t.Errorf("%s: %d pieces, %d buckets; want %d, 0", name, pl.NumPartitions, len(pl.Buckets), wantPieces)
+		if pl.NumPieces != wantPieces || len(pl.Buckets) != 0 {
+			t.Errorf("%s: %d pieces, %d buckets; want %d, 0", name, pl.NumPieces, len(pl.Buckets), wantPieces)
 		}
 		for _, v := range checkPlan(g, cfg, pl) {
 			t.Errorf("%s: %s", name, v)
@@ -141,7 +141,7 @@ func TestAlignedMixedKeysWouldNotAlign(t *testing.T) {
 	pieces := firstUsePieces(g, pl)
 	_, order := referenceReadyOrder(g)
 	var caps []int64
-	for q := pl.NumPartitions - 1; q >= 0; q-- {
+	for q := pl.NumPieces - 1; q >= 0; q-- {
 		var sum int64
 		for p := range pieces[q] {
 			sum += g.Params[p].Bytes
@@ -149,10 +149,10 @@ func TestAlignedMixedKeysWouldNotAlign(t *testing.T) {
 		caps = append(caps, sum)
 	}
 	got := simulateRebuild(g, order, caps)
-	aligned := len(got) == pl.NumPartitions
+	aligned := len(got) == pl.NumPieces
 	for k := 0; aligned && k < len(got); k++ {
 		for _, p := range got[k] {
-			aligned = aligned && pieces[pl.NumPartitions-1-k][p]
+			aligned = aligned && pieces[pl.NumPieces-1-k][p]
 		}
 	}
 	if aligned {

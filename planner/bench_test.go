@@ -114,8 +114,8 @@ func TestSyntheticGraphPlans(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pl.NumPartitions < 10 {
-			t.Errorf("mode %d: only %d pieces", mode, pl.NumPartitions)
+		if pl.NumPieces < 10 {
+			t.Errorf("mode %d: only %d pieces", mode, pl.NumPieces)
 		}
 		for _, v := range checkPlan(g, cfg, pl) {
 			t.Errorf("mode %d: %s", mode, v)

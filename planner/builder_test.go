@@ -110,8 +110,8 @@ func render(g *Graph, names []string, cfg Config, pl *Plan) string {
 	if cfg.AlignBuckets {
 		align = " align_buckets=true"
 	}
-	fmt.Fprintf(&s, "config: mode=%s cap=%d first=%d caps=%v max_partitions=%d%s\n",
-		mode, cfg.BucketCapBytes, cfg.FirstBucketCapBytes, cfg.BucketCapsBytes, cfg.MaxPartitions, align)
+	fmt.Fprintf(&s, "config: mode=%s cap=%d first=%d caps=%v max_pieces=%d%s\n",
+		mode, cfg.BucketCapBytes, cfg.FirstBucketCapBytes, cfg.BucketCapsBytes, cfg.MaxPieces, align)
 	nodeList := func(nodes []int32) string {
 		parts := make([]string, len(nodes))
 		for k, i := range nodes {
@@ -119,16 +119,16 @@ func render(g *Graph, names []string, cfg Config, pl *Plan) string {
 		}
 		return "[" + strings.Join(parts, " ") + "]"
 	}
-	fmt.Fprintf(&s, "pieces: %d\n", pl.NumPartitions)
-	for p := range pl.NumPartitions {
+	fmt.Fprintf(&s, "pieces: %d\n", pl.NumPieces)
+	for p := range pl.NumPieces {
 		var members []int32
-		for i, q := range pl.NodePartition {
+		for i, q := range pl.NodePiece {
 			if int(q) == p {
 				members = append(members, int32(i))
 			}
 		}
 		fmt.Fprintf(&s, "piece %d: %s\n  inputs: %s\n  outputs: %s\n",
-			p, nodeList(members), nodeList(pl.PartitionInputs[p]), nodeList(pl.PartitionOutputs[p]))
+			p, nodeList(members), nodeList(pl.PieceInputs[p]), nodeList(pl.PieceOutputs[p]))
 	}
 	fmt.Fprintf(&s, "buckets: %d\n", len(pl.Buckets))
 	for k, b := range pl.Buckets {
@@ -137,7 +137,7 @@ func render(g *Graph, names []string, cfg Config, pl *Plan) string {
 			params[j] = g.Params[p].Name
 		}
 		fmt.Fprintf(&s, "bucket %d: bytes=%d piece=%d nodes=[%s..%s] extended=%t dtype=%d device=%d\n  params: [%s]\n",
-			k, b.Bytes, b.Partition, names[b.NodeBegin], names[b.NodeEnd-1], b.Extended, b.DType, b.Device,
+			k, b.Bytes, b.Piece, names[b.NodeBegin], names[b.NodeEnd-1], b.Extended, b.DType, b.Device,
 			strings.Join(params, " "))
 	}
 	fmt.Fprintf(&s, "fingerprint: %#016x\n", pl.Fingerprint)

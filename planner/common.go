@@ -40,9 +40,9 @@ func addBytes(a, b int64) (int64, bool) {
 	return a + b, true
 }
 
-// partitionFromCuts numbers the compute nodes by piece. cuts holds, in
+// piecesFromCuts numbers the compute nodes by piece. cuts holds, in
 // ascending order, the index of the first node of every piece but the first.
-func partitionFromCuts(ops []OpKind, cuts []int) []int32 {
+func piecesFromCuts(ops []OpKind, cuts []int) []int32 {
 	part := make([]int32, len(ops))
 	piece, next := int32(0), 0
 	for i, op := range ops {

@@ -165,15 +165,15 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 	if firstCompute >= 0 {
 		numPieces = len(cuts) + 1
 	}
-	part := partitionFromCuts(g.Ops, cuts)
-	if cfg.MaxPartitions > 0 && numPieces > cfg.MaxPartitions {
+	part := piecesFromCuts(g.Ops, cuts)
+	if cfg.MaxPieces > 0 && numPieces > cfg.MaxPieces {
 		pieceBytes := make([]int64, numPieces)
 		for p, i := range firstUse {
 			if i >= 0 {
 				pieceBytes[part[i]] += g.Params[p].Bytes // bounded by the checked total
 			}
 		}
-		keep := mergePieces(pieceBytes, cfg.MaxPartitions)
+		keep := mergePieces(pieceBytes, cfg.MaxPieces)
 		kept := cuts[:0:0]
 		for k, c := range cuts {
 			if keep[k] {
@@ -182,13 +182,13 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 		}
 		cuts = kept
 		numPieces = len(cuts) + 1
-		part = partitionFromCuts(g.Ops, cuts)
+		part = piecesFromCuts(g.Ops, cuts)
 	}
 
 	pl := &Plan{
-		NodePartition: part,
-		NumPartitions: numPieces,
-		Buckets:       make([]Bucket, len(buckets)),
+		NodePiece: part,
+		NumPieces: numPieces,
+		Buckets:   make([]Bucket, len(buckets)),
 	}
 	for k := range buckets {
 		b := &buckets[k]
@@ -197,7 +197,7 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 			Params:    slices.Clip(b.params),
 			NodeBegin: b.nodeBegin,
 			NodeEnd:   b.nodeEnd,
-			Partition: int(part[b.nodeBegin]),
+			Piece:     int(part[b.nodeBegin]),
 			Extended:  b.extended,
 			DType:     keys[b.key].dtype,
 			Device:    keys[b.key].device,

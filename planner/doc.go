@@ -11,7 +11,7 @@
 //
 // # Pieces
 //
-// Placeholders and the output node belong to no piece (NodePartition -1).
+// Placeholders and the output node belong to no piece (NodePiece -1).
 // Every other node ("compute node") belongs to exactly one piece; pieces are
 // contiguous runs of compute nodes in forward order, numbered from 0, none
 // empty. A graph without compute nodes has no pieces. Parameter references
@@ -69,11 +69,11 @@
 // have no node used outside it, the cut moves to earlier nodes until it has
 // one, and the bucket is marked Extended; buckets closing within one piece
 // share one cut. A forward-first piece that would hold no counted parameter
-// or have no output is merged into the next piece. With MaxPartitions > 0,
+// or have no output is merged into the next piece. With MaxPieces > 0,
 // adjacent pieces are then merged, always removing the cut whose removal
 // yields the smallest merged piece (by counted bytes; ties to the
-// forward-first cut), until at most MaxPartitions remain; this decouples the
-// number of pieces from the bucket size. Bucket.Partition is the piece
+// forward-first cut), until at most MaxPieces remain; this decouples the
+// number of pieces from the bucket size. Bucket.Piece is the piece
 // holding the forward-first use of the bucket's parameters, and NodeBegin and
 // NodeEnd span the first uses of its parameters.
 //
@@ -84,10 +84,10 @@
 // # Aligned buckets
 //
 // With Config.AlignBuckets (ModeDDP only), once the cuts are final,
-// MaxPartitions merging included, the predicted buckets are replaced by one
+// MaxPieces merging included, the predicted buckets are replaced by one
 // bucket per piece, in DDP order (bucket k is piece N-1-k): the counted
 // parameters first used in the piece, in predicted ready order, with their
-// exact byte total; Partition is the piece, NodeBegin and NodeEnd span those
+// exact byte total; Piece is the piece, NodeBegin and NodeEnd span those
 // first uses, and Extended says whether a predicted bucket completed by the
 // piece was Extended. The cuts do not change. The byte totals are meant to
 // be DDP's per-bucket caps: the cumulative byte count at each piece boundary
@@ -127,7 +127,7 @@
 //
 // Plan.Fingerprint is 64-bit FNV-1a over a canonical little-endian encoding
 // of a format version, the config, the graph arrays, the parameter table
-// (names included) and the resulting NodePartition and buckets.
+// (names included) and the resulting NodePiece and buckets.
 //
 // The package keeps no global mutable state; Build is safe to call from
 // several goroutines at once, and planning is linear in nodes + edges (apart

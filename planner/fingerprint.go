@@ -26,7 +26,7 @@ func fingerprint(g *Graph, cfg *Config, pl *Plan) uint64 {
 	for _, c := range cfg.BucketCapsBytes {
 		e.i64(c)
 	}
-	e.i64(int64(cfg.MaxPartitions))
+	e.i64(int64(cfg.MaxPieces))
 	e.bool(cfg.AlignBuckets)
 
 	e.i64(int64(len(g.Ops)))
@@ -62,10 +62,10 @@ func fingerprint(g *Graph, cfg *Config, pl *Plan) uint64 {
 		e.bool(prm.Ignored)
 	}
 
-	for _, piece := range pl.NodePartition {
+	for _, piece := range pl.NodePiece {
 		e.i32(piece)
 	}
-	e.i64(int64(pl.NumPartitions))
+	e.i64(int64(pl.NumPieces))
 	e.i64(int64(len(pl.Buckets)))
 	for k := range pl.Buckets {
 		b := &pl.Buckets[k]
@@ -76,7 +76,7 @@ func fingerprint(g *Graph, cfg *Config, pl *Plan) uint64 {
 		}
 		e.i64(int64(b.NodeBegin))
 		e.i64(int64(b.NodeEnd))
-		e.i64(int64(b.Partition))
+		e.i64(int64(b.Piece))
 		e.bool(b.Extended)
 		e.i32(b.DType)
 		e.i32(b.Device)

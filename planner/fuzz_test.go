@@ -133,7 +133,7 @@ func decodeFuzzInput(data []byte) (*Graph, Config) {
 			cfg.BucketCapsBytes = append(cfg.BucketCapsBytes, int64(1+s.intn(300)))
 		}
 		if s.chance(80) {
-			cfg.MaxPartitions = 1 + s.intn(5)
+			cfg.MaxPieces = 1 + s.intn(5)
 		}
 	}
 	if header&0x80 != 0 {
@@ -176,7 +176,7 @@ func corrupt(s *byteSource, g *Graph, cfg *Config) {
 	case 9:
 		cfg.FirstBucketCapBytes = anyValue()
 	case 10:
-		cfg.MaxPartitions = int(anyValue())
+		cfg.MaxPieces = int(anyValue())
 		cfg.BucketCapsBytes = append(cfg.BucketCapsBytes, anyValue())
 	case 11:
 		cfg.Mode = Mode(anyValue())

@@ -31,11 +31,11 @@ func ddpCfg(capBytes, firstBytes int64) Config {
 // wantPieces checks the piece count and, for each listed node, its piece.
 func wantPieces(t *testing.T, b *graphBuilder, pl *Plan, count int, nodePiece map[string]int32) {
 	t.Helper()
-	if pl.NumPartitions != count {
-		t.Errorf("NumPartitions = %d, want %d", pl.NumPartitions, count)
+	if pl.NumPieces != count {
+		t.Errorf("NumPieces = %d, want %d", pl.NumPieces, count)
 	}
 	for name, want := range nodePiece {
-		if got := pl.NodePartition[b.nodeIndex(name)]; got != want {
+		if got := pl.NodePiece[b.nodeIndex(name)]; got != want {
 			t.Errorf("node %s in piece %d, want %d", name, got, want)
 		}
 	}
@@ -54,9 +54,9 @@ func wantBucket(t *testing.T, b *graphBuilder, pl *Plan, k int, bytes int64, pie
 	for _, p := range bk.Params {
 		names = append(names, b.params[p].Name)
 	}
-	if bk.Bytes != bytes || bk.Partition != piece || bk.Extended != extended || !slices.Equal(names, params) {
+	if bk.Bytes != bytes || bk.Piece != piece || bk.Extended != extended || !slices.Equal(names, params) {
 		t.Errorf("bucket %d = %d bytes, piece %d, extended %t, params %v; want %d, %d, %t, %v",
-			k, bk.Bytes, bk.Partition, bk.Extended, names, bytes, piece, extended, params)
+			k, bk.Bytes, bk.Piece, bk.Extended, names, bytes, piece, extended, params)
 	}
 }
 
@@ -247,21 +247,21 @@ var planCases = []planCase{
 		// Eight one-layer buckets merged down to three pieces, smallest
 		// merged piece first: [fc3 fc4] 200, [fc5 fc6] 800, [fc1 fc2] 900,
 		// [fc3..fc6] 1000 (tie with [fc7 fc8], lower cut wins), [fc7 fc8].
-		name: "max_partitions_ddp", model: func() *graphBuilder { return chainModel(0, 100, 800, 100, 100, 700, 100, 900, 100) },
-		cfg: Config{Mode: ModeDDP, BucketCapBytes: 100, FirstBucketCapBytes: 100, MaxPartitions: 3},
+		name: "max_pieces_ddp", model: func() *graphBuilder { return chainModel(0, 100, 800, 100, 100, 700, 100, 900, 100) },
+		cfg: Config{Mode: ModeDDP, BucketCapBytes: 100, FirstBucketCapBytes: 100, MaxPieces: 3},
 		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
 			wantPieces(t, b, pl, 3, map[string]int32{
 				"linear1": 0, "linear2": 0, "linear3": 1, "linear6": 1, "linear7": 2, "linear8": 2})
 			wantBucketCount(t, pl, 8)
 			for k, piece := range []int{2, 2, 1, 1, 1, 1, 0, 0} {
-				if pl.Buckets[k].Partition != piece {
-					t.Errorf("bucket %d in piece %d, want %d", k, pl.Buckets[k].Partition, piece)
+				if pl.Buckets[k].Piece != piece {
+					t.Errorf("bucket %d in piece %d, want %d", k, pl.Buckets[k].Piece, piece)
 				}
 			}
 		},
 	},
 	{
-		name: "max_partitions_unlimited_ddp", model: func() *graphBuilder { return chainModel(0, 100, 800, 100, 100, 700, 100, 900, 100) },
+		name: "max_pieces_unlimited_ddp", model: func() *graphBuilder { return chainModel(0, 100, 800, 100, 100, 700, 100, 900, 100) },
 		cfg: Config{Mode: ModeDDP, BucketCapBytes: 100, FirstBucketCapBytes: 100},
 		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
 			wantPieces(t, b, pl, 8, nil)
@@ -315,9 +315,9 @@ var planCases = []planCase{
 		},
 	},
 	{
-		// The pieces of max_partitions_ddp, one bucket each instead of eight.
-		name: "aligned_max_partitions_ddp", model: func() *graphBuilder { return chainModel(0, 100, 800, 100, 100, 700, 100, 900, 100) },
-		cfg: Config{Mode: ModeDDP, BucketCapBytes: 100, FirstBucketCapBytes: 100, MaxPartitions: 3, AlignBuckets: true},
+		// The pieces of max_pieces_ddp, one bucket each instead of eight.
+		name: "aligned_max_pieces_ddp", model: func() *graphBuilder { return chainModel(0, 100, 800, 100, 100, 700, 100, 900, 100) },
+		cfg: Config{Mode: ModeDDP, BucketCapBytes: 100, FirstBucketCapBytes: 100, MaxPieces: 3, AlignBuckets: true},
 		check: func(t *testing.T, b *graphBuilder, pl *Plan) {
 			wantPieces(t, b, pl, 3, map[string]int32{
 				"linear1": 0, "linear2": 0, "linear3": 1, "linear6": 1, "linear7": 2, "linear8": 2})

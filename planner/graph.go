@@ -64,7 +64,7 @@ type Config struct {
 	BucketCapBytes      int64   // > 0
 	FirstBucketCapBytes int64   // > 0, <= BucketCapBytes
 	BucketCapsBytes     []int64 // optional per-bucket caps in DDP order; the last repeats (ModeDDP)
-	MaxPartitions       int     // 0: no limit; otherwise merge adjacent pieces down to this many (ModeDDP)
+	MaxPieces           int     // 0: no limit; otherwise merge adjacent pieces down to this many (ModeDDP)
 
 	// AlignBuckets (ModeDDP) replaces the bucket list, once the cuts are
 	// final, by one bucket per piece with the exact byte total of the

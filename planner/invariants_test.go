@@ -22,14 +22,14 @@ func checkPlan(g *Graph, cfg Config, pl *Plan) []string {
 	n := len(g.Ops)
 
 	// Pieces: contiguous, non-empty, numbered in forward order.
-	if len(pl.NodePartition) != n {
-		fail("NodePartition has %d entries, want %d", len(pl.NodePartition), n)
+	if len(pl.NodePiece) != n {
+		fail("NodePiece has %d entries, want %d", len(pl.NodePiece), n)
 		return bad
 	}
 	prev := int32(-1)
 	anyCompute := false
 	for i, op := range g.Ops {
-		q := pl.NodePartition[i]
+		q := pl.NodePiece[i]
 		if !isCompute(op) {
 			if q != -1 {
 				fail("node %d (op %d) has piece %d, want -1", i, op, q)
@@ -42,43 +42,43 @@ func checkPlan(g *Graph, cfg Config, pl *Plan) []string {
 		}
 		prev = q
 	}
-	if anyCompute && int(prev) != pl.NumPartitions-1 {
-		fail("last piece is %d but NumPartitions is %d", prev, pl.NumPartitions)
+	if anyCompute && int(prev) != pl.NumPieces-1 {
+		fail("last piece is %d but NumPieces is %d", prev, pl.NumPieces)
 	}
-	if !anyCompute && pl.NumPartitions != 0 {
-		fail("no compute nodes but NumPartitions is %d", pl.NumPartitions)
+	if !anyCompute && pl.NumPieces != 0 {
+		fail("no compute nodes but NumPieces is %d", pl.NumPieces)
 	}
-	if cfg.MaxPartitions > 0 && pl.NumPartitions > cfg.MaxPartitions {
-		fail("NumPartitions %d exceeds MaxPartitions %d", pl.NumPartitions, cfg.MaxPartitions)
+	if cfg.MaxPieces > 0 && pl.NumPieces > cfg.MaxPieces {
+		fail("NumPieces %d exceeds MaxPieces %d", pl.NumPieces, cfg.MaxPieces)
 	}
 	if len(bad) > 0 {
 		return bad
 	}
 
 	// Crossings, recomputed naively.
-	wantIn, wantOut := naiveCrossings(g, pl.NodePartition, pl.NumPartitions)
-	if len(pl.PartitionInputs) != pl.NumPartitions || len(pl.PartitionOutputs) != pl.NumPartitions {
-		fail("crossing lists have %d/%d entries, want %d", len(pl.PartitionInputs), len(pl.PartitionOutputs), pl.NumPartitions)
+	wantIn, wantOut := naiveCrossings(g, pl.NodePiece, pl.NumPieces)
+	if len(pl.PieceInputs) != pl.NumPieces || len(pl.PieceOutputs) != pl.NumPieces {
+		fail("crossing lists have %d/%d entries, want %d", len(pl.PieceInputs), len(pl.PieceOutputs), pl.NumPieces)
 		return bad
 	}
-	for p := range pl.NumPartitions {
-		if !slices.Equal(pl.PartitionInputs[p], wantIn[p]) {
-			fail("piece %d inputs %v, want %v", p, pl.PartitionInputs[p], wantIn[p])
+	for p := range pl.NumPieces {
+		if !slices.Equal(pl.PieceInputs[p], wantIn[p]) {
+			fail("piece %d inputs %v, want %v", p, pl.PieceInputs[p], wantIn[p])
 		}
-		if !slices.Equal(pl.PartitionOutputs[p], wantOut[p]) {
-			fail("piece %d outputs %v, want %v", p, pl.PartitionOutputs[p], wantOut[p])
+		if !slices.Equal(pl.PieceOutputs[p], wantOut[p]) {
+			fail("piece %d outputs %v, want %v", p, pl.PieceOutputs[p], wantOut[p])
 		}
 		// Every piece after the first was cut off only once it had an
 		// output; in ModeDDP the first piece too, when there is a cut.
-		needsOutput := p > 0 || (cfg.Mode == ModeDDP && pl.NumPartitions > 1)
+		needsOutput := p > 0 || (cfg.Mode == ModeDDP && pl.NumPieces > 1)
 		if needsOutput && len(wantOut[p]) == 0 {
 			fail("piece %d has no output", p)
 		}
 	}
 
 	for k, b := range pl.Buckets {
-		if b.Partition < 0 || b.Partition >= pl.NumPartitions {
-			fail("bucket %d: piece %d out of range", k, b.Partition)
+		if b.Piece < 0 || b.Piece >= pl.NumPieces {
+			fail("bucket %d: piece %d out of range", k, b.Piece)
 		}
 		if b.NodeBegin < 0 || b.NodeEnd > n || b.NodeBegin >= b.NodeEnd {
 			fail("bucket %d: bad node range [%d, %d)", k, b.NodeBegin, b.NodeEnd)
@@ -247,8 +247,8 @@ func checkTorch(g *Graph, cfg Config, pl *Plan) []string {
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
 	ref := referenceTorch(g, cfg)
 	nb := len(ref)
-	if pl.NumPartitions != nb || len(pl.Buckets) != nb {
-		fail("torch: %d pieces and %d buckets, reference has %d", pl.NumPartitions, len(pl.Buckets), nb)
+	if pl.NumPieces != nb || len(pl.Buckets) != nb {
+		fail("torch: %d pieces and %d buckets, reference has %d", pl.NumPieces, len(pl.Buckets), nb)
 		return bad
 	}
 	for k, b := range pl.Buckets {
@@ -262,16 +262,16 @@ func checkTorch(g *Graph, cfg Config, pl *Plan) []string {
 		if b.Extended != r.extended {
 			fail("torch: bucket %d extended %t, reference %t", k, b.Extended, r.extended)
 		}
-		if b.Partition != nb-1-k || b.DType != -1 || b.Device != -1 {
-			fail("torch: bucket %d piece %d dtype %d device %d, want %d, -1, -1", k, b.Partition, b.DType, b.Device, nb-1-k)
+		if b.Piece != nb-1-k || b.DType != -1 || b.Device != -1 {
+			fail("torch: bucket %d piece %d dtype %d device %d, want %d, -1, -1", k, b.Piece, b.DType, b.Device, nb-1-k)
 		}
 		lo, hi := slices.Min(r.nodes), slices.Max(r.nodes)
 		if b.NodeBegin != lo || b.NodeEnd != hi+1 {
 			fail("torch: bucket %d nodes [%d, %d), reference [%d, %d)", k, b.NodeBegin, b.NodeEnd, lo, hi+1)
 		}
 		for _, i := range r.nodes {
-			if int(pl.NodePartition[i]) != nb-1-k {
-				fail("torch: node %d in piece %d, reference %d", i, pl.NodePartition[i], nb-1-k)
+			if int(pl.NodePiece[i]) != nb-1-k {
+				fail("torch: node %d in piece %d, reference %d", i, pl.NodePiece[i], nb-1-k)
 			}
 		}
 		if !b.Extended {
@@ -414,7 +414,7 @@ func checkDDP(g *Graph, cfg Config, pl *Plan) []string {
 	}
 	firstComputeOfPiece := map[int32]int{}
 	for i := len(g.Ops) - 1; i >= 0; i-- {
-		if q := pl.NodePartition[i]; q >= 0 {
+		if q := pl.NodePiece[i]; q >= 0 {
 			firstComputeOfPiece[q] = i
 		}
 	}
@@ -438,13 +438,13 @@ func checkDDP(g *Graph, cfg Config, pl *Plan) []string {
 		if b.NodeBegin != lo || b.NodeEnd != hi+1 {
 			fail("ddp: bucket %d nodes [%d, %d), want [%d, %d)", k, b.NodeBegin, b.NodeEnd, lo, hi+1)
 		}
-		if b.Partition != int(pl.NodePartition[lo]) {
-			fail("ddp: bucket %d piece %d, but its forward-first parameter use is in piece %d", k, b.Partition, pl.NodePartition[lo])
+		if b.Piece != int(pl.NodePiece[lo]) {
+			fail("ddp: bucket %d piece %d, but its forward-first parameter use is in piece %d", k, b.Piece, pl.NodePiece[lo])
 		}
 		// A closed bucket that kept its cut starts its piece, unless that
 		// cut was dropped (forward-first piece) or merged away.
-		if r.closed && !b.Extended && cfg.MaxPartitions == 0 {
-			q := pl.NodePartition[lo]
+		if r.closed && !b.Extended && cfg.MaxPieces == 0 {
+			q := pl.NodePiece[lo]
 			if q != 0 && firstComputeOfPiece[q] != lo {
 				fail("ddp: bucket %d closed at node %d without extension, but its piece %d starts at node %d", k, lo, q, firstComputeOfPiece[q])
 			}
@@ -452,12 +452,12 @@ func checkDDP(g *Graph, cfg Config, pl *Plan) []string {
 	}
 	// Every non-first piece, and the first when there is a cut, holds the
 	// first use of a counted parameter.
-	hasParam := make([]bool, pl.NumPartitions)
+	hasParam := make([]bool, pl.NumPieces)
 	for _, i := range firstUse {
-		hasParam[pl.NodePartition[i]] = true
+		hasParam[pl.NodePiece[i]] = true
 	}
-	for p := range pl.NumPartitions {
-		if pl.NumPartitions > 1 && !hasParam[p] {
+	for p := range pl.NumPieces {
+		if pl.NumPieces > 1 && !hasParam[p] {
 			fail("ddp: piece %d holds no counted parameter", p)
 		}
 	}
@@ -505,8 +505,8 @@ func checkAligned(g *Graph, cfg Config, pl *Plan) []string {
 	for _, v := range checkPlan(g, plain, base) {
 		fail("aligned: the unaligned plan: %s", v)
 	}
-	if !slices.Equal(pl.NodePartition, base.NodePartition) || pl.NumPartitions != base.NumPartitions ||
-		!reflect.DeepEqual(pl.PartitionInputs, base.PartitionInputs) || !reflect.DeepEqual(pl.PartitionOutputs, base.PartitionOutputs) {
+	if !slices.Equal(pl.NodePiece, base.NodePiece) || pl.NumPieces != base.NumPieces ||
+		!reflect.DeepEqual(pl.PieceInputs, base.PieceInputs) || !reflect.DeepEqual(pl.PieceOutputs, base.PieceOutputs) {
 		fail("aligned: cuts differ from the unaligned plan's")
 		return bad
 	}
@@ -516,17 +516,17 @@ func checkAligned(g *Graph, cfg Config, pl *Plan) []string {
 	extended := map[int]bool{}
 	for _, b := range base.Buckets {
 		if b.Extended {
-			extended[b.Partition] = true
+			extended[b.Piece] = true
 		}
 	}
 	var want []Bucket
 	for _, p := range order {
-		piece := int(pl.NodePartition[firstUse[p]])
-		if len(want) == 0 || want[len(want)-1].Partition != piece {
-			if len(want) > 0 && piece >= want[len(want)-1].Partition {
-				fail("aligned: the ready order meets piece %d after piece %d", piece, want[len(want)-1].Partition)
+		piece := int(pl.NodePiece[firstUse[p]])
+		if len(want) == 0 || want[len(want)-1].Piece != piece {
+			if len(want) > 0 && piece >= want[len(want)-1].Piece {
+				fail("aligned: the ready order meets piece %d after piece %d", piece, want[len(want)-1].Piece)
 			}
-			want = append(want, Bucket{Partition: piece, NodeBegin: len(g.Ops), Extended: extended[piece],
+			want = append(want, Bucket{Piece: piece, NodeBegin: len(g.Ops), Extended: extended[piece],
 				DType: g.Params[p].DType, Device: g.Params[p].Device})
 		}
 		w := &want[len(want)-1]
@@ -537,8 +537,8 @@ func checkAligned(g *Graph, cfg Config, pl *Plan) []string {
 			w.DType, w.Device = -1, -1
 		}
 	}
-	if pl.NumPartitions > 1 && len(want) != pl.NumPartitions {
-		fail("aligned: %d pieces but only %d hold counted parameters", pl.NumPartitions, len(want))
+	if pl.NumPieces > 1 && len(want) != pl.NumPieces {
+		fail("aligned: %d pieces but only %d hold counted parameters", pl.NumPieces, len(want))
 	}
 	if len(pl.Buckets) != len(want) {
 		fail("aligned: %d buckets, want %d (one per piece holding counted parameters)", len(pl.Buckets), len(want))
@@ -548,8 +548,8 @@ func checkAligned(g *Graph, cfg Config, pl *Plan) []string {
 		if !reflect.DeepEqual(b, want[k]) {
 			fail("aligned: bucket %d = %+v, want %+v", k, b, want[k])
 		}
-		if b.Partition != pl.NumPartitions-1-k {
-			fail("aligned: bucket %d is piece %d, want %d", k, b.Partition, pl.NumPartitions-1-k)
+		if b.Piece != pl.NumPieces-1-k {
+			fail("aligned: bucket %d is piece %d, want %d", k, b.Piece, pl.NumPieces-1-k)
 		}
 	}
 	if len(bad) > 0 {

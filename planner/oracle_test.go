@@ -91,7 +91,7 @@ func TestTorchOracle(t *testing.T) {
 			t.Errorf("case %d: %v", k, err)
 			continue
 		}
-		if pl.NumPartitions > 1 {
+		if pl.NumPieces > 1 {
 			multiPiece++
 		}
 		for _, b := range pl.Buckets {
@@ -100,8 +100,8 @@ func TestTorchOracle(t *testing.T) {
 				break
 			}
 		}
-		if !slices.Equal(pl.NodePartition, c.Want.NodePieces) {
-			t.Errorf("case %d: pieces %v, torch %v", k, pl.NodePartition, c.Want.NodePieces)
+		if !slices.Equal(pl.NodePiece, c.Want.NodePieces) {
+			t.Errorf("case %d: pieces %v, torch %v", k, pl.NodePiece, c.Want.NodePieces)
 		}
 		if len(pl.Buckets) != len(c.Want.Buckets) {
 			t.Errorf("case %d: %d buckets, torch %d", k, len(pl.Buckets), len(c.Want.Buckets))

@@ -8,7 +8,7 @@ type Bucket struct {
 	Params    []int32 // parameter indices in gradient-ready order
 	NodeBegin int     // first node (forward order) holding its parameters
 	NodeEnd   int     // one past the last such node
-	Partition int     // the piece whose backward completes the bucket
+	Piece     int     // the piece whose backward completes the bucket
 	Extended  bool    // its cut moved so that the piece has an output
 	DType     int32   // grouping key in ModeDDP; -1 in ModeTorch
 	Device    int32
@@ -16,12 +16,12 @@ type Bucket struct {
 
 // Plan is the result of Build.
 type Plan struct {
-	Fingerprint      uint64
-	NodePartition    []int32 // piece of each node; -1 for placeholders and the output
-	NumPartitions    int
-	Buckets          []Bucket  // DDP order: bucket 0 holds the gradients ready first
-	PartitionInputs  [][]int32 // per piece: nodes from outside it that it reads, ascending
-	PartitionOutputs [][]int32 // per piece: its nodes read by later pieces or the output, ascending
+	Fingerprint  uint64
+	NodePiece    []int32 // piece of each node; -1 for placeholders and the output
+	NumPieces    int
+	Buckets      []Bucket  // DDP order: bucket 0 holds the gradients ready first
+	PieceInputs  [][]int32 // per piece: nodes from outside it that it reads, ascending
+	PieceOutputs [][]int32 // per piece: its nodes read by later pieces or the output, ascending
 }
 
 // ErrorCode classifies a Build failure. The values match goddp_status in
@@ -71,7 +71,7 @@ func Build(g *Graph, cfg Config) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	pl.PartitionInputs, pl.PartitionOutputs = crossings(g, pl.NodePartition, pl.NumPartitions)
+	pl.PieceInputs, pl.PieceOutputs = crossings(g, pl.NodePiece, pl.NumPieces)
 	pl.Fingerprint = fingerprint(g, &cfg, pl)
 	return pl, nil
 }

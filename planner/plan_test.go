@@ -46,7 +46,7 @@ func TestFingerprintCoversInputs(t *testing.T) {
 		{"cap", func(g *Graph, c *Config) { c.BucketCapBytes++ }},
 		{"first cap", func(g *Graph, c *Config) { c.FirstBucketCapBytes++ }},
 		{"per-bucket caps", func(g *Graph, c *Config) { c.BucketCapsBytes = []int64{1 * mib, 25 * mib} }},
-		{"max partitions", func(g *Graph, c *Config) { c.MaxPartitions = 5 }},
+		{"max pieces", func(g *Graph, c *Config) { c.MaxPieces = 5 }},
 		{"align buckets", func(g *Graph, c *Config) { c.AlignBuckets = true }},
 		{"param name", func(g *Graph, c *Config) { g.Params[0].Name = "renamed" }},
 		{"param bytes", func(g *Graph, c *Config) { g.Params[0].Bytes++ }},
@@ -86,7 +86,7 @@ func TestConcurrentBuild(t *testing.T) {
 	for _, cfg := range []Config{
 		ddpCfg(25*mib, 1*mib),
 		torchCfg(25*mib, 1*mib),
-		{Mode: ModeDDP, BucketCapBytes: 4 * mib, FirstBucketCapBytes: 1 * mib, MaxPartitions: 7},
+		{Mode: ModeDDP, BucketCapBytes: 4 * mib, FirstBucketCapBytes: 1 * mib, MaxPieces: 7},
 	} {
 		want, err := Build(g, cfg)
 		if err != nil {
@@ -120,7 +120,7 @@ func TestBuildLeavesInputsAlone(t *testing.T) {
 	for _, mode := range []Mode{ModeDDP, ModeTorch} {
 		cfg := Config{Mode: mode, BucketCapBytes: 4000, FirstBucketCapBytes: 50}
 		if mode == ModeDDP {
-			cfg.BucketCapsBytes, cfg.MaxPartitions = caps, 1
+			cfg.BucketCapsBytes, cfg.MaxPieces = caps, 1
 		}
 		if _, err := Build(g, cfg); err != nil {
 			t.Fatal(err)

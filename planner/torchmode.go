@@ -183,9 +183,9 @@ func (w *torchWalk) plan() *Plan {
 		cuts = append(cuts, w.buckets[k].begin)
 	}
 	pl := &Plan{
-		NodePartition: partitionFromCuts(w.g.Ops, cuts),
-		NumPartitions: nb,
-		Buckets:       make([]Bucket, nb),
+		NodePiece: piecesFromCuts(w.g.Ops, cuts),
+		NumPieces: nb,
+		Buckets:   make([]Bucket, nb),
 	}
 	for k, b := range w.buckets {
 		pl.Buckets[k] = Bucket{
@@ -193,7 +193,7 @@ func (w *torchWalk) plan() *Plan {
 			Params:    w.params[b.paramsLo:b.paramsHi:b.paramsHi],
 			NodeBegin: b.begin,
 			NodeEnd:   b.last + 1,
-			Partition: nb - 1 - k,
+			Piece:     nb - 1 - k,
 			Extended:  b.extended,
 			DType:     -1,
 			Device:    -1,

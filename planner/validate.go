@@ -26,16 +26,16 @@ func validateConfig(cfg *Config) error {
 			return errorf(ErrInvalidConfig, "planner: BucketCapsBytes[%d] must be > 0, got %d", i, c)
 		}
 	}
-	if cfg.MaxPartitions < 0 {
-		return errorf(ErrInvalidConfig, "planner: MaxPartitions must be >= 0 (0 means no limit), got %d", cfg.MaxPartitions)
+	if cfg.MaxPieces < 0 {
+		return errorf(ErrInvalidConfig, "planner: MaxPieces must be >= 0 (0 means no limit), got %d", cfg.MaxPieces)
 	}
 	if cfg.Mode == ModeTorch {
 		// ModeTorch is a faithful reproduction of torch's DDPOptimizer, which
 		// has neither option; accepting them silently would misreport what
 		// the plan reproduces.
-		if cfg.MaxPartitions != 0 {
-			return errorf(ErrInvalidConfig, "planner: MaxPartitions (%d) is not supported in ModeTorch, which reproduces torch's DDPOptimizer exactly; use ModeDDP",
-				cfg.MaxPartitions)
+		if cfg.MaxPieces != 0 {
+			return errorf(ErrInvalidConfig, "planner: MaxPieces (%d) is not supported in ModeTorch, which reproduces torch's DDPOptimizer exactly; use ModeDDP",
+				cfg.MaxPieces)
 		}
 		if len(cfg.BucketCapsBytes) != 0 {
 			return errorf(ErrInvalidConfig, "planner: BucketCapsBytes is not supported in ModeTorch, which reproduces torch's DDPOptimizer exactly; use ModeDDP")

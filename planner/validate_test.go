@@ -36,8 +36,8 @@ func TestBuildRejectsBadInput(t *testing.T) {
 		{name: "zero first cap", cfg: func(c *Config) { c.FirstBucketCapBytes = 0 }, code: ErrInvalidConfig, message: "FirstBucketCapBytes"},
 		{name: "first cap above cap", cfg: func(c *Config) { c.FirstBucketCapBytes = 1001 }, code: ErrInvalidConfig, message: "must not exceed"},
 		{name: "zero per-bucket cap", cfg: func(c *Config) { c.BucketCapsBytes = []int64{10, 0} }, code: ErrInvalidConfig, message: "BucketCapsBytes[1]"},
-		{name: "negative max partitions", cfg: func(c *Config) { c.MaxPartitions = -1 }, code: ErrInvalidConfig, message: "MaxPartitions"},
-		{name: "torch with max partitions", cfg: func(c *Config) { c.Mode = ModeTorch; c.MaxPartitions = 2 }, code: ErrInvalidConfig, message: "ModeTorch"},
+		{name: "negative max pieces", cfg: func(c *Config) { c.MaxPieces = -1 }, code: ErrInvalidConfig, message: "MaxPieces"},
+		{name: "torch with max pieces", cfg: func(c *Config) { c.Mode = ModeTorch; c.MaxPieces = 2 }, code: ErrInvalidConfig, message: "ModeTorch"},
 		{name: "torch with per-bucket caps", cfg: func(c *Config) { c.Mode = ModeTorch; c.BucketCapsBytes = []int64{10} }, code: ErrInvalidConfig, message: "ModeTorch"},
 		{name: "torch with align buckets", cfg: func(c *Config) { c.Mode = ModeTorch; c.AlignBuckets = true }, code: ErrInvalidConfig, message: "AlignBuckets is not supported in ModeTorch"},
 		{name: "align buckets with two dtypes", graph: func(g *Graph) *Graph {
@@ -123,7 +123,7 @@ func TestBuildRejectsBadInput(t *testing.T) {
 			}
 			pl, err := Build(g, cfg)
 			if err == nil {
-				t.Fatalf("Build succeeded with %d pieces, want error code %d", pl.NumPartitions, tc.code)
+				t.Fatalf("Build succeeded with %d pieces, want error code %d", pl.NumPieces, tc.code)
 			}
 			var perr *Error
 			if !errors.As(err, &perr) {

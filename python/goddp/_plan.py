@@ -174,7 +174,7 @@ def native_config(mode: str, caps: Caps) -> dict[str, Any]:
         "bucket_cap_bytes": int(caps.bucket_cap_bytes),
         "first_bucket_cap_bytes": int(caps.first_bucket_cap_bytes),
         "bucket_caps_bytes": [int(c) for c in caps.bucket_caps_bytes],
-        "max_partitions": int(caps.max_pieces or 0),
+        "max_pieces": int(caps.max_pieces or 0),
         "align_buckets": int(caps.align_buckets),
     }
 
@@ -212,14 +212,14 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
         raise RuntimeError(
             f"goddp planner returned {num_nodes} node entries for a graph of {len(exported.nodes)} nodes"
         )
-    num_pieces = int(raw["num_partitions"])
+    num_pieces = int(raw["num_pieces"])
     num_buckets = int(raw["num_buckets"])
-    node_partitions = _ints(raw["node_partitions"], "i")
+    node_partitions = _ints(raw["node_pieces"], "i")
     if len(node_partitions) != num_nodes:
-        raise RuntimeError("goddp planner returned a node_partitions array of the wrong length")
+        raise RuntimeError("goddp planner returned a node_pieces array of the wrong length")
 
     bucket_bytes = _ints(raw["bucket_bytes"], "q")
-    bucket_partitions = _ints(raw["bucket_partitions"], "i")
+    bucket_partitions = _ints(raw["bucket_pieces"], "i")
     bucket_extended = _ints(raw["bucket_extended"], "B")
     bucket_param_offsets = _ints(raw["bucket_param_offsets"], "q")
     bucket_params = _ints(raw["bucket_params"], "i")
@@ -236,8 +236,8 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
         for b in range(num_buckets)
     ]
 
-    inputs = _csr(_ints(raw["partition_input_offsets"], "q"), _ints(raw["partition_inputs"], "i"), num_pieces)
-    outputs = _csr(_ints(raw["partition_output_offsets"], "q"), _ints(raw["partition_outputs"], "i"), num_pieces)
+    inputs = _csr(_ints(raw["piece_input_offsets"], "q"), _ints(raw["piece_inputs"], "i"), num_pieces)
+    outputs = _csr(_ints(raw["piece_output_offsets"], "q"), _ints(raw["piece_outputs"], "i"), num_pieces)
     nodes = exported.nodes
     return GraphPlan(
         fingerprint=int(raw["fingerprint"]),

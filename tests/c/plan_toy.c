@@ -142,7 +142,7 @@ static goddp_config toy_config(int32_t mode) {
         .first_bucket_cap_bytes = FIRST_CAP_BYTES,
         .num_bucket_caps = 0,
         .bucket_caps_bytes = NULL,
-        .max_partitions = 0,
+        .max_pieces = 0,
         .align_buckets = 0,
     };
     return c;
@@ -172,29 +172,29 @@ static uint64_t plan_and_check(const goddp_graph *g, int32_t mode) {
     CHECK(msg == NULL, "%s mode: message set on success", name);
 
     CHECK(plan->num_nodes == NUM_NODES, "%s: num_nodes %" PRId64, name, plan->num_nodes);
-    CHECK(plan->num_partitions == LAYERS, "%s: %" PRId64 " pieces, want %d", name, plan->num_partitions, LAYERS);
+    CHECK(plan->num_pieces == LAYERS, "%s: %" PRId64 " pieces, want %d", name, plan->num_pieces, LAYERS);
     CHECK(plan->num_buckets == LAYERS, "%s: %" PRId64 " buckets, want %d", name, plan->num_buckets, LAYERS);
-    if (plan->num_nodes != NUM_NODES || plan->num_partitions != LAYERS || plan->num_buckets != LAYERS) {
+    if (plan->num_nodes != NUM_NODES || plan->num_pieces != LAYERS || plan->num_buckets != LAYERS) {
         goddp_plan_free(plan);
         return 0;
     }
 
-    /* node_partitions: -1 for placeholders and output, else in range and
+    /* node_pieces: -1 for placeholders and output, else in range and
      * non-decreasing in forward order; here layer l is exactly piece l. */
     int32_t last = 0;
     for (int i = 0; i < NUM_NODES; i++) {
-        int32_t p = plan->node_partitions[i];
+        int32_t p = plan->node_pieces[i];
         if (node_ops[i] == GODDP_OP_PLACEHOLDER || node_ops[i] == GODDP_OP_OUTPUT) {
             CHECK(p == -1, "%s: node %d (placeholder/output) in piece %d", name, i, p);
         } else {
-            CHECK(p >= last && p < plan->num_partitions, "%s: node %d in piece %d (previous %d)", name, i, p, last);
+            CHECK(p >= last && p < plan->num_pieces, "%s: node %d in piece %d (previous %d)", name, i, p, last);
             last = p;
         }
     }
     for (int l = 0; l < LAYERS; l++) {
-        CHECK(plan->node_partitions[linear_node(l)] == l && plan->node_partitions[relu_node(l)] == l,
-              "%s: layer %d in pieces %d/%d", name, l, plan->node_partitions[linear_node(l)],
-              plan->node_partitions[relu_node(l)]);
+        CHECK(plan->node_pieces[linear_node(l)] == l && plan->node_pieces[relu_node(l)] == l,
+              "%s: layer %d in pieces %d/%d", name, l, plan->node_pieces[linear_node(l)],
+              plan->node_pieces[relu_node(l)]);
     }
 
     /* Buckets in DDP order: bucket b holds layer LAYERS-1-b's weight and bias. */
@@ -204,8 +204,8 @@ static uint64_t plan_and_check(const goddp_graph *g, int32_t mode) {
         int l = LAYERS - 1 - b;
         CHECK(plan->bucket_bytes[b] == WEIGHT_BYTES + BIAS_BYTES, "%s: bucket %d holds %" PRId64 " B", name, b,
               plan->bucket_bytes[b]);
-        CHECK(plan->bucket_partitions[b] == l, "%s: bucket %d completes in piece %d", name, b,
-              plan->bucket_partitions[b]);
+        CHECK(plan->bucket_pieces[b] == l, "%s: bucket %d completes in piece %d", name, b,
+              plan->bucket_pieces[b]);
         /* ddp mode spans the first uses of the bucket's parameters (linear_l);
          * torch mode spans the bucket's whole node range (linear_l, relu_l). */
         int64_t want_end = mode == GODDP_MODE_DDP ? linear_node(l) + 1 : relu_node(l) + 1;
@@ -226,7 +226,7 @@ static uint64_t plan_and_check(const goddp_graph *g, int32_t mode) {
     /* Crossing values: piece l reads its input activation and its two
      * parameter placeholders, and hands its relu to the next piece (or the
      * output). */
-    CHECK(plan->partition_input_offsets[0] == 0 && plan->partition_output_offsets[0] == 0,
+    CHECK(plan->piece_input_offsets[0] == 0 && plan->piece_output_offsets[0] == 0,
           "%s: crossing offsets do not start at 0", name);
     for (int l = 0; l < LAYERS; l++) {
         /* Ascending node order: x (node 0) comes before w0 and b0, but
@@ -238,8 +238,8 @@ static uint64_t plan_and_check(const goddp_graph *g, int32_t mode) {
             in[0] = weight_node(l), in[1] = bias_node(l), in[2] = relu_node(l - 1);
         }
         int32_t out[1] = {relu_node(l)};
-        check_list("partition_inputs", l, plan->partition_input_offsets, plan->partition_inputs, in, 3);
-        check_list("partition_outputs", l, plan->partition_output_offsets, plan->partition_outputs, out, 1);
+        check_list("piece_inputs", l, plan->piece_input_offsets, plan->piece_inputs, in, 3);
+        check_list("piece_outputs", l, plan->piece_output_offsets, plan->piece_outputs, out, 1);
     }
 
     uint64_t fp = plan->fingerprint;
@@ -271,8 +271,8 @@ static void check_aligned(const goddp_graph *g) {
     goddp_plan *plain = NULL, *plan = NULL;
     char *msg = NULL;
     goddp_status st = goddp_plan_graph(g, &cfg, &plain, NULL);
-    CHECK(st == GODDP_OK && plain != NULL && plain->num_partitions == LAYERS && plain->num_buckets == LAYERS + 1,
-          "unaligned: status %d, %" PRId64 " pieces, %" PRId64 " buckets", st, plain ? plain->num_partitions : -1,
+    CHECK(st == GODDP_OK && plain != NULL && plain->num_pieces == LAYERS && plain->num_buckets == LAYERS + 1,
+          "unaligned: status %d, %" PRId64 " pieces, %" PRId64 " buckets", st, plain ? plain->num_pieces : -1,
           plain ? plain->num_buckets : -1);
 
     cfg.align_buckets = 1;
@@ -281,19 +281,19 @@ static void check_aligned(const goddp_graph *g) {
     goddp_string_free(msg);
     msg = NULL;
     if (st == GODDP_OK && plan != NULL) {
-        CHECK(plan->num_partitions == LAYERS && plan->num_buckets == plan->num_partitions,
-              "aligned: %" PRId64 " pieces, %" PRId64 " buckets", plan->num_partitions, plan->num_buckets);
+        CHECK(plan->num_pieces == LAYERS && plan->num_buckets == plan->num_pieces,
+              "aligned: %" PRId64 " pieces, %" PRId64 " buckets", plan->num_pieces, plan->num_buckets);
         for (int b = 0; b < LAYERS && b < plan->num_buckets; b++) {
             int l = LAYERS - 1 - b;
             int32_t want[2] = {2 * l + 1, 2 * l}; /* ready order: bias, then weight */
-            CHECK(plan->bucket_bytes[b] == WEIGHT_BYTES + BIAS_BYTES && plan->bucket_partitions[b] == l,
+            CHECK(plan->bucket_bytes[b] == WEIGHT_BYTES + BIAS_BYTES && plan->bucket_pieces[b] == l,
                   "aligned: bucket %d holds %" PRId64 " B in piece %d", b, plan->bucket_bytes[b],
-                  plan->bucket_partitions[b]);
+                  plan->bucket_pieces[b]);
             check_list("aligned bucket_params", b, plan->bucket_param_offsets, plan->bucket_params, want, 2);
         }
         for (int i = 0; i < NUM_NODES; i++) {
-            CHECK(plain == NULL || plan->node_partitions[i] == plain->node_partitions[i],
-                  "aligned: node %d moved to piece %d", i, plan->node_partitions[i]);
+            CHECK(plain == NULL || plan->node_pieces[i] == plain->node_pieces[i],
+                  "aligned: node %d moved to piece %d", i, plan->node_pieces[i]);
         }
         CHECK(plain == NULL || plan->fingerprint != plain->fingerprint, "aligned: fingerprint unchanged");
     }

@@ -126,7 +126,7 @@ def toy_config(mode: int = _native.MODE_DDP, **overrides) -> dict:
         "bucket_cap_bytes": CAP_BYTES,
         "first_bucket_cap_bytes": FIRST_CAP_BYTES,
         "bucket_caps_bytes": [],
-        "max_partitions": 0,
+        "max_pieces": 0,
     }
     cfg.update(overrides)
     return cfg
@@ -152,7 +152,7 @@ def test_constants_mirror_the_extension(ext):
     assert len(names) == 21
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
-    assert ext.abi_version() == ext.ABI_VERSION == 2
+    assert ext.abi_version() == ext.ABI_VERSION == 3
 
 
 def test_key_tuples_match_the_builders(ext):
@@ -216,13 +216,13 @@ def test_toy_graph_plan(ext, mode):
     assert set(plan) == set(ext.PLAN_KEYS)
     assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(("num_", "fingerprint")))
     assert plan["num_nodes"] == 14
-    assert plan["num_partitions"] == 3
+    assert plan["num_pieces"] == 3
     assert plan["num_buckets"] == 3
     # x, w0..b2 (0-6) and the output (13) belong to no piece; layer i is piece i.
-    assert unpack(plan["node_partitions"], "i") == [-1] * 7 + [0, 0, 1, 1, 2, 2] + [-1]
+    assert unpack(plan["node_pieces"], "i") == [-1] * 7 + [0, 0, 1, 1, 2, 2] + [-1]
     # Buckets in DDP order: the last layer's gradients are ready first.
     assert unpack(plan["bucket_bytes"], "q") == [WEIGHT_BYTES + BIAS_BYTES] * 3
-    assert unpack(plan["bucket_partitions"], "i") == [2, 1, 0]
+    assert unpack(plan["bucket_pieces"], "i") == [2, 1, 0]
     assert unpack(plan["bucket_node_begin"], "q") == [11, 9, 7]
     if mode == _native.MODE_DDP:  # the span of its parameters' first uses: linear_i
         assert unpack(plan["bucket_node_end"], "q") == [12, 10, 8]
@@ -230,18 +230,18 @@ def test_toy_graph_plan(ext, mode):
         assert unpack(plan["bucket_node_end"], "q") == [13, 11, 9]
     assert plan["bucket_extended"] == bytes(3)
     assert [sorted(b) for b in csr(plan["bucket_param_offsets"], plan["bucket_params"])] == [[4, 5], [2, 3], [0, 1]]
-    assert csr(plan["partition_input_offsets"], plan["partition_inputs"]) == [[0, 1, 2], [3, 4, 8], [5, 6, 10]]
-    assert csr(plan["partition_output_offsets"], plan["partition_outputs"]) == [[8], [10], [12]]
+    assert csr(plan["piece_input_offsets"], plan["piece_inputs"]) == [[0, 1, 2], [3, 4, 8], [5, 6, 10]]
+    assert csr(plan["piece_output_offsets"], plan["piece_outputs"]) == [[8], [10], [12]]
     # Identical input, identical fingerprint.
     assert _native.plan_graph(chain_graph(3), toy_config(mode))["fingerprint"] == plan["fingerprint"]
 
 
 def _first_use_bytes_per_piece(graph: dict, plan: dict) -> list[int]:
     """Bytes of the parameters first used in each piece, from the graph's
-    arrays and the plan's node_partitions."""
-    parts = unpack(plan["node_partitions"], "i")
+    arrays and the plan's node_pieces."""
+    parts = unpack(plan["node_pieces"], "i")
     offsets, params = graph["node_param_offsets"], graph["node_params"]
-    per_piece = [0] * plan["num_partitions"]
+    per_piece = [0] * plan["num_pieces"]
     seen = set()
     for node, piece in enumerate(parts):
         if piece < 0:
@@ -261,12 +261,12 @@ def test_align_buckets_gives_one_bucket_per_piece(ext):
     graph = chain_graph(3)
     caps = dict(bucket_cap_bytes=WEIGHT_BYTES, first_bucket_cap_bytes=BIAS_BYTES)
     plain = ext.plan_graph(graph, toy_config(**caps))
-    assert (plain["num_partitions"], plain["num_buckets"]) == (3, 4)
+    assert (plain["num_pieces"], plain["num_buckets"]) == (3, 4)
     for align in (True, 1):
         plan = ext.plan_graph(graph, toy_config(align_buckets=align, **caps))
-        assert plan["num_buckets"] == plan["num_partitions"] == 3
-        assert plan["node_partitions"] == plain["node_partitions"]
-        assert unpack(plan["bucket_partitions"], "i") == [2, 1, 0]
+        assert plan["num_buckets"] == plan["num_pieces"] == 3
+        assert plan["node_pieces"] == plain["node_pieces"]
+        assert unpack(plan["bucket_pieces"], "i") == [2, 1, 0]
         per_piece = _first_use_bytes_per_piece(graph, plan)
         assert unpack(plan["bucket_bytes"], "q") == per_piece[::-1] == [WEIGHT_BYTES + BIAS_BYTES] * 3
         assert csr(plan["bucket_param_offsets"], plan["bucket_params"]) == [[5, 4], [3, 2], [1, 0]]
@@ -341,8 +341,8 @@ def test_unknown_and_missing_graph_keys(ext):
 
 def test_unknown_and_missing_config_keys(ext):
     cfg = toy_config()
-    del cfg["max_partitions"]
-    with pytest.raises(ValueError, match="missing key.*'max_partitions'"):
+    del cfg["max_pieces"]
+    with pytest.raises(ValueError, match="missing key.*'max_pieces'"):
         ext.plan_graph(chain_graph(2), cfg)
     with pytest.raises(ValueError, match="unknown key.*'bucket_cap_mb'"):
         ext.plan_graph(chain_graph(2), toy_config(bucket_cap_mb=25))
@@ -574,7 +574,7 @@ def test_child_forked_before_load_can_plan():
             code = 1
             try:
                 plan = _native.plan_graph(chain_graph(3), toy_config())
-                code = 0 if plan["num_partitions"] == 3 else 2
+                code = 0 if plan["num_pieces"] == 3 else 2
             except BaseException as e:
                 print("child:", type(e).__name__, e, file=sys.stderr)
             finally:
@@ -591,7 +591,7 @@ def test_child_forked_before_load_can_plan():
         assert os.waitstatus_to_exitcode(status) == 0, status
         # The parent was not affected by the child's Go runtime.
         assert not _native.is_loaded()
-        assert _native.plan_graph(chain_graph(3), toy_config())["num_partitions"] == 3
+        assert _native.plan_graph(chain_graph(3), toy_config())["num_pieces"] == 3
         print("ok")
         """
     )
