@@ -12,12 +12,15 @@ PIP      := $(PY) -m pip
 TORCHRUN := $(VENV)/bin/torchrun
 BUILD    := build
 LIBDIR   := $(BUILD)/lib
+# Test variants: Go tag goddp_testhooks and C macro GODDP_TESTHOOKS add the
+# goddp_debug_panic hook, which must never ship. Only the tests load these.
+HOOKDIR  := $(BUILD)/testhooks
 GO_SRC   := $(shell find planner bridge -name '*.go' -not -name '*_test.go') go.mod
 # Keep the Go build cache and module cache inside the machine's default
 # locations; CI runs as root in a fresh clone.
 export CGO_ENABLED := 1
 
-.PHONY: help venv install lib ctest gotest pytest pytest-dist test demo bench bench-full clean
+.PHONY: help venv install lib testhooks ctest gotest pytest pytest-dist test demo bench bench-full clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -42,23 +45,40 @@ $(LIBDIR)/libgoddp.so: $(GO_SRC) csrc/goddp.h
 
 lib: $(LIBDIR)/libgoddp.so ## Build the shared library build/lib/libgoddp.so (+ Go's header)
 
+$(HOOKDIR)/libgoddp.so: $(GO_SRC) csrc/goddp.h
+	$(GO) build -tags goddp_testhooks -buildmode=c-shared -o $@ ./bridge
+
+# The Python test variant of goddp._goddp, for the panic tests (they load it
+# from here explicitly; see tests/python/_testhooks.py).
+$(HOOKDIR)/.ext: $(VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py
+	GODDP_TESTHOOKS=1 $(PY) setup.py -q build_ext --build-lib $(HOOKDIR)/ext --build-temp $(HOOKDIR)/temp
+	touch $@
+
+testhooks: $(HOOKDIR)/libgoddp.so $(HOOKDIR)/.ext ## Build the test-only library and extension with the panic hook
+
 $(BUILD)/plan_toy: tests/c/plan_toy.c csrc/goddp.h $(LIBDIR)/libgoddp.so
 	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -Icsrc tests/c/plan_toy.c -o $@ \
-	    -L$(LIBDIR) -Wl,-rpath,'$$ORIGIN/lib' -lgoddp -lpthread
+	    -L$(LIBDIR) -Wl,-rpath,'$$ORIGIN/lib' -lgoddp -lpthread -ldl
 
-ctest: $(BUILD)/plan_toy ## Run the C program that plans a toy graph through libgoddp.so
+$(HOOKDIR)/plan_toy: tests/c/plan_toy.c csrc/goddp.h $(HOOKDIR)/libgoddp.so
+	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -DGODDP_TESTHOOKS -Icsrc tests/c/plan_toy.c -o $@ \
+	    -L$(HOOKDIR) -Wl,-rpath,'$$ORIGIN' -lgoddp -lpthread -ldl
+
+ctest: $(BUILD)/plan_toy $(HOOKDIR)/plan_toy ## Plan a toy graph from C through libgoddp.so (shipped and test-hook builds)
 	$(BUILD)/plan_toy
+	$(HOOKDIR)/plan_toy
 
 gotest: ## Go vet, unit tests with the race detector, a short fuzz run
 	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	$(GO) vet -tags goddp_testhooks ./...
+	$(GO) test -race -count=1 -tags goddp_testhooks ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime 20s ./planner
 
-pytest: install ## Python suites in one process (a 1-rank gloo group)
+pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo group)
 	$(PY) -m pytest -q tests/python
 
 # The backend and distributed suites again under torchrun: two ranks, gloo, CPU.
-pytest-dist: install
+pytest-dist: install $(HOOKDIR)/.ext
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
 	    tests/python/test_backend_*.py tests/python/test_dist_*.py
 

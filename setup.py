@@ -10,6 +10,11 @@ Environment:
               least the version that go.mod names.
   GOTOOLCHAIN left as you set it; when unset it is pinned to "local" so that
               a build never downloads a toolchain behind your back.
+  GODDP_TESTHOOKS=1
+              builds the test variant instead: Go tag goddp_testhooks and C
+              macro GODDP_TESTHOOKS, which add the debug_panic hook. Only the
+              Makefile sets it, with build_ext --build-lib build/testhooks/ext;
+              the installed extension and the wheel never contain the hook.
 """
 
 import filecmp
@@ -24,8 +29,11 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError, PlatformError
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# Relative to ROOT (setuptools wants relative paths in Extension).
-GO_ARCHIVE = os.path.join("build", "go", "libgoddp_go.a")
+TESTHOOKS = os.environ.get("GODDP_TESTHOOKS") == "1"
+# Relative to ROOT (setuptools wants relative paths in Extension). The test
+# variant gets its own archive so the two builds never overwrite each other.
+GO_ARCHIVE = os.path.join("build", "testhooks" if TESTHOOKS else "", "go", "libgoddp_go.a")
+GO_TAGS = ["-tags", "goddp_testhooks"] if TESTHOOKS else []
 GO_INSTALL_HINT = "install Go from https://go.dev/dl or point the GO environment variable at a go binary"
 
 
@@ -96,7 +104,7 @@ def build_go_archive():
     archive = os.path.join(ROOT, GO_ARCHIVE)
     fresh = archive + ".new"
     os.makedirs(os.path.dirname(archive), exist_ok=True)
-    cmd = [go, "build", "-buildmode=c-archive", "-trimpath", "-buildvcs=false", "-o", fresh, "./bridge"]
+    cmd = [go, "build", "-buildmode=c-archive", "-trimpath", "-buildvcs=false", *GO_TAGS, "-o", fresh, "./bridge"]
     print("goddp: " + " ".join(cmd), flush=True)
     result = subprocess.run(cmd, cwd=ROOT, env=env)
     if result.returncode != 0:
@@ -145,6 +153,7 @@ goddp_extension = Extension(
     extra_objects=[GO_ARCHIVE],
     libraries=["pthread"],
     extra_compile_args=["-fvisibility=hidden"],
+    define_macros=[("GODDP_TESTHOOKS", "1")] if TESTHOOKS else [],
 )
 
 setup(ext_modules=[goddp_extension], cmdclass={"build_ext": BuildGoExtension})

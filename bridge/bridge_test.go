@@ -106,22 +106,6 @@ func TestStatusMapping(t *testing.T) {
 	}
 }
 
-func TestDebugPanicIsRecovered(t *testing.T) {
-	status, msg := callDebugPanic()
-	if status != statusPanic {
-		t.Fatalf("status = %d, want GODDP_ERR_PANIC (%d)", status, statusPanic)
-	}
-	for _, want := range []string{"Go panic", "deliberate panic", "panicOnPurpose"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("panic message lacks %q:\n%s", want, msg)
-		}
-	}
-	// The process is still fine: the same hook can run again.
-	if status, _ := callDebugPanic(); status != statusPanic {
-		t.Fatalf("second call: status = %d", status)
-	}
-}
-
 func TestSetMaxProcs(t *testing.T) {
 	st, orig := callSetMaxProcs(0)
 	if st != statusOK || orig < 1 {

@@ -89,19 +89,3 @@ func goddp_string_free(s *C.char) {
 	defer recoverSilently()
 	C.free(unsafe.Pointer(s))
 }
-
-//export goddp_debug_panic
-func goddp_debug_panic(errMsg **C.char) (status C.goddp_status) {
-	defer recoverAsStatus(&status, errMsg)
-	if errMsg != nil {
-		*errMsg = nil
-	}
-	panicOnPurpose()
-	return C.GODDP_OK
-}
-
-// panicOnPurpose is the test hook's panic, in a function of its own so that
-// the reported stack shows where it came from.
-func panicOnPurpose() {
-	panic("goddp_debug_panic: deliberate panic to test recovery")
-}

@@ -185,9 +185,13 @@ void goddp_plan_free(goddp_plan *plan);
 /* Releases an error message. NULL is a no-op. */
 void goddp_string_free(char *s);
 
-/* Test hook: panics inside Go on purpose so callers can prove that a panic
- * becomes GODDP_ERR_PANIC plus a message rather than an abort. */
+#ifdef GODDP_TESTHOOKS
+/* Test hook, only in libraries built with the goddp_testhooks Go tag (never
+ * in build/lib/libgoddp.so or the wheel): panics inside Go on purpose so the
+ * tests can prove that a panic becomes GODDP_ERR_PANIC plus a message rather
+ * than an abort. */
 goddp_status goddp_debug_panic(char **err_msg);
+#endif
 
 #ifdef __cplusplus
 }

@@ -619,6 +619,8 @@ static PyObject *py_set_max_procs(PyObject *self, PyObject *arg) {
     return PyLong_FromLong((long)previous);
 }
 
+#ifdef GODDP_TESTHOOKS
+/* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
              "debug_panic()\n\n"
              "Test hook: makes Go panic on purpose. Always raises PlannerError with code\n"
@@ -638,12 +640,15 @@ static PyObject *py_debug_panic(PyObject *self, PyObject *unused) {
     raise_planner_error(status, msg);
     return NULL;
 }
+#endif
 
 static PyMethodDef goddp_methods[] = {
     {"plan_graph", (PyCFunction)(void (*)(void))py_plan_graph, METH_VARARGS | METH_KEYWORDS, plan_graph_doc},
     {"abi_version", py_abi_version, METH_NOARGS, abi_version_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
+#ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

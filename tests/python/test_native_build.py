@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+import _testhooks
+
 pytestmark = pytest.mark.single_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,6 +68,18 @@ def test_go_symbols_are_linked_in(extension_path):
     assert "goddp_plan_graph" not in out
     with open(extension_path, "rb") as f:
         assert b"github.com/goddp/goddp/planner" in f.read()
+
+
+def test_the_panic_hook_does_not_ship(extension_path):
+    """goddp_debug_panic is compiled only into the test build (Go tag
+    goddp_testhooks). Go records every function's name in the binary, so the
+    name's absence means the code is absent; the test build, which has the
+    hook, shows that the check can see it."""
+    with open(extension_path, "rb") as f:
+        shipped = f.read()
+    assert b"goddp_debug_panic" not in shipped and b"panicOnPurpose" not in shipped
+    with open(_testhooks.extension_path(), "rb") as f:
+        assert b"panicOnPurpose" in f.read()
 
 
 def _run_setup(tmp_path, go: str) -> subprocess.CompletedProcess:

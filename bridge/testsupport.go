@@ -238,17 +238,6 @@ func planFromCPlan(cp *C.goddp_plan) *planner.Plan {
 	return p
 }
 
-// callDebugPanic runs the goddp_debug_panic export.
-func callDebugPanic() (status int, msg string) {
-	var cmsg *C.char
-	st := goddp_debug_panic(&cmsg)
-	if cmsg != nil {
-		msg = C.GoString(cmsg)
-		goddp_string_free(cmsg)
-	}
-	return int(st), msg
-}
-
 // callSetMaxProcs runs the goddp_set_max_procs export.
 func callSetMaxProcs(n int32) (status int, previous int32) {
 	var prev C.int32_t = -1
