@@ -60,12 +60,27 @@ func csrValuesLen(offsets []int64, field string) (int64, error) {
 	return last, nil
 }
 
+// copyInto and viewInto make the readers of graphFromC's table: each reads
+// one C array into *dst, copied (kept by the planner) or viewed (read once).
+func copyInto[E any](dst *[]E) func(unsafe.Pointer, int64, string) error {
+	return func(p unsafe.Pointer, n int64, field string) (err error) {
+		*dst, err = cCopy[E](p, n, field, planner.ErrInvalidGraph)
+		return err
+	}
+}
+
+func viewInto[E any](dst *[]E) func(unsafe.Pointer, int64, string) error {
+	return func(p unsafe.Pointer, n int64, field string) (err error) {
+		*dst, err = cView[E](p, n, field, planner.ErrInvalidGraph)
+		return err
+	}
+}
+
 // graphFromC copies a goddp_graph into a planner.Graph.
 func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 	if g == nil {
 		return nil, invalidGraph("goddp: graph is NULL")
 	}
-	const bad = planner.ErrInvalidGraph
 	n := int64(g.num_nodes)
 	if n < 0 || n >= maxArrayLen {
 		return nil, invalidGraph("goddp: num_nodes = %d is out of range [0, %d)", n, int64(maxArrayLen))
@@ -75,73 +90,57 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 		return nil, invalidGraph("goddp: num_params = %d is out of range [0, %d)", np, int64(maxArrayLen))
 	}
 
-	var out planner.Graph
-	var err error
-	// OpKind and RefKind have the C element types as underlying types, so
-	// the caller's arrays are read as planner types directly.
-	if out.Ops, err = cCopy[planner.OpKind](unsafe.Pointer(g.node_ops), n, "node_ops", bad); err != nil {
-		return nil, err
+	// Every array of goddp_graph is one row: the C pointer, its length and
+	// where it goes. Lengths are pointers because a CSR values array is as
+	// long as the last entry of its offsets array, known only once the row
+	// before it is read; a row with csrValues sets that length.
+	var (
+		out                         planner.Graph
+		bytes, storage, nameOffsets []int64
+		dtypes, devices             []int32
+		flags                       []uint32
+		nameBytes                   []byte
+		nodesPlus1, paramsPlus1     = n + 1, np + 1
+		numRefs, numUsers, namesLen int64
+	)
+	arrays := []struct {
+		field     string
+		ptr       unsafe.Pointer
+		n         *int64
+		read      func(p unsafe.Pointer, n int64, field string) error
+		offsets   *[]int64 // for CSR offsets rows: the array just read...
+		csrValues *int64   // ...and the length of its values array
+	}{
+		// OpKind and RefKind have the C element types as underlying types,
+		// so the caller's arrays are read as planner types directly.
+		{"node_ops", unsafe.Pointer(g.node_ops), &n, copyInto(&out.Ops), nil, nil},
+		{"node_module_ids", unsafe.Pointer(g.node_module_ids), &n, copyInto(&out.ModuleIDs), nil, nil},
+		{"node_param_offsets", unsafe.Pointer(g.node_param_offsets), &nodesPlus1, copyInto(&out.ParamOffsets), &out.ParamOffsets, &numRefs},
+		{"node_params", unsafe.Pointer(g.node_params), &numRefs, copyInto(&out.ParamIndex), nil, nil},
+		{"node_param_refs", unsafe.Pointer(g.node_param_refs), &numRefs, copyInto(&out.ParamRefs), nil, nil},
+		{"node_user_offsets", unsafe.Pointer(g.node_user_offsets), &nodesPlus1, copyInto(&out.UserOffsets), &out.UserOffsets, &numUsers},
+		{"node_users", unsafe.Pointer(g.node_users), &numUsers, copyInto(&out.Users), nil, nil},
+		// The parameter table is transposed into []planner.Param below, so
+		// its columns are only viewed here, not copied twice.
+		{"param_bytes", unsafe.Pointer(g.param_bytes), &np, viewInto(&bytes), nil, nil},
+		{"param_storage_bytes", unsafe.Pointer(g.param_storage_bytes), &np, viewInto(&storage), nil, nil},
+		{"param_dtypes", unsafe.Pointer(g.param_dtypes), &np, viewInto(&dtypes), nil, nil},
+		{"param_devices", unsafe.Pointer(g.param_devices), &np, viewInto(&devices), nil, nil},
+		{"param_flags", unsafe.Pointer(g.param_flags), &np, viewInto(&flags), nil, nil},
+		{"param_name_offsets", unsafe.Pointer(g.param_name_offsets), &paramsPlus1, viewInto(&nameOffsets), &nameOffsets, &namesLen},
+		{"param_names", unsafe.Pointer(g.param_names), &namesLen, viewInto(&nameBytes), nil, nil},
 	}
-	if out.ModuleIDs, err = cCopy[int32](unsafe.Pointer(g.node_module_ids), n, "node_module_ids", bad); err != nil {
-		return nil, err
-	}
-	if out.ParamOffsets, err = cCopy[int64](unsafe.Pointer(g.node_param_offsets), n+1, "node_param_offsets", bad); err != nil {
-		return nil, err
-	}
-	numRefs, err := csrValuesLen(out.ParamOffsets, "node_param_offsets")
-	if err != nil {
-		return nil, err
-	}
-	if out.ParamIndex, err = cCopy[int32](unsafe.Pointer(g.node_params), numRefs, "node_params", bad); err != nil {
-		return nil, err
-	}
-	if out.ParamRefs, err = cCopy[planner.RefKind](unsafe.Pointer(g.node_param_refs), numRefs, "node_param_refs", bad); err != nil {
-		return nil, err
-	}
-	if out.UserOffsets, err = cCopy[int64](unsafe.Pointer(g.node_user_offsets), n+1, "node_user_offsets", bad); err != nil {
-		return nil, err
-	}
-	numUsers, err := csrValuesLen(out.UserOffsets, "node_user_offsets")
-	if err != nil {
-		return nil, err
-	}
-	if out.Users, err = cCopy[int32](unsafe.Pointer(g.node_users), numUsers, "node_users", bad); err != nil {
-		return nil, err
-	}
-
-	// The parameter table is transposed into []planner.Param, so the
-	// columns are only viewed here and copied field by field below.
-	bytes, err := cView[int64](unsafe.Pointer(g.param_bytes), np, "param_bytes", bad)
-	if err != nil {
-		return nil, err
-	}
-	storage, err := cView[int64](unsafe.Pointer(g.param_storage_bytes), np, "param_storage_bytes", bad)
-	if err != nil {
-		return nil, err
-	}
-	dtypes, err := cView[int32](unsafe.Pointer(g.param_dtypes), np, "param_dtypes", bad)
-	if err != nil {
-		return nil, err
-	}
-	devices, err := cView[int32](unsafe.Pointer(g.param_devices), np, "param_devices", bad)
-	if err != nil {
-		return nil, err
-	}
-	flags, err := cView[uint32](unsafe.Pointer(g.param_flags), np, "param_flags", bad)
-	if err != nil {
-		return nil, err
-	}
-	nameOffsets, err := cView[int64](unsafe.Pointer(g.param_name_offsets), np+1, "param_name_offsets", bad)
-	if err != nil {
-		return nil, err
-	}
-	namesLen, err := csrValuesLen(nameOffsets, "param_name_offsets")
-	if err != nil {
-		return nil, err
-	}
-	nameBytes, err := cView[byte](unsafe.Pointer(g.param_names), namesLen, "param_names", bad)
-	if err != nil {
-		return nil, err
+	for _, a := range arrays {
+		if err := a.read(a.ptr, *a.n, a.field); err != nil {
+			return nil, err
+		}
+		if a.csrValues != nil {
+			values, err := csrValuesLen(*a.offsets, a.field)
+			if err != nil {
+				return nil, err
+			}
+			*a.csrValues = values
+		}
 	}
 	// One string for all names; each Param.Name is a substring of it.
 	names := string(nameBytes)
