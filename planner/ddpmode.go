@@ -34,164 +34,244 @@ type keyCursor struct {
 	capIdx int
 }
 
+// ddpWalk holds the state of one planDDP run: the inputs it derives once,
+// then the reducer simulation of the reverse walk.
+type ddpWalk struct {
+	g            *Graph
+	cfg          *Config
+	lastUser     []int32
+	firstUse     []int32     // per parameter: node of its first forward use, or -1
+	keyOf        []int32     // per parameter: its (dtype, device) key number
+	keys         []bucketKey // the keys in use, ascending
+	caps         []int64     // DDP's cap list; the last entry repeats
+	cursors      []keyCursor // per key
+	firstCompute int         // first compute node, or -1
+
+	buckets   []ddpBucket // closed buckets in closing order (DDP order)
+	pending   []int       // closed buckets still waiting for their cut
+	cutsDesc  []int       // first node of each piece but the first, descending
+	emitted   []bool      // per parameter: already passed to the reducer
+	ready     []int32     // the predicted ready order, kept for AlignBuckets only
+	readyPos  int
+	end       int  // first node after the current piece
+	hasOutput bool // the current piece has a value read at or after end
+}
+
 // planDDP assigns each counted parameter to the node of its first forward
 // use, walks those first uses in gradient-ready order (reverse forward order,
 // reverse listed order within a node) through a simulation of DDP's bucket
 // assignment, and cuts the graph just before the node at which each bucket
 // closes, moving a cut earlier when the piece it would end has no output.
 func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
-	n := len(g.Ops)
 	if cfg.AlignBuckets {
 		if err := checkSingleKey(g); err != nil {
 			return nil, err
 		}
 	}
+	w, err := newDDPWalk(g, cfg, lastUser)
+	if err != nil {
+		return nil, err
+	}
+	for i := len(g.Ops) - 2; i >= 0; i-- {
+		if isCompute(g.Ops[i]) {
+			w.visit(i)
+		}
+	}
+	w.closeOpenBuckets()
+	cuts := w.dropEmptyFirstCut(w.forwardCuts())
+	cuts = w.limitPieces(cuts)
+	return w.plan(cuts), nil
+}
+
+// newDDPWalk derives what the walk needs from the graph and config.
+func newDDPWalk(g *Graph, cfg *Config, lastUser []int32) (*ddpWalk, error) {
 	firstUse, err := firstUses(g)
 	if err != nil {
 		return nil, err
 	}
-	keyOf, keys := groupKeys(g, firstUse)
-	caps := capList(cfg)
-	cursors := make([]keyCursor, len(keys))
-	for k := range cursors {
-		cursors[k].open = ddpBucket{key: k, closedAt: -1, cutAt: -1}
+	w := &ddpWalk{
+		g:            g,
+		cfg:          cfg,
+		lastUser:     lastUser,
+		firstUse:     firstUse,
+		caps:         capList(cfg),
+		firstCompute: -1,
+		emitted:      make([]bool, len(g.Params)),
+		end:          len(g.Ops) - 1,
 	}
-
-	firstCompute := -1
+	w.keyOf, w.keys = groupKeys(g, firstUse)
+	w.cursors = make([]keyCursor, len(w.keys))
+	for k := range w.cursors {
+		w.cursors[k].open = ddpBucket{key: k, closedAt: -1, cutAt: -1}
+	}
 	for i, op := range g.Ops {
 		if isCompute(op) {
-			firstCompute = i
+			w.firstCompute = i
 			break
 		}
 	}
+	return w, nil
+}
 
-	var (
-		buckets   []ddpBucket // closed buckets in closing order (DDP order)
-		pending   []int       // closed buckets still waiting for their cut
-		cutsDesc  []int       // first node of each piece but the first, descending
-		emitted   = make([]bool, len(g.Params))
-		ready     []int32 // the predicted ready order, kept for AlignBuckets only
-		readyPos  = 0
-		end       = n - 1 // first node after the current piece
-		hasOutput = false
-	)
-	for i := n - 2; i >= 0; i-- {
-		if !isCompute(g.Ops[i]) {
+// visit handles compute node i of the reverse walk: the gradients of the
+// parameters first used there become ready, and if that closed a bucket the
+// graph is cut before i, once the piece ending at the cut has an output.
+func (w *ddpWalk) visit(i int) {
+	if w.lastUser[i] >= int32(w.end) {
+		w.hasOutput = true
+	}
+	g := w.g
+	lo, hi := g.ParamOffsets[i], g.ParamOffsets[i+1]
+	for k := hi - 1; k >= lo; k-- {
+		p := g.ParamIndex[k]
+		if int(w.firstUse[p]) != i || w.emitted[p] {
 			continue
 		}
-		if lastUser[i] >= int32(end) {
-			hasOutput = true
-		}
-		lo, hi := g.ParamOffsets[i], g.ParamOffsets[i+1]
-		for k := hi - 1; k >= lo; k-- {
-			p := g.ParamIndex[k]
-			if int(firstUse[p]) != i || emitted[p] {
-				continue
-			}
-			emitted[p] = true
-			if cfg.AlignBuckets {
-				ready = append(ready, p)
-			}
-			cur := &cursors[keyOf[p]]
-			b := &cur.open
-			if len(b.params) == 0 {
-				b.firstReady = readyPos
-				b.nodeEnd = i + 1
-			}
-			readyPos++
-			b.params = append(b.params, p)
-			b.bytes += g.Params[p].Bytes // cannot overflow: firstUses bounded the total
-			b.nodeBegin = i
-			if b.bytes >= caps[cur.capIdx] {
-				b.closedAt = i
-				buckets = append(buckets, *b)
-				pending = append(pending, len(buckets)-1)
-				cur.open = ddpBucket{key: b.key, closedAt: -1, cutAt: -1}
-				if cur.capIdx < len(caps)-1 {
-					cur.capIdx++
-				}
-			}
-		}
-		if len(pending) > 0 && (hasOutput || i == firstCompute) {
-			// At the first compute node the piece starts anyway: no cut.
-			if i != firstCompute {
-				cutsDesc = append(cutsDesc, i)
-				end = i
-				hasOutput = false
-			}
-			for _, bi := range pending {
-				if i != firstCompute {
-					buckets[bi].cutAt = i
-				}
-				if buckets[bi].closedAt != i {
-					buckets[bi].extended = true
-				}
-			}
-			pending = pending[:0]
+		w.emitted[p] = true
+		w.gradientReady(i, p)
+	}
+	if len(w.pending) > 0 && (w.hasOutput || i == w.firstCompute) {
+		w.cut(i)
+	}
+}
+
+// gradientReady passes parameter p, first used at node i, to the reducer
+// simulation: it joins its key's open bucket, which closes at its cap.
+func (w *ddpWalk) gradientReady(i int, p int32) {
+	if w.cfg.AlignBuckets {
+		w.ready = append(w.ready, p)
+	}
+	cur := &w.cursors[w.keyOf[p]]
+	b := &cur.open
+	if len(b.params) == 0 {
+		b.firstReady = w.readyPos
+		b.nodeEnd = i + 1
+	}
+	w.readyPos++
+	b.params = append(b.params, p)
+	b.bytes += w.g.Params[p].Bytes // cannot overflow: firstUses bounded the total
+	b.nodeBegin = i
+	if b.bytes >= w.caps[cur.capIdx] {
+		b.closedAt = i
+		w.buckets = append(w.buckets, *b)
+		w.pending = append(w.pending, len(w.buckets)-1)
+		cur.open = ddpBucket{key: b.key, closedAt: -1, cutAt: -1}
+		if cur.capIdx < len(w.caps)-1 {
+			cur.capIdx++
 		}
 	}
+}
 
-	// Buckets that never reached their cap close when backward ends, in the
-	// order of their first gradient (DDP appends them in hash-map order; a
-	// fixed order keeps every rank's plan identical).
-	openStart := len(buckets)
-	for k := range cursors {
-		if len(cursors[k].open.params) > 0 {
-			buckets = append(buckets, cursors[k].open)
+// cut starts a piece at node i for the pending buckets. A bucket that closed
+// at a later node is extended: its cut had to wait for an output.
+func (w *ddpWalk) cut(i int) {
+	// At the first compute node the piece starts anyway: no cut.
+	if i != w.firstCompute {
+		w.cutsDesc = append(w.cutsDesc, i)
+		w.end = i
+		w.hasOutput = false
+	}
+	for _, bi := range w.pending {
+		if i != w.firstCompute {
+			w.buckets[bi].cutAt = i
+		}
+		if w.buckets[bi].closedAt != i {
+			w.buckets[bi].extended = true
 		}
 	}
-	slices.SortFunc(buckets[openStart:], func(a, b ddpBucket) int { return cmp.Compare(a.firstReady, b.firstReady) })
+	w.pending = w.pending[:0]
+}
 
-	cuts := make([]int, len(cutsDesc))
-	for k, c := range cutsDesc {
+// closeOpenBuckets closes the buckets that never reached their cap, as
+// backward's end does, in the order of their first gradient (DDP appends
+// them in hash-map order; a fixed order keeps every rank's plan identical).
+func (w *ddpWalk) closeOpenBuckets() {
+	openStart := len(w.buckets)
+	for k := range w.cursors {
+		if len(w.cursors[k].open.params) > 0 {
+			w.buckets = append(w.buckets, w.cursors[k].open)
+		}
+	}
+	slices.SortFunc(w.buckets[openStart:], func(a, b ddpBucket) int { return cmp.Compare(a.firstReady, b.firstReady) })
+}
+
+// forwardCuts returns the cuts in forward order.
+func (w *ddpWalk) forwardCuts() []int {
+	cuts := make([]int, len(w.cutsDesc))
+	for k, c := range w.cutsDesc {
 		cuts[len(cuts)-1-k] = c
 	}
-	if len(cuts) > 0 {
-		hasParam, hasOutput := firstPieceContents(g, firstUse, lastUser, firstCompute, cuts[0])
-		if !hasParam || !hasOutput {
-			// Dropping a cut for want of an output moves it, as extension
-			// does; a parameter-free preamble merely joins the next piece.
-			if !hasOutput {
-				for k := range buckets {
-					if buckets[k].cutAt == cuts[0] {
-						buckets[k].extended = true
-					}
-				}
-			}
-			cuts = cuts[1:]
-		}
-	}
-	numPieces := 0
-	if firstCompute >= 0 {
-		numPieces = len(cuts) + 1
-	}
-	part := piecesFromCuts(g.Ops, cuts)
-	if cfg.MaxPieces > 0 && numPieces > cfg.MaxPieces {
-		pieceBytes := make([]int64, numPieces)
-		for p, i := range firstUse {
-			if i >= 0 {
-				pieceBytes[part[i]] += g.Params[p].Bytes // bounded by the checked total
-			}
-		}
-		keep := mergePieces(pieceBytes, cfg.MaxPieces)
-		kept := cuts[:0:0]
-		for k, c := range cuts {
-			if keep[k] {
-				kept = append(kept, c)
-			}
-		}
-		cuts = kept
-		numPieces = len(cuts) + 1
-		part = piecesFromCuts(g.Ops, cuts)
-	}
+	return cuts
+}
 
+// dropEmptyFirstCut removes the first cut when the forward-first piece does
+// not deserve a piece of its own (see firstPieceContents).
+func (w *ddpWalk) dropEmptyFirstCut(cuts []int) []int {
+	if len(cuts) == 0 {
+		return cuts
+	}
+	hasParam, hasOutput := firstPieceContents(w.g, w.firstUse, w.lastUser, w.firstCompute, cuts[0])
+	if hasParam && hasOutput {
+		return cuts
+	}
+	// Dropping a cut for want of an output moves it, as extension does; a
+	// parameter-free preamble merely joins the next piece.
+	if !hasOutput {
+		for k := range w.buckets {
+			if w.buckets[k].cutAt == cuts[0] {
+				w.buckets[k].extended = true
+			}
+		}
+	}
+	return cuts[1:]
+}
+
+// numPieces is how many pieces the cuts make: none for a graph without
+// compute nodes.
+func (w *ddpWalk) numPieces(cuts []int) int {
+	if w.firstCompute < 0 {
+		return 0
+	}
+	return len(cuts) + 1
+}
+
+// limitPieces merges adjacent pieces down to cfg.MaxPieces (see
+// mergePieces) and returns the surviving cuts.
+func (w *ddpWalk) limitPieces(cuts []int) []int {
+	numPieces := w.numPieces(cuts)
+	if w.cfg.MaxPieces <= 0 || numPieces <= w.cfg.MaxPieces {
+		return cuts
+	}
+	part := piecesFromCuts(w.g.Ops, cuts)
+	pieceBytes := make([]int64, numPieces)
+	for p, i := range w.firstUse {
+		if i >= 0 {
+			pieceBytes[part[i]] += w.g.Params[p].Bytes // bounded by the checked total
+		}
+	}
+	keep := mergePieces(pieceBytes, w.cfg.MaxPieces)
+	kept := cuts[:0:0]
+	for k, c := range cuts {
+		if keep[k] {
+			kept = append(kept, c)
+		}
+	}
+	return kept
+}
+
+// plan numbers the nodes by piece and reports the buckets, each in the
+// piece of its forward-first parameter use; AlignBuckets then reshapes the
+// buckets to the pieces.
+func (w *ddpWalk) plan(cuts []int) *Plan {
+	part := piecesFromCuts(w.g.Ops, cuts)
+	numPieces := w.numPieces(cuts)
 	pl := &Plan{
 		NodePiece: part,
 		NumPieces: numPieces,
-		Buckets:   make([]Bucket, len(buckets)),
+		Buckets:   make([]Bucket, len(w.buckets)),
 	}
-	for k := range buckets {
-		b := &buckets[k]
+	for k := range w.buckets {
+		b := &w.buckets[k]
 		pl.Buckets[k] = Bucket{
 			Bytes:     b.bytes,
 			Params:    slices.Clip(b.params),
@@ -199,14 +279,14 @@ func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
 			NodeEnd:   b.nodeEnd,
 			Piece:     int(part[b.nodeBegin]),
 			Extended:  b.extended,
-			DType:     keys[b.key].dtype,
-			Device:    keys[b.key].device,
+			DType:     w.keys[b.key].dtype,
+			Device:    w.keys[b.key].device,
 		}
 	}
-	if cfg.AlignBuckets {
-		pl.Buckets = alignedBuckets(g, ready, firstUse, part, numPieces, pl.Buckets)
+	if w.cfg.AlignBuckets {
+		pl.Buckets = alignedBuckets(w.g, w.ready, w.firstUse, part, numPieces, pl.Buckets)
 	}
-	return pl, nil
+	return pl
 }
 
 // firstUses returns, per parameter, the first compute node that refers to it
