@@ -3,10 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
-	"reflect"
-	"strings"
 	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/goddp/goddp/planner"
 )
@@ -80,9 +81,7 @@ func toyConfig(mode planner.Mode) *rawConfig {
 }
 
 func TestABIVersion(t *testing.T) {
-	if got := callABIVersion(); got != 3 {
-		t.Fatalf("goddp_abi_version() = %d, want 3 (GODDP_ABI_VERSION)", got)
-	}
+	assert.Equal(t, 3, callABIVersion(), "goddp_abi_version() vs GODDP_ABI_VERSION")
 }
 
 func TestStatusMapping(t *testing.T) {
@@ -100,26 +99,22 @@ func TestStatusMapping(t *testing.T) {
 		{errOutOfMemory, statusInternal},
 	}
 	for _, c := range cases {
-		if got := statusOfInt(c.err); got != c.want {
-			t.Errorf("statusOf(%v) = %d, want %d", c.err, got, c.want)
-		}
+		assert.Equal(t, c.want, statusOfInt(c.err), "statusOf(%v)", c.err)
 	}
 }
 
 func TestSetMaxProcs(t *testing.T) {
 	st, orig := callSetMaxProcs(0)
-	if st != statusOK || orig < 1 {
-		t.Fatalf("query: status %d, value %d", st, orig)
-	}
+	require.Equal(t, statusOK, st, "query")
+	require.GreaterOrEqual(t, orig, int32(1), "query")
 	defer callSetMaxProcs(orig)
-	if st, prev := callSetMaxProcs(3); st != statusOK || prev != orig {
-		t.Fatalf("set 3: status %d, previous %d, want %d", st, prev, orig)
-	}
-	if st, prev := callSetMaxProcs(-5); st != statusOK || prev != 3 {
-		t.Fatalf("negative only queries: status %d, value %d, want 3", st, prev)
-	}
-	if st, prev := callSetMaxProcs(0); st != statusOK || prev != 3 {
-		t.Fatalf("query after set: status %d, value %d", st, prev)
+	for _, step := range []struct {
+		name    string
+		n, want int32
+	}{{"set 3", 3, orig}, {"negative only queries", -5, 3}, {"query after set", 0, 3}} {
+		st, prev := callSetMaxProcs(step.n)
+		require.Equal(t, statusOK, st, step.name)
+		require.Equal(t, step.want, prev, step.name)
 	}
 }
 
@@ -141,24 +136,20 @@ func TestConvertGraph(t *testing.T) {
 	raw.NodeModuleIDs[9] = 42
 
 	g, err := convertGraphViaC(raw)
-	if err != nil {
-		t.Fatal(err)
+	require.NoError(t, err)
+	if assert.Len(t, g.Ops, 14) {
+		assert.Equal(t, planner.OpPlaceholder, g.Ops[0])
+		assert.Equal(t, planner.OpCallFunction, g.Ops[7])
+		assert.Equal(t, planner.OpOutput, g.Ops[13])
 	}
-	if len(g.Ops) != 14 || g.Ops[0] != planner.OpPlaceholder || g.Ops[7] != planner.OpCallFunction || g.Ops[13] != planner.OpOutput {
-		t.Errorf("ops = %v", g.Ops)
+	assert.Equal(t, raw.NodeModuleIDs, g.ModuleIDs, "module ids")
+	assert.Equal(t, raw.NodeParamOffsets, g.ParamOffsets, "node param offsets")
+	assert.Equal(t, raw.NodeParams, g.ParamIndex, "node params")
+	if assert.Len(t, g.ParamRefs, 6) {
+		assert.Equal(t, planner.RefArg, g.ParamRefs[5])
 	}
-	if !reflect.DeepEqual(g.ModuleIDs, raw.NodeModuleIDs) {
-		t.Errorf("module ids = %v, want %v", g.ModuleIDs, raw.NodeModuleIDs)
-	}
-	if !reflect.DeepEqual(g.ParamOffsets, raw.NodeParamOffsets) || !reflect.DeepEqual(g.ParamIndex, raw.NodeParams) {
-		t.Errorf("node params = %v %v", g.ParamOffsets, g.ParamIndex)
-	}
-	if len(g.ParamRefs) != 6 || g.ParamRefs[5] != planner.RefArg {
-		t.Errorf("refs = %v", g.ParamRefs)
-	}
-	if !reflect.DeepEqual(g.UserOffsets, raw.NodeUserOffsets) || !reflect.DeepEqual(g.Users, raw.NodeUsers) {
-		t.Errorf("users = %v %v", g.UserOffsets, g.Users)
-	}
+	assert.Equal(t, raw.NodeUserOffsets, g.UserOffsets, "user offsets")
+	assert.Equal(t, raw.NodeUsers, g.Users, "users")
 	want := []planner.Param{
 		{Name: "layers.0.weight", Bytes: 4_000_000, StorageBytes: 4_000_000, DType: 7, RequiresGrad: true},
 		{Name: "layers.0.bias", Bytes: 4000, StorageBytes: 4000, DType: 7, RequiresGrad: true},
@@ -167,26 +158,20 @@ func TestConvertGraph(t *testing.T) {
 		{Name: "layers.2.weight", Bytes: 12345, StorageBytes: 23456, DType: 7, Device: 3, RequiresGrad: true},
 		{Name: "layers.2.bïas", Bytes: 4000, StorageBytes: 4000, DType: 7, RequiresGrad: true},
 	}
-	if !reflect.DeepEqual(g.Params, want) {
-		t.Errorf("params:\n got %+v\nwant %+v", g.Params, want)
-	}
+	assert.Equal(t, want, g.Params)
 }
 
 func TestConvertConfig(t *testing.T) {
 	cfg, err := convertConfigViaC(&rawConfig{Mode: 1, BucketCapBytes: 10, FirstBucketCapBytes: 5,
 		NumBucketCaps: 2, BucketCapsBytes: []int64{7, 9}, MaxPieces: 4, AlignBuckets: -3})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	want := planner.Config{Mode: planner.ModeTorch, BucketCapBytes: 10, FirstBucketCapBytes: 5,
 		BucketCapsBytes: []int64{7, 9}, MaxPieces: 4, AlignBuckets: true}
-	if !reflect.DeepEqual(cfg, want) {
-		t.Errorf("config = %+v, want %+v", cfg, want)
-	}
+	assert.Equal(t, want, cfg)
 	cfg, err = convertConfigViaC(&rawConfig{BucketCapBytes: 10, FirstBucketCapBytes: 5})
-	if err != nil || cfg.BucketCapsBytes != nil || cfg.AlignBuckets {
-		t.Errorf("no per-bucket caps, not aligned: %+v, %v", cfg, err)
-	}
+	require.NoError(t, err)
+	assert.Nil(t, cfg.BucketCapsBytes, "no per-bucket caps")
+	assert.False(t, cfg.AlignBuckets)
 }
 
 // TestBadPointersAndLengths covers the checks the bridge itself makes before
@@ -226,19 +211,15 @@ func TestBadPointersAndLengths(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			g, cfg := c.edit(toyGraph(1000), toyConfig(planner.ModeDDP))
 			res := callPlanGraph(g, cfg, false)
-			if res.Status != c.status || !strings.Contains(res.Msg, c.message) {
-				t.Errorf("got status %d message %q; want status %d with %q", res.Status, res.Msg, c.status, c.message)
-			}
-			if !res.OutNull {
-				t.Errorf("*out not NULL after a failure")
-			}
+			assert.Equal(t, c.status, res.Status)
+			assert.Contains(t, res.Msg, c.message)
+			assert.True(t, res.OutNull, "*out not NULL after a failure")
 		})
 	}
 	t.Run("null out", func(t *testing.T) {
 		res := callPlanGraph(toyGraph(1000), toyConfig(planner.ModeDDP), true)
-		if res.Status != statusInvalidConfig || !strings.Contains(res.Msg, "out is NULL") {
-			t.Errorf("got %d %q", res.Status, res.Msg)
-		}
+		assert.Equal(t, statusInvalidConfig, res.Status)
+		assert.Contains(t, res.Msg, "out is NULL")
 	})
 }
 
@@ -260,36 +241,28 @@ func TestBridgeMatchesPlanner(t *testing.T) {
 				rawCfg.BucketCapBytes, rawCfg.FirstBucketCapBytes = 4_000_000, 4_000
 			}
 			g, err := convertGraphViaC(raw)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			cfg, err := convertConfigViaC(rawCfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			want, wantErr := planner.Build(g, cfg)
 			res := callPlanGraph(raw, rawCfg, false)
 			if wantErr != nil {
-				if res.Status != statusOfInt(wantErr) || res.Msg != wantErr.Error() || !res.OutNull {
-					t.Fatalf("bridge: status %d %q; planner: status %d %q", res.Status, res.Msg, statusOfInt(wantErr), wantErr)
-				}
+				require.Equal(t, statusOfInt(wantErr), res.Status, "bridge vs planner status")
+				require.Equal(t, wantErr.Error(), res.Msg)
+				require.True(t, res.OutNull)
 				return
 			}
-			if res.Status != statusOK || res.Plan == nil {
-				t.Fatalf("bridge failed: %d %q", res.Status, res.Msg)
-			}
+			require.Equal(t, statusOK, res.Status, res.Msg)
+			require.NotNil(t, res.Plan)
 			got := res.Plan
 			// DType and Device are not part of the C plan.
 			for i := range want.Buckets {
 				want.Buckets[i].DType, want.Buckets[i].Device = 0, 0
 			}
-			if got.Fingerprint != want.Fingerprint || got.NumPieces != want.NumPieces ||
-				!reflect.DeepEqual(got.NodePiece, want.NodePiece) {
-				t.Errorf("plan header differs:\n got %+v\nwant %+v", got, want)
-			}
-			if !reflect.DeepEqual(got.Buckets, want.Buckets) {
-				t.Errorf("buckets differ:\n got %+v\nwant %+v", got.Buckets, want.Buckets)
-			}
+			assert.Equal(t, want.Fingerprint, got.Fingerprint, "fingerprint")
+			assert.Equal(t, want.NumPieces, got.NumPieces, "pieces")
+			assert.Equal(t, want.NodePiece, got.NodePiece, "node pieces")
+			assert.Equal(t, want.Buckets, got.Buckets, "buckets")
 			if !equalLists(got.PieceInputs, want.PieceInputs) || !equalLists(got.PieceOutputs, want.PieceOutputs) {
 				t.Errorf("crossing values differ:\n got %v / %v\nwant %v / %v",
 					got.PieceInputs, got.PieceOutputs, want.PieceInputs, want.PieceOutputs)
@@ -308,28 +281,23 @@ func TestAlignBucketsThroughC(t *testing.T) {
 	plain := callPlanGraph(toyGraph(1000), cfg, false)
 	cfg.AlignBuckets = 1
 	aligned := callPlanGraph(toyGraph(1000), cfg, false)
-	if plain.Status != statusOK || aligned.Status != statusOK {
-		t.Fatalf("status %d %q / %d %q", plain.Status, plain.Msg, aligned.Status, aligned.Msg)
-	}
-	if plain.Plan.NumPieces != 3 || len(plain.Plan.Buckets) != 4 {
-		t.Fatalf("unaligned: %d pieces, %d buckets; want 3, 4", plain.Plan.NumPieces, len(plain.Plan.Buckets))
-	}
-	if aligned.Plan.NumPieces != 3 || len(aligned.Plan.Buckets) != 3 {
-		t.Fatalf("aligned: %d pieces, %d buckets; want 3, 3", aligned.Plan.NumPieces, len(aligned.Plan.Buckets))
-	}
+	require.Equal(t, statusOK, plain.Status, plain.Msg)
+	require.Equal(t, statusOK, aligned.Status, aligned.Msg)
+	require.Equal(t, 3, plain.Plan.NumPieces, "unaligned pieces")
+	require.Len(t, plain.Plan.Buckets, 4, "unaligned buckets")
+	require.Equal(t, 3, aligned.Plan.NumPieces, "aligned pieces")
+	require.Len(t, aligned.Plan.Buckets, 3, "aligned buckets")
 	for k, b := range aligned.Plan.Buckets {
-		l := int32(2 - k)
-		if b.Bytes != 4_004_000 || b.Piece != int(l) || !reflect.DeepEqual(b.Params, []int32{2*l + 1, 2 * l}) {
-			t.Errorf("aligned bucket %d = %+v, want layer %d's bias and weight, 4004000 bytes", k, b, l)
-		}
+		l := int32(2 - k) // layer l's bias and weight
+		assert.Equal(t, int64(4_004_000), b.Bytes, "aligned bucket %d", k)
+		assert.Equal(t, int(l), b.Piece, "aligned bucket %d", k)
+		assert.Equal(t, []int32{2*l + 1, 2 * l}, b.Params, "aligned bucket %d", k)
 	}
-	if aligned.Plan.Fingerprint == plain.Plan.Fingerprint {
-		t.Error("align_buckets does not change the fingerprint")
-	}
+	assert.NotEqual(t, plain.Plan.Fingerprint, aligned.Plan.Fingerprint, "align_buckets must change the fingerprint")
 	cfg.Mode = int32(planner.ModeTorch)
-	if res := callPlanGraph(toyGraph(1000), cfg, false); res.Status != statusInvalidConfig || !strings.Contains(res.Msg, "AlignBuckets") {
-		t.Errorf("torch mode with align_buckets: %d %q", res.Status, res.Msg)
-	}
+	res := callPlanGraph(toyGraph(1000), cfg, false)
+	assert.Equal(t, statusInvalidConfig, res.Status, "torch mode with align_buckets")
+	assert.Contains(t, res.Msg, "AlignBuckets")
 }
 
 // equalLists compares lists of lists treating nil and empty alike: the C
@@ -366,8 +334,6 @@ func TestConcurrentCalls(t *testing.T) {
 	}
 	wg.Wait()
 	for i := 1; i < workers; i++ {
-		if !reflect.DeepEqual(results[i], results[0]) {
-			t.Errorf("worker %d got %+v, worker 0 got %+v", i, results[i], results[0])
-		}
+		assert.Equal(t, results[0], results[i], "worker %d vs worker 0", i)
 	}
 }

@@ -1,9 +1,11 @@
 package planner
 
 import (
-	"reflect"
 	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestFingerprintPinned pins the fingerprint of a fixed plan. A change here
@@ -21,12 +23,8 @@ func TestFingerprintPinned(t *testing.T) {
 	}
 	for _, tc := range cases {
 		pl, err := Build(toyModel().graph(), tc.cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if pl.Fingerprint != tc.want {
-			t.Errorf("%s: fingerprint %#016x, want %#016x", tc.name, pl.Fingerprint, tc.want)
-		}
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, pl.Fingerprint, "%s: fingerprint %#016x, want %#016x", tc.name, pl.Fingerprint, tc.want)
 	}
 }
 
@@ -35,9 +33,7 @@ func TestFingerprintPinned(t *testing.T) {
 func TestFingerprintCoversInputs(t *testing.T) {
 	base := ddpCfg(25*mib, 1*mib)
 	basePlan, err := Build(toyModel().graph(), base)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	changes := []struct {
 		name   string
 		change func(g *Graph, c *Config)
@@ -69,12 +65,8 @@ func TestFingerprintCoversInputs(t *testing.T) {
 		g, cfg := toyModel().graph(), base
 		ch.change(g, &cfg)
 		pl, err := Build(g, cfg)
-		if err != nil {
-			t.Errorf("%s: %v", ch.name, err)
-			continue
-		}
-		if pl.Fingerprint == basePlan.Fingerprint {
-			t.Errorf("%s: fingerprint unchanged", ch.name)
+		if assert.NoError(t, err, ch.name) {
+			assert.NotEqual(t, basePlan.Fingerprint, pl.Fingerprint, "%s: fingerprint unchanged", ch.name)
 		}
 	}
 }
@@ -89,9 +81,7 @@ func TestConcurrentBuild(t *testing.T) {
 		{Mode: ModeDDP, BucketCapBytes: 4 * mib, FirstBucketCapBytes: 1 * mib, MaxPieces: 7},
 	} {
 		want, err := Build(g, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		const workers = 8
 		plans := make([]*Plan, workers)
 		errs := make([]error, workers)
@@ -101,12 +91,8 @@ func TestConcurrentBuild(t *testing.T) {
 		}
 		wg.Wait()
 		for w := range workers {
-			if errs[w] != nil {
-				t.Fatalf("worker %d: %v", w, errs[w])
-			}
-			if !reflect.DeepEqual(plans[w], want) {
-				t.Errorf("worker %d: plan differs from the sequential one", w)
-			}
+			require.NoError(t, errs[w], "worker %d", w)
+			assert.Equal(t, want, plans[w], "worker %d: plan differs from the sequential one", w)
 		}
 	}
 }
@@ -122,16 +108,11 @@ func TestBuildLeavesInputsAlone(t *testing.T) {
 		if mode == ModeDDP {
 			cfg.BucketCapsBytes, cfg.MaxPieces = caps, 1
 		}
-		if _, err := Build(g, cfg); err != nil {
-			t.Fatal(err)
-		}
+		_, err := Build(g, cfg)
+		require.NoError(t, err)
 	}
-	if !reflect.DeepEqual(g, before) {
-		t.Error("Build modified the graph")
-	}
-	if !reflect.DeepEqual(caps, []int64{50, 4000, 100}) {
-		t.Error("Build modified BucketCapsBytes")
-	}
+	assert.Equal(t, before, g, "Build modified the graph")
+	assert.Equal(t, []int64{50, 4000, 100}, caps, "Build modified BucketCapsBytes")
 }
 
 // TestTorchModuleMarkedSeenWithoutRefs: torch marks a module processed at
@@ -145,10 +126,8 @@ func TestTorchModuleMarkedSeenWithoutRefs(t *testing.T) {
 	second := b.node("second", OpCallModule, 5, in(first)) // no references
 	b.output(second)
 	pl, err := Build(b.graph(), torchCfg(1000, 1000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(pl.Buckets) != 1 || pl.Buckets[0].Bytes != 0 || len(pl.Buckets[0].Params) != 0 {
-		t.Errorf("buckets %+v, want one empty bucket", pl.Buckets)
-	}
+	require.NoError(t, err)
+	require.Len(t, pl.Buckets, 1, "want one empty bucket")
+	assert.Zero(t, pl.Buckets[0].Bytes)
+	assert.Empty(t, pl.Buckets[0].Params)
 }

@@ -1,10 +1,11 @@
 package planner
 
 import (
-	"errors"
 	"math"
-	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // validGraph is a small well-formed graph the bad-input cases corrupt:
@@ -122,22 +123,12 @@ func TestBuildRejectsBadInput(t *testing.T) {
 				tc.cfg(&cfg)
 			}
 			pl, err := Build(g, cfg)
-			if err == nil {
-				t.Fatalf("Build succeeded with %d pieces, want error code %d", pl.NumPieces, tc.code)
-			}
+			require.Error(t, err, "want error code %d", tc.code)
 			var perr *Error
-			if !errors.As(err, &perr) {
-				t.Fatalf("error %T %q is not *Error", err, err)
-			}
-			if perr.Code != tc.code {
-				t.Errorf("code %d, want %d (%s)", perr.Code, tc.code, perr.Msg)
-			}
-			if !strings.Contains(perr.Msg, tc.message) {
-				t.Errorf("message %q does not mention %q", perr.Msg, tc.message)
-			}
-			if pl != nil {
-				t.Errorf("plan returned alongside an error")
-			}
+			require.ErrorAs(t, err, &perr)
+			assert.Equal(t, tc.code, perr.Code, perr.Msg)
+			assert.Contains(t, perr.Msg, tc.message)
+			assert.Nil(t, pl, "plan returned alongside an error")
 		})
 	}
 }
@@ -204,13 +195,10 @@ func TestBuildAcceptsEdgeInputs(t *testing.T) {
 			cfg := Config{Mode: mode, BucketCapBytes: 10, FirstBucketCapBytes: 10}
 			g := tc.graph()
 			pl, err := Build(g, cfg)
-			if err != nil {
-				t.Errorf("%s, mode %d: %v", tc.name, mode, err)
+			if !assert.NoError(t, err, "%s, mode %d", tc.name, mode) {
 				continue
 			}
-			for _, v := range checkPlan(g, cfg, pl) {
-				t.Errorf("%s, mode %d: %s", tc.name, mode, v)
-			}
+			assert.Empty(t, checkPlan(g, cfg, pl), "%s, mode %d", tc.name, mode)
 		}
 	}
 }
