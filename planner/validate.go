@@ -4,6 +4,11 @@ import "math"
 
 // validateConfig checks the caps and mode before any graph work, so a bad
 // option is reported even when the graph is also bad.
+//
+// It guards what crosses the C ABI, for any caller of it: the Python shim
+// validates the user's options itself (one validator, with messages in the
+// user's terms) and must never send a config that fails here, so these
+// messages speak in Config's field names.
 func validateConfig(cfg *Config) error {
 	switch cfg.Mode {
 	case ModeDDP, ModeTorch:
