@@ -560,6 +560,31 @@ def test_forked_child_gets_forked_child_error(ext):
     assert ext.abi_version() == _native.ABI_VERSION
 
 
+def test_panic_hook_refuses_in_forked_child():
+    # debug_panic, like every entry point, refuses in a forked child; only
+    # the test build has it (the other entry points are checked above).
+    out = _testhooks.run(
+        """
+        import os
+        from _fork_util import wait_for_child
+        ext.abi_version()  # the Go runtime is certainly running in this process
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ext.debug_panic()
+            except ext.ForkedChildError as e:
+                code = 0 if "forked after it was loaded" in str(e) and "'spawn'" in str(e) else 2
+            except BaseException:
+                code = 3
+            finally:
+                os._exit(code)
+        print("child", wait_for_child(pid, timeout=20))
+        """
+    )
+    assert out.split() == ["child", "0"]
+
+
 def _run_python(code: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)
     full_env.pop("GODDP_GOMAXPROCS", None)
