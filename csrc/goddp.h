@@ -121,7 +121,7 @@ typedef struct goddp_config {
     int64_t first_bucket_cap_bytes;     /* > 0 and <= bucket_cap_bytes */
     int64_t num_bucket_caps;            /* 0, or the length of bucket_caps_bytes */
     const int64_t *bucket_caps_bytes;   /* per-bucket caps in DDP order (ddp mode); the last repeats */
-    int64_t max_pieces;             /* 0 = no limit; else merge adjacent pieces down to this many (ddp mode) */
+    int64_t max_pieces;                 /* 0 = no limit; else merge adjacent pieces down to this many (ddp mode) */
     /* ddp mode only (nonzero in torch mode is GODDP_ERR_INVALID_CONFIG).
      * 0: buckets as DDP is predicted to build them. Nonzero: once the cuts
      * are final, one bucket per piece instead, in DDP order (bucket k is
@@ -140,14 +140,14 @@ typedef struct goddp_config {
 typedef struct goddp_plan {
     uint64_t fingerprint;               /* identical across processes and machines for identical inputs */
     int64_t num_nodes;
-    int32_t *node_pieces;           /* [num_nodes] piece of each node, -1 for placeholders and output */
-    int64_t num_pieces;             /* pieces, numbered in forward order */
+    int32_t *node_pieces;               /* [num_nodes] piece of each node, -1 for placeholders and output */
+    int64_t num_pieces;                 /* pieces, numbered in forward order */
 
     /* Buckets in DDP order: bucket 0 holds the gradients ready first,
      * i.e. the parameters of the last piece. */
     int64_t num_buckets;
     int64_t *bucket_bytes;              /* [num_buckets] counted bytes */
-    int32_t *bucket_pieces;         /* [num_buckets] the piece whose backward completes the bucket */
+    int32_t *bucket_pieces;             /* [num_buckets] the piece whose backward completes the bucket */
     /* Node span of each bucket, forward order, end exclusive. ddp mode:
      * from the first to the last node holding the first use of one of its
      * params. torch mode: the bucket's whole node range. */
@@ -160,9 +160,9 @@ typedef struct goddp_plan {
     /* Values crossing the cuts, per piece (CSR, node indices ascending):
      * inputs: placeholders and earlier pieces' nodes the piece reads;
      * outputs: the piece's nodes read by later pieces or by the output node. */
-    int64_t *piece_input_offsets;   /* [num_pieces + 1] */
+    int64_t *piece_input_offsets;       /* [num_pieces + 1] */
     int32_t *piece_inputs;
-    int64_t *piece_output_offsets;  /* [num_pieces + 1] */
+    int64_t *piece_output_offsets;      /* [num_pieces + 1] */
     int32_t *piece_outputs;
 } goddp_plan;
 

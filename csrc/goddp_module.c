@@ -224,10 +224,10 @@ static const char *const config_keys[] = {
 #define NUM_REQUIRED_CONFIG_KEYS 5
 
 static const char *const plan_keys[] = {
-    "fingerprint",         "num_nodes",         "node_pieces",         "num_pieces",
-    "num_buckets",         "bucket_bytes",      "bucket_pieces",       "bucket_node_begin",
-    "bucket_node_end",     "bucket_extended",   "bucket_param_offsets",    "bucket_params",
-    "piece_input_offsets", "piece_inputs", "piece_output_offsets", "piece_outputs",
+    "fingerprint",          "num_nodes",            "node_pieces",          "num_pieces",
+    "num_buckets",          "bucket_bytes",         "bucket_pieces",        "bucket_node_begin",
+    "bucket_node_end",      "bucket_extended",      "bucket_param_offsets", "bucket_params",
+    "piece_input_offsets",  "piece_inputs",         "piece_output_offsets", "piece_outputs",
 };
 #define NUM_PLAN_KEYS (sizeof plan_keys / sizeof plan_keys[0])
 

@@ -15,7 +15,7 @@
  *
  * Build and run (from the repository root, after `make lib`):
  *   gcc -std=c11 -Wall -Wextra -Werror -O2 -Icsrc tests/c/plan_toy.c \
- *       -o build/plan_toy -Lbuild/lib -Wl,-rpath,'$ORIGIN/lib' -lgoddp -lpthread
+ *       -o build/plan_toy -Lbuild/lib -Wl,-rpath,'$ORIGIN/lib' -lgoddp -lpthread -ldl
  *   build/plan_toy
  * Exits non-zero when any check fails; the last line is "N passed, N failed".
  *
