@@ -1,19 +1,7 @@
-"""Make DDP's gradient buckets the pieces that goddp cut.
+"""Make DDP's gradient buckets the pieces that goddp cut (why: docs/align.md).
 
-DDP rebuilds its buckets once, after its first iteration, from the order in
-which it saw gradients become ready. On a compiled model every gradient of a
-piece arrives at the same moment, in the autograd engine's own order, so the
-rebuilt buckets would straddle goddp's cuts and a bucket would wait for the
-next piece's backward. Torch's DDPOptimizer has the same problem.
-
-The cure is arithmetic: the cumulative byte count at each piece boundary does
-not depend on the order inside a piece. With ``align_buckets`` the planner
-returns one bucket per piece with its exact byte total; goddp installs those
-totals as DDP's per-bucket caps (``bucket_cap_mb_list`` in torch >= 2.9's DDP)
-and rebuilds DDP's reducer, so DDP's own rebuild closes every bucket exactly
-at a piece boundary whatever the order inside the piece.
-
-The rebuild happens on the first real call of the compiled graph, inside
+goddp installs each piece's byte total as DDP's per-bucket caps and rebuilds
+DDP's reducer. The rebuild happens on the first real call of the compiled graph, inside
 DDP's forward (after DDP's pre-forward, before its post-forward), never while
 Dynamo traces with fake tensors. It only touches DDP modules where that is
 known to be safe; ``alignment_blocker`` and ``coverage_blocker`` name the

@@ -42,7 +42,7 @@ class DDPSettings:
 
 def _bucket_config(ddp: Any) -> Any:
     """DDP's bucket settings as the user made them: goddp's own per-bucket
-    caps (goddp._align) replace them on the module, but plans keep following
+    caps (docs/align.md) replace them on the module, but plans keep following
     the user's, so that recompiling a frame plans the same cuts."""
     from goddp._align import ORIGINAL_CONFIG_ATTR
 

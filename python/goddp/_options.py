@@ -46,9 +46,8 @@ class Options:
     bucket_cap_mb / first_bucket_cap_mb: override the DDP module's caps (MiB).
     max_pieces: at most this many pieces (ddp mode), decoupling the piece
         count from the bucket size; None for no limit.
-    align_buckets: ddp mode: make DDP's own buckets the pieces, by installing
-        each piece's exact byte total as DDP's per-bucket caps (see
-        goddp._align); on by default in ddp mode, off in torch mode.
+    align_buckets: ddp mode: make DDP's own buckets the pieces
+        (docs/align.md); on by default in ddp mode, off in torch mode.
     strict: raise instead of warning and compiling the whole graph when
         planning or a piece's compilation fails.
     log_plan: log the bucket table at INFO on logger "goddp".

@@ -33,7 +33,7 @@ class Caps:
     bucket_caps_bytes: tuple[int, ...] = ()
     max_pieces: int | None = None
     # ddp mode: one bucket per piece with its exact byte total, to be
-    # installed as DDP's per-bucket caps (see goddp._align).
+    # installed as DDP's per-bucket caps (docs/align.md).
     align_buckets: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -327,8 +327,7 @@ def plan_graph_module(
         wrapper) whose named_parameters() name them, or a mapping
         parameter -> name; by default Dynamo's sources, then node names.
     align_buckets: ddp mode: one bucket per piece, holding exactly the
-        parameters first used in that piece (what goddp installs as DDP's
-        per-bucket caps so that DDP's rebuilt buckets follow the cuts).
+        parameters first used in that piece (docs/align.md).
 
     Raises ValueError for a bad mode or max_pieces; the planner's errors
     (goddp._goddp.PlannerError) for an invalid graph or caps.

@@ -23,6 +23,8 @@ Options (also accepted as ``torch.compile(..., backend="goddp", options={...})``
   DDP module's caps.
 - ``max_pieces``: int >= 1 or None: at most this many pieces, whatever the
   bucket size (ddp mode only).
+- ``align_buckets`` (True in ddp mode): set DDP's own buckets to the pieces
+  (why and when: docs/align.md); ddp mode only.
 - ``strict`` (False): raise instead of warning and compiling the whole
   graph when planning or a piece's compilation fails.
 - ``log_plan`` (True): log the bucket table at INFO on logger "goddp".
