@@ -19,6 +19,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from goddp._export import parameter_names
+
 logger = logging.getLogger("goddp")
 
 # Set on a DDP module once goddp has installed its caps: the caps, and DDP's
@@ -69,7 +71,7 @@ def coverage_blocker(ddp: Any, bucket_param_names: Sequence[Sequence[str]]) -> s
     parameters. ``bucket_param_names`` lists, per bucket, fully qualified
     names relative to the DDP-wrapped module."""
     try:
-        names = {id(p): name for name, p in ddp.module.named_parameters()}
+        names = parameter_names(ddp.module)
         parameters = ddp_parameters(ddp)
     except Exception as exc:
         return f"could not inspect DDP ({type(exc).__name__}: {exc})"

@@ -50,9 +50,9 @@ from torch import fx
 from goddp._align import PendingAlignment, alignment_blocker, coverage_blocker
 from goddp._cut import cut_graph
 from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
-from goddp._export import export_graph
+from goddp._export import example_value, export_graph
 from goddp._options import Options, parse_options
-from goddp._plan import call_planner, decode_plan, example_value
+from goddp._plan import call_planner, decode_plan
 from goddp._plan_check import check_plans_across_ranks
 from goddp._records import add_record
 from goddp._stitch import StitchedPieces

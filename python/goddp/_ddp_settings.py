@@ -10,8 +10,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from goddp._export import parameter_names
 from goddp._options import Options
-from goddp._plan import DEFAULT_FIRST_BUCKET_BYTES, MIB, Caps
+from goddp._plan import MIB, PlanSettings, default_first_bucket_cap, resolve_caps
 
 logger = logging.getLogger("goddp")
 
@@ -54,11 +55,8 @@ def _first_bucket_cap(ddp: Any, cap: int) -> int:
     first = getattr(config, "first_bucket_bytes_cap", None)
     if first is not None:
         return int(first)
-    # Older torch: DDP used 1 MiB for the first bucket only when the user
-    # left bucket_cap_mb at its default.
-    if getattr(ddp, "bucket_bytes_cap_default", False):
-        return min(getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", DEFAULT_FIRST_BUCKET_BYTES), cap)
-    return cap
+    # Older torch keeps no first cap: DDP's rule from the cap applies.
+    return default_first_bucket_cap("ddp", cap, cap_is_default=bool(getattr(ddp, "bucket_bytes_cap_default", False)))
 
 
 def _per_bucket_caps(ddp: Any) -> tuple[int, ...]:
@@ -71,10 +69,7 @@ def _per_bucket_caps(ddp: Any) -> tuple[int, ...]:
 
 def read_ddp_settings(ddp: Any) -> DDPSettings:
     cap = int(ddp.bucket_bytes_cap)
-    module = getattr(ddp, "module", ddp)
-    names: dict[int, str] = {}
-    for name, param in module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), name)
+    names = parameter_names(getattr(ddp, "module", ddp))
     ignored = frozenset(getattr(ddp, "parameters_to_ignore", ()) or ())
     return DDPSettings(
         bucket_cap_bytes=cap,
@@ -87,8 +82,9 @@ def read_ddp_settings(ddp: Any) -> DDPSettings:
     )
 
 
-def caps_for(settings: DDPSettings, options: Options) -> Caps:
-    """The caps to plan with: the DDP module's, unless options override.
+def caps_for(settings: DDPSettings, options: Options) -> PlanSettings:
+    """The caps to plan with: the DDP module's, unless options override
+    (defaults: goddp._plan.resolve_caps).
 
     ddp mode follows DDP itself (its first-bucket cap and per-bucket caps);
     an overridden bucket_cap_mb drops DDP's per-bucket caps and clamps its
@@ -96,15 +92,14 @@ def caps_for(settings: DDPSettings, options: Options) -> Caps:
     1 MiB first bucket (at most the cap), unless first_bucket_cap_mb is given.
     """
     overridden = options.bucket_cap_mb is not None
-    cap = int(options.bucket_cap_mb * MIB) if overridden else settings.bucket_cap_bytes
-    if options.first_bucket_cap_mb is not None:
-        first = int(options.first_bucket_cap_mb * MIB)
-    elif options.mode == "torch":
-        first = min(DEFAULT_FIRST_BUCKET_BYTES, cap)
-    else:
-        first = min(settings.first_bucket_cap_bytes, cap)
-    per_bucket = () if (overridden or options.mode == "torch") else settings.bucket_caps_bytes
-    return Caps(cap, first, per_bucket, options.max_pieces)
+    return resolve_caps(
+        options.mode,
+        int(options.bucket_cap_mb * MIB) if overridden else settings.bucket_cap_bytes,
+        None if options.first_bucket_cap_mb is None else int(options.first_bucket_cap_mb * MIB),
+        () if (overridden or options.mode == "torch") else settings.bucket_caps_bytes,
+        options.max_pieces,
+        ddp_first_bucket_cap_bytes=settings.first_bucket_cap_bytes,
+    )
 
 
 _noted_modules: "weakref.WeakSet[Any]" = weakref.WeakSet()

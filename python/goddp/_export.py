@@ -1,8 +1,9 @@
 """Export of a Dynamo-captured FX graph to the planner's flat arrays.
 
-The arrays are exactly the fields of ``goddp_graph`` in csrc/goddp.h. Only
-facts about the graph are gathered here (which node refers to which
-parameter, and how); every decision about where to cut is the planner's.
+The arrays are exactly the fields of ``goddp_graph`` in csrc/goddp.h (codes
+from goddp._native, their one owner). Only facts about the graph are
+gathered here (which node refers to which parameter, and how); every
+decision about where to cut is the planner's.
 """
 
 from __future__ import annotations
@@ -15,22 +16,41 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import fx, nn
 
+from goddp import _native
+from goddp._native import REF_ARG, REF_ATTR, REF_MODULE, REF_OTHER
+
 OP_CODES = {
-    "placeholder": 0,
-    "get_attr": 1,
-    "call_module": 2,
-    "call_function": 3,
-    "call_method": 4,
-    "output": 5,
+    "placeholder": _native.OP_PLACEHOLDER,
+    "get_attr": _native.OP_GET_ATTR,
+    "call_module": _native.OP_CALL_MODULE,
+    "call_function": _native.OP_CALL_FUNCTION,
+    "call_method": _native.OP_CALL_METHOD,
+    "output": _native.OP_OUTPUT,
 }
 
-REF_ARG = 0
-REF_OTHER = 1
-REF_MODULE = 2
-REF_ATTR = 3
+_NO_DEFAULT = object()
 
-FLAG_REQUIRES_GRAD = 0x1
-FLAG_DDP_IGNORED = 0x2
+
+def example_value(node: fx.Node, default: Any = _NO_DEFAULT) -> Any:
+    """Dynamo's fake value for a node (meta["example_value"], or "val").
+    Raises KeyError when there is none, unless a default is given."""
+    meta = node.meta
+    if "example_value" in meta:
+        return meta["example_value"]
+    if "val" in meta:
+        return meta["val"]
+    if default is not _NO_DEFAULT:
+        return default
+    raise KeyError(f"node {node.name!r} has no example_value/val metadata")
+
+
+def parameter_names(module: nn.Module) -> dict[int, str]:
+    """id(parameter) -> fully qualified name in module. A shared parameter
+    keeps its first name, as named_parameters() does."""
+    names: dict[int, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), name)
+    return names
 
 
 @dataclass
@@ -290,9 +310,9 @@ def export_graph(
         param_storage_bytes.append(_storage_bytes(param, nbytes))
         param_dtypes.append(dtypes.code(param.dtype))
         param_devices.append(devices.code(param.device))
-        flags = FLAG_REQUIRES_GRAD if param.requires_grad else 0
+        flags = _native.PARAM_REQUIRES_GRAD if param.requires_grad else 0
         if getattr(param, "_ddp_ignored", False) or name in ignored:
-            flags |= FLAG_DDP_IGNORED
+            flags |= _native.PARAM_DDP_IGNORED
         param_flags.append(flags)
         encoded_names += name.encode("utf-8")
         param_name_offsets.append(len(encoded_names))

@@ -126,6 +126,37 @@ def _check_inner(value: Any) -> str | Callable[..., Any]:
     return value
 
 
+def check_mode(mode: Any) -> str:
+    """goddp's cutting mode, "ddp" or "torch"."""
+    if mode not in MODES:
+        raise ValueError(f"goddp option 'mode' must be one of {', '.join(repr(m) for m in MODES)}, got {mode!r}")
+    return mode
+
+
+def check_max_pieces(max_pieces: Any) -> int | None:
+    if max_pieces is not None and (
+        not isinstance(max_pieces, int) or isinstance(max_pieces, bool) or max_pieces < 1
+    ):
+        raise ValueError(f"goddp option 'max_pieces' must be an int >= 1 or None (no limit), got {max_pieces!r}")
+    return max_pieces
+
+
+def check_ddp_mode_only(mode: str, max_pieces: int | None, align_buckets: bool | None) -> None:
+    """max_pieces and align_buckets change what ddp mode plans; torch mode
+    reproduces torch's DDPOptimizer and has neither. The one owner of this
+    rule on the Python side (goddp.plan_graph_module checks through it too)."""
+    if max_pieces is not None and mode != "ddp":
+        raise ValueError(
+            "goddp option 'max_pieces' applies only to mode='ddp' "
+            f"(mode='torch' reproduces torch's DDPOptimizer exactly), got mode={mode!r}"
+        )
+    if align_buckets and mode != "ddp":
+        raise ValueError(
+            "goddp option 'align_buckets' applies only to mode='ddp' "
+            f"(mode='torch' leaves DDP's buckets alone, as torch's DDPOptimizer does), got mode={mode!r}"
+        )
+
+
 def parse_options(raw: Mapping[str, Any] | None) -> Options:
     """Validates a mapping of options and returns an Options.
 
@@ -151,39 +182,18 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
             )
         values["inner_options"] = dict(inner_options) if inner_options else None
     if "mode" in raw:
-        mode = raw["mode"]
-        if mode not in MODES:
-            raise ValueError(
-                f"goddp option 'mode' must be one of {', '.join(repr(m) for m in MODES)}, got {mode!r}"
-            )
-        values["mode"] = mode
+        values["mode"] = check_mode(raw["mode"])
     for key in ("bucket_cap_mb", "first_bucket_cap_mb"):
         if key in raw:
             values[key] = _check_cap(key, raw[key])
     if "max_pieces" in raw:
-        max_pieces = raw["max_pieces"]
-        if max_pieces is not None and (
-            not isinstance(max_pieces, int) or isinstance(max_pieces, bool) or max_pieces < 1
-        ):
-            raise ValueError(
-                f"goddp option 'max_pieces' must be an int >= 1 or None (no limit), got {max_pieces!r}"
-            )
-        values["max_pieces"] = max_pieces
+        values["max_pieces"] = check_max_pieces(raw["max_pieces"])
     for key in ("align_buckets", "strict", "log_plan", "check_plans"):
         if key in raw:
             values[key] = _check_bool(key, raw[key])
 
     options = Options(**values)
-    if options.max_pieces is not None and options.mode != "ddp":
-        raise ValueError(
-            "goddp option 'max_pieces' applies only to mode='ddp' "
-            f"(mode='torch' reproduces torch's DDPOptimizer exactly), got mode={options.mode!r}"
-        )
-    if options.align_buckets and options.mode != "ddp":
-        raise ValueError(
-            "goddp option 'align_buckets' applies only to mode='ddp' "
-            f"(mode='torch' leaves DDP's buckets alone, as torch's DDPOptimizer does), got mode={options.mode!r}"
-        )
+    check_ddp_mode_only(options.mode, options.max_pieces, options.align_buckets)
     if (
         options.bucket_cap_mb is not None
         and options.first_bucket_cap_mb is not None

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
+import torch
 from torch import fx, nn
 
-from goddp._export import ExportedGraph, export_graph
+from goddp import _native
+from goddp._export import ExportedGraph, export_graph, parameter_names
+from goddp._options import check_ddp_mode_only, check_max_pieces, check_mode
 
 MIB = 1 << 20
 DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
@@ -21,12 +24,14 @@ DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
 # works on torch builds without the distributed package.
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 
-MODE_CODES = {"ddp": 0, "torch": 1}
+MODE_CODES = {"ddp": _native.MODE_DDP, "torch": _native.MODE_TORCH}
 
 
 @dataclass(frozen=True)
-class Caps:
-    """The bucket caps a plan was made with, in bytes."""
+class PlanSettings:
+    """What a plan was made with besides the graph: the bucket caps in bytes
+    and the two ddp-mode settings that shape pieces (reported under the
+    "caps" key of plan dicts, and as GraphPlan.caps)."""
 
     bucket_cap_bytes: int
     first_bucket_cap_bytes: int
@@ -85,7 +90,7 @@ class GraphPlan:
     num_pieces: how many pieces the graph is cut into.
     node_pieces: FX node name -> piece index (-1 for placeholders and output).
     buckets: BucketInfo list in DDP order.
-    caps: the caps used.
+    caps: the PlanSettings used (caps, max_pieces, align_buckets).
     piece_inputs / piece_outputs: per piece, the names of the nodes that cross
         into / out of it (the planner's crossing values, ascending node order).
     """
@@ -95,7 +100,7 @@ class GraphPlan:
     num_pieces: int
     node_pieces: dict[str, int]
     buckets: list[BucketInfo]
-    caps: Caps
+    caps: PlanSettings
     piece_inputs: list[list[str]] = field(default_factory=list)
     piece_outputs: list[list[str]] = field(default_factory=list)
     # Index form of the same plan, for the cutter (not part of the public API).
@@ -117,7 +122,7 @@ class GraphPlan:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable summary (node map omitted: it can be large)."""
         piece_params = self.piece_param_names()
-        nodes_per_piece = Counter(self.node_partition_list)
+        nodes_per_piece = Counter(self.node_pieces.values())
         pieces = []
         for p in range(self.num_pieces):
             pieces.append(
@@ -167,7 +172,7 @@ class GraphPlan:
         return "\n".join(lines)
 
 
-def native_config(mode: str, caps: Caps) -> dict[str, Any]:
+def native_config(mode: str, caps: PlanSettings) -> dict[str, Any]:
     """The goddp_config fields for _native.plan_graph."""
     return {
         "mode": MODE_CODES[mode],
@@ -196,16 +201,13 @@ def _csr(offsets: list[int], values: list[int], count: int) -> list[list[int]]:
     return [values[offsets[i]: offsets[i + 1]] for i in range(count)]
 
 
-def call_planner(exported: ExportedGraph, mode: str, caps: Caps) -> dict[str, Any]:
+def call_planner(exported: ExportedGraph, mode: str, caps: PlanSettings) -> dict[str, Any]:
     """Runs the Go planner. Loads the extension on first use (never at import,
     so that fork-based workers created before it are unaffected)."""
-    from goddp import _native
-
-    _native.load()
     return _native.plan_graph(exported.arrays, native_config(mode, caps))
 
 
-def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps: Caps) -> GraphPlan:
+def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps: PlanSettings) -> GraphPlan:
     """Turns the planner's flat reply into a GraphPlan, checking its shape."""
     num_nodes = int(raw["num_nodes"])
     if num_nodes != len(exported.nodes):
@@ -214,12 +216,12 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
         )
     num_pieces = int(raw["num_pieces"])
     num_buckets = int(raw["num_buckets"])
-    node_partitions = _ints(raw["node_pieces"], "i")
-    if len(node_partitions) != num_nodes:
+    piece_of_node = _ints(raw["node_pieces"], "i")
+    if len(piece_of_node) != num_nodes:
         raise RuntimeError("goddp planner returned a node_pieces array of the wrong length")
 
     bucket_bytes = _ints(raw["bucket_bytes"], "q")
-    bucket_partitions = _ints(raw["bucket_pieces"], "i")
+    bucket_pieces = _ints(raw["bucket_pieces"], "i")
     bucket_extended = _ints(raw["bucket_extended"], "B")
     bucket_param_offsets = _ints(raw["bucket_param_offsets"], "q")
     bucket_params = _ints(raw["bucket_params"], "i")
@@ -230,7 +232,7 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
             index=b,
             bytes=bucket_bytes[b],
             param_names=tuple(names[i] for i in bucket_param_lists[b]),
-            piece=bucket_partitions[b],
+            piece=bucket_pieces[b],
             extended=bool(bucket_extended[b]),
         )
         for b in range(num_buckets)
@@ -243,13 +245,13 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
         fingerprint=int(raw["fingerprint"]),
         mode=mode,
         num_pieces=num_pieces,
-        node_pieces={node.name: node_partitions[i] for i, node in enumerate(nodes)},
+        node_pieces={node.name: piece_of_node[i] for i, node in enumerate(nodes)},
         buckets=buckets,
         caps=caps,
         piece_inputs=[[nodes[i].name for i in ins] for ins in inputs],
         piece_outputs=[[nodes[i].name for i in outs] for outs in outputs],
-        node_partition_list=node_partitions,
         piece_input_indices=inputs,
+        node_partition_list=piece_of_node,
         piece_output_indices=outputs,
     )
 
@@ -261,43 +263,56 @@ def resolve_caps(
     bucket_caps_bytes: Iterable[int] = (),
     max_pieces: int | None = None,
     align_buckets: bool = False,
-) -> Caps:
-    """Fills in defaults the way DDP (ddp mode) or DDPOptimizer (torch mode)
-    would, without deciding anything about cuts."""
+    *,
+    ddp_first_bucket_cap_bytes: int | None = None,
+) -> PlanSettings:
+    """The one place that fills in cap defaults, the way DDP (ddp mode) or
+    DDPOptimizer (torch mode) would, without deciding anything about cuts.
+
+    ddp_first_bucket_cap_bytes: the first-bucket cap a real DDP module uses,
+    when there is one (goddp._ddp_settings); without it the DDP rule applies.
+    """
     cap_given = bucket_cap_bytes is not None
     cap = int(bucket_cap_bytes) if cap_given else DEFAULT_BUCKET_CAP_BYTES
-    if first_bucket_cap_bytes is not None:
-        first = int(first_bucket_cap_bytes)
-    elif mode == "torch":
-        # DDPOptimizer always uses 1 MiB; it asserts when that exceeds the
-        # cap, goddp clamps instead.
-        first = min(DEFAULT_FIRST_BUCKET_BYTES, cap)
-    else:
-        # DDP: 1 MiB with the default cap, else the cap itself.
-        first = cap if cap_given else DEFAULT_FIRST_BUCKET_BYTES
-    return Caps(cap, first, tuple(int(c) for c in bucket_caps_bytes), max_pieces, align_buckets)
+    first = default_first_bucket_cap(
+        mode, cap, cap_is_default=not cap_given, ddp_first_bucket_cap_bytes=ddp_first_bucket_cap_bytes
+    ) if first_bucket_cap_bytes is None else int(first_bucket_cap_bytes)
+    return PlanSettings(cap, first, tuple(int(c) for c in bucket_caps_bytes), max_pieces, align_buckets)
 
 
-def _name_lookup(param_names: Any) -> Any:
+def default_first_bucket_cap(
+    mode: str, cap: int, *, cap_is_default: bool, ddp_first_bucket_cap_bytes: int | None = None
+) -> int:
+    """The first bucket's cap when nobody gave one.
+
+    torch mode: DDPOptimizer always uses 1 MiB (it asserts when that exceeds
+    the cap; goddp clamps instead). ddp mode: DDP's own first cap when known,
+    else DDP's rule (1 MiB with the default cap, else the cap itself), never
+    above the cap.
+    """
+    if mode == "torch":
+        return min(DEFAULT_FIRST_BUCKET_BYTES, cap)
+    first = ddp_first_bucket_cap_bytes
+    if first is None:
+        first = DEFAULT_FIRST_BUCKET_BYTES if cap_is_default else cap
+    return min(int(first), cap)
+
+
+def _name_lookup(param_names: Any) -> Callable[[torch.Tensor], str | None] | None:
     if param_names is None:
         return None
     if isinstance(param_names, nn.parallel.DistributedDataParallel):
         param_names = param_names.module
     if isinstance(param_names, nn.Module):
-        # remove_duplicate=False lists a shared parameter under every name;
-        # keep the first, as named_parameters() does.
-        first: dict[int, str] = {}
-        for n, p in param_names.named_parameters(remove_duplicate=False):
-            first.setdefault(id(p), n)
-        by_id = first
-        return lambda p: by_id.get(id(p))
-    if isinstance(param_names, Mapping):
+        by_id = parameter_names(param_names)
+    elif isinstance(param_names, Mapping):
         by_id = {id(k): v for k, v in param_names.items()}
-        return lambda p: by_id.get(id(p))
-    raise TypeError(
-        "param_names must be None, an nn.Module (names from named_parameters()) "
-        f"or a mapping from parameter to name, got {type(param_names).__name__}"
-    )
+    else:
+        raise TypeError(
+            "param_names must be None, an nn.Module (names from named_parameters()) "
+            f"or a mapping from parameter to name, got {type(param_names).__name__}"
+        )
+    return lambda p: by_id.get(id(p))
 
 
 def plan_graph_module(
@@ -332,25 +347,9 @@ def plan_graph_module(
     Raises ValueError for a bad mode or max_pieces; the planner's errors
     (goddp._goddp.PlannerError) for an invalid graph or caps.
     """
-    if mode not in MODE_CODES:
-        raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODE_CODES)}, got {mode!r}")
-    if max_pieces is not None and (not isinstance(max_pieces, int) or isinstance(max_pieces, bool) or max_pieces < 1):
-        raise ValueError(f"max_pieces must be an int >= 1 or None, got {max_pieces!r}")
-    if max_pieces is not None and mode != "ddp":
-        raise ValueError("max_pieces applies only to mode='ddp'")
-    if align_buckets and mode != "ddp":
-        raise ValueError("align_buckets applies only to mode='ddp'")
+    check_mode(mode)
+    check_ddp_mode_only(mode, check_max_pieces(max_pieces), align_buckets)
     caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets)
     exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored)
     return decode_plan(call_planner(exported, mode, caps), exported, mode, caps)
-
-
-def example_value(node: fx.Node) -> Any:
-    """Dynamo's fake value for a node (meta["example_value"], or "val")."""
-    meta = node.meta
-    if "example_value" in meta:
-        return meta["example_value"]
-    if "val" in meta:
-        return meta["val"]
-    raise KeyError(f"node {node.name!r} has no example_value/val metadata")
 

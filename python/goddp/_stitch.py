@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from goddp._cut import Piece
+from goddp._export import example_value
 
 
 def _gatherer(reads: tuple[int, ...]) -> Callable[[list], tuple]:
@@ -30,7 +31,7 @@ def _gatherer(reads: tuple[int, ...]) -> Callable[[list], tuple]:
 
 
 def _example_requires_grad(node: fx.Node) -> bool:
-    value = node.meta.get("example_value", node.meta.get("val"))
+    value = example_value(node, None)
     # Unknown metadata: assume it may require grad (nothing to check).
     return not isinstance(value, torch.Tensor) or value.requires_grad
 

@@ -11,7 +11,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import goddp
 from goddp._backend import resolve_inner
 from goddp._ddp_settings import caps_for, read_ddp_settings
-from goddp._export import FLAG_DDP_IGNORED, FLAG_REQUIRES_GRAD, export_graph, name_from_dynamo_source
+from goddp._export import export_graph, name_from_dynamo_source
+from goddp._native import PARAM_DDP_IGNORED, PARAM_REQUIRES_GRAD
 from goddp._options import parse_options
 
 MIB = 1 << 20
@@ -84,9 +85,9 @@ def test_ignored_parameters_are_flagged_and_left_out_of_buckets(dist_group, nati
     exported = export_graph(graphs[0], param_name_of=settings.param_name_of, ignored_names=settings.ignored_names)
     flags = dict(zip(exported.param_names, exported.arrays["param_flags"]))
     assert set(flags) == {name for name, _ in model.named_parameters()}
-    assert flags["enc.weight"] == FLAG_REQUIRES_GRAD | FLAG_DDP_IGNORED
+    assert flags["enc.weight"] == PARAM_REQUIRES_GRAD | PARAM_DDP_IGNORED
     assert flags["head.1.bias"] == 0
-    assert flags["enc.bias"] == FLAG_REQUIRES_GRAD
+    assert flags["enc.bias"] == PARAM_REQUIRES_GRAD
 
     plan = goddp.plan_graph_module(graphs[0], param_names=ddp, ignored=settings.ignored_names)
     bucketed = {n for b in plan.buckets for n in b.param_names}
