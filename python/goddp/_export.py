@@ -17,7 +17,6 @@ import torch
 from torch import fx, nn
 
 from goddp import _native
-from goddp._native import REF_ARG, REF_ATTR, REF_MODULE, REF_OTHER
 
 OP_CODES = {
     "placeholder": _native.OP_PLACEHOLDER,
@@ -156,6 +155,221 @@ class _CodeTable:
         return self._codes[text]
 
 
+class _Exporter:
+    """One export: walks the nodes once, collecting the node arrays and the
+    parameter table; each step below fills one part of goddp_graph."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        param_name_of: Callable[[torch.Tensor], str | None] | None,
+        ignored_names: Iterable[str],
+    ) -> None:
+        self.gm = gm
+        self.nodes = list(gm.graph.nodes)
+        self.node_index = {node: i for i, node in enumerate(self.nodes)}
+        self.param_name_of = param_name_of
+        self.ignored = set(ignored_names)
+        self.flat_to_fqn = gm.meta.get("dynamo_flat_name_to_original_fqn", {}) if hasattr(gm, "meta") else {}
+        # The parameter table, in order of first reference.
+        self.params: list[torch.Tensor] = []
+        self.param_names: list[str] = []
+        self.param_slot: dict[int, int] = {}  # id(parameter) -> index in params
+        self.placeholder_param: dict[fx.Node, int] = {}
+        self.module_ids: dict[int, int] = {}
+        # Per node, in goddp_graph's CSR layout.
+        self.node_ops = array("i")
+        self.node_module_ids = array("i")
+        self.node_param_offsets = array("q", [0])
+        self.node_params = array("i")
+        self.node_param_refs = array("B")
+        self.node_user_offsets = array("q", [0])
+        self.node_users = array("i")
+
+    def run(self) -> ExportedGraph:
+        self.find_placeholder_params()
+        for node in self.nodes:
+            self.add_node(node)
+        arrays = {"num_nodes": len(self.nodes), **self.node_arrays(), **self.param_arrays()}
+        return ExportedGraph(self.nodes, self.node_index, self.params, self.param_names, arrays)
+
+    # -- the parameter table
+
+    def param_index(self, param: torch.Tensor, fallback_name: str) -> int:
+        slot = self.param_slot.get(id(param))
+        if slot is None:
+            slot = len(self.params)
+            self.param_slot[id(param)] = slot
+            self.params.append(param)
+            name = self.param_name_of(param) if self.param_name_of is not None else None
+            self.param_names.append(name or fallback_name)
+        return slot
+
+    def find_placeholder_params(self) -> None:
+        """Parameters held by placeholders (Dynamo with
+        inline_inbuilt_nn_modules) enter the table first, in graph order."""
+        for node in self.nodes:
+            if node.op != "placeholder":
+                continue
+            param = placeholder_parameter(node)
+            if param is None:
+                continue
+            source_name = _placeholder_source_name(node)
+            fallback = (name_from_dynamo_source(source_name) if source_name else None) or str(node.target)
+            self.placeholder_param[node] = self.param_index(param, fallback)
+
+    def module_id(self, module: nn.Module) -> int:
+        return self.module_ids.setdefault(id(module), len(self.module_ids))
+
+    # -- references from one node to parameters
+
+    def add_ref(self, slot: int, kind: int) -> None:
+        self.node_params.append(slot)
+        self.node_param_refs.append(kind)
+
+    def add_module_refs(self, module: nn.Module, prefix: str) -> None:
+        for name, param in module.named_parameters():
+            fqn = f"{prefix}.{name}"
+            self.add_ref(self.param_index(param, self.flat_to_fqn.get(fqn, fqn)), _native.REF_MODULE)
+
+    def add_nested_refs(self, value: Any) -> None:
+        """Parameters inside containers or keyword arguments: REF_OTHER."""
+        if isinstance(value, fx.Node):
+            slot = self.placeholder_param.get(value)
+            if slot is not None:
+                self.add_ref(slot, _native.REF_OTHER)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                self.add_nested_refs(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                self.add_nested_refs(item)
+        elif isinstance(value, slice):
+            self.add_nested_refs((value.start, value.stop, value.step))
+
+    def add_arg_refs(self, node: fx.Node, positional_kind: int) -> None:
+        if not any(inp in self.placeholder_param for inp in node.all_input_nodes):
+            return
+        for arg in node.args:
+            if isinstance(arg, fx.Node):
+                slot = self.placeholder_param.get(arg)
+                if slot is not None:
+                    self.add_ref(slot, positional_kind)
+            else:
+                self.add_nested_refs(arg)
+        for value in node.kwargs.values():
+            self.add_nested_refs(value)
+
+    # -- one node per op kind; each returns the node's module id (-1: none)
+
+    def call_function_refs(self, node: fx.Node) -> int:
+        self.add_arg_refs(node, _native.REF_ARG)
+        return -1
+
+    def call_method_refs(self, node: fx.Node) -> int:
+        receiver = node.args[0] if node.args else None
+        if not (isinstance(receiver, fx.Node) and isinstance(receiver.target, str)):
+            # torch's DDPOptimizer counts a method's parameter arguments
+            # only when the receiver's target is a name (placeholder,
+            # get_attr, call_module, call_method); e.g. not for h.mul(w)
+            # where h comes from a call_function. Still a use (ddp mode).
+            self.add_arg_refs(node, _native.REF_OTHER)
+            return -1
+        mod_id = -1
+        try:
+            module = self.gm.get_submodule(receiver.target)
+        except AttributeError:
+            module = None
+        if module is not None:
+            mod_id = self.module_id(module)
+            self.add_module_refs(module, receiver.target)
+        self.add_arg_refs(node, _native.REF_ARG)
+        return mod_id
+
+    def call_module_refs(self, node: fx.Node) -> int:
+        module = self.gm.get_submodule(node.target)
+        mod_id = self.module_id(module)
+        self.add_module_refs(module, str(node.target))
+        # A parameter handed to a module call counts as a use, not as an arg.
+        self.add_arg_refs(node, _native.REF_OTHER)
+        return mod_id
+
+    def get_attr_refs(self, node: fx.Node) -> int:
+        target = str(node.target)
+        try:
+            value = resolve_attr(self.gm, target)
+        except AttributeError:
+            value = None
+        if isinstance(value, nn.Parameter):
+            self.add_ref(self.param_index(value, self.flat_to_fqn.get(target, target)), _native.REF_ATTR)
+        return -1
+
+    def add_node(self, node: fx.Node) -> None:
+        refs = self._REFS.get(node.op)
+        self.node_ops.append(OP_CODES[node.op])
+        self.node_module_ids.append(refs(self, node) if refs is not None else -1)
+        self.node_param_offsets.append(len(self.node_params))
+        if node.users:
+            self.node_users.extend(sorted(self.node_index[user] for user in node.users))
+        self.node_user_offsets.append(len(self.node_users))
+
+    _REFS = {
+        "call_function": call_function_refs,
+        "call_method": call_method_refs,
+        "call_module": call_module_refs,
+        "get_attr": get_attr_refs,
+    }
+
+    # -- the finished arrays
+
+    def node_arrays(self) -> dict[str, Any]:
+        return {
+            "node_ops": self.node_ops,
+            "node_module_ids": self.node_module_ids,
+            "node_param_offsets": self.node_param_offsets,
+            "node_params": self.node_params,
+            "node_param_refs": self.node_param_refs,
+            "node_user_offsets": self.node_user_offsets,
+            "node_users": self.node_users,
+        }
+
+    def param_flags(self, param: torch.Tensor, name: str) -> int:
+        flags = _native.PARAM_REQUIRES_GRAD if param.requires_grad else 0
+        if getattr(param, "_ddp_ignored", False) or name in self.ignored:
+            flags |= _native.PARAM_DDP_IGNORED
+        return flags
+
+    def param_arrays(self) -> dict[str, Any]:
+        dtypes = _CodeTable()
+        devices = _CodeTable()
+        param_bytes = array("q")
+        param_storage_bytes = array("q")
+        param_dtypes = array("i")
+        param_devices = array("i")
+        param_flags = array("I")
+        param_name_offsets = array("q", [0])
+        encoded_names = bytearray()
+        for param, name in zip(self.params, self.param_names):
+            nbytes = param.numel() * param.element_size()
+            param_bytes.append(nbytes)
+            param_storage_bytes.append(_storage_bytes(param, nbytes))
+            param_dtypes.append(dtypes.code(param.dtype))
+            param_devices.append(devices.code(param.device))
+            param_flags.append(self.param_flags(param, name))
+            encoded_names += name.encode("utf-8")
+            param_name_offsets.append(len(encoded_names))
+        return {
+            "num_params": len(self.params),
+            "param_bytes": param_bytes,
+            "param_storage_bytes": param_storage_bytes,
+            "param_dtypes": param_dtypes,
+            "param_devices": param_devices,
+            "param_flags": param_flags,
+            "param_name_offsets": param_name_offsets,
+            "param_names": bytes(encoded_names),
+        }
+
+
 def export_graph(
     gm: fx.GraphModule,
     *,
@@ -169,170 +383,4 @@ def export_graph(
     Dynamo's source, then from the graph. ignored_names are FQNs DDP ignores
     (besides parameters marked ``_ddp_ignored``).
     """
-    nodes = list(gm.graph.nodes)
-    node_index = {node: i for i, node in enumerate(nodes)}
-    ignored = set(ignored_names)
-    flat_to_fqn = gm.meta.get("dynamo_flat_name_to_original_fqn", {}) if hasattr(gm, "meta") else {}
-
-    params: list[torch.Tensor] = []
-    param_names: list[str] = []
-    param_slot: dict[int, int] = {}  # id(parameter) -> index in params
-
-    def param_index(param: torch.Tensor, fallback_name: str) -> int:
-        slot = param_slot.get(id(param))
-        if slot is None:
-            slot = len(params)
-            param_slot[id(param)] = slot
-            params.append(param)
-            name = param_name_of(param) if param_name_of is not None else None
-            param_names.append(name or fallback_name)
-        return slot
-
-    # Parameters held by placeholders (Dynamo with inline_inbuilt_nn_modules).
-    placeholder_param: dict[fx.Node, int] = {}
-    for node in nodes:
-        if node.op != "placeholder":
-            continue
-        param = placeholder_parameter(node)
-        if param is None:
-            continue
-        source_name = _placeholder_source_name(node)
-        fallback = (name_from_dynamo_source(source_name) if source_name else None) or str(node.target)
-        placeholder_param[node] = param_index(param, fallback)
-
-    module_ids: dict[int, int] = {}
-    node_ops = array("i")
-    node_module_ids = array("i")
-    node_param_offsets = array("q", [0])
-    node_params = array("i")
-    node_param_refs = array("B")
-    node_user_offsets = array("q", [0])
-    node_users = array("i")
-
-    def add_module_refs(module: nn.Module, prefix: str) -> None:
-        for name, param in module.named_parameters():
-            node_params.append(param_index(param, flat_to_fqn.get(f"{prefix}.{name}", f"{prefix}.{name}")))
-            node_param_refs.append(REF_MODULE)
-
-    def add_nested_refs(value: Any) -> None:
-        # Parameters inside containers or keyword arguments: REF_OTHER.
-        if isinstance(value, fx.Node):
-            slot = placeholder_param.get(value)
-            if slot is not None:
-                node_params.append(slot)
-                node_param_refs.append(REF_OTHER)
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                add_nested_refs(item)
-        elif isinstance(value, dict):
-            for item in value.values():
-                add_nested_refs(item)
-        elif isinstance(value, slice):
-            add_nested_refs((value.start, value.stop, value.step))
-
-    def add_arg_refs(node: fx.Node, positional_kind: int) -> None:
-        if not any(inp in placeholder_param for inp in node.all_input_nodes):
-            return
-        for arg in node.args:
-            if isinstance(arg, fx.Node):
-                slot = placeholder_param.get(arg)
-                if slot is not None:
-                    node_params.append(slot)
-                    node_param_refs.append(positional_kind)
-            else:
-                add_nested_refs(arg)
-        for value in node.kwargs.values():
-            add_nested_refs(value)
-
-    def module_id(module: nn.Module) -> int:
-        ident = module_ids.get(id(module))
-        if ident is None:
-            ident = len(module_ids)
-            module_ids[id(module)] = ident
-        return ident
-
-    for node in nodes:
-        op = node.op
-        node_ops.append(OP_CODES[op])
-        mod_id = -1
-        if op == "call_function":
-            add_arg_refs(node, REF_ARG)
-        elif op == "call_method":
-            receiver = node.args[0] if node.args else None
-            if isinstance(receiver, fx.Node) and isinstance(receiver.target, str):
-                try:
-                    module = gm.get_submodule(receiver.target)
-                except AttributeError:
-                    module = None
-                if module is not None:
-                    mod_id = module_id(module)
-                    add_module_refs(module, receiver.target)
-                add_arg_refs(node, REF_ARG)
-            else:
-                # torch's DDPOptimizer counts a method's parameter arguments
-                # only when the receiver's target is a name (placeholder,
-                # get_attr, call_module, call_method); e.g. not for h.mul(w)
-                # where h comes from a call_function. Still a use (ddp mode).
-                add_arg_refs(node, REF_OTHER)
-        elif op == "call_module":
-            module = gm.get_submodule(node.target)
-            mod_id = module_id(module)
-            add_module_refs(module, str(node.target))
-            # A parameter handed to a module call counts as a use, not as an arg.
-            add_arg_refs(node, REF_OTHER)
-        elif op == "get_attr":
-            try:
-                value = resolve_attr(gm, str(node.target))
-            except AttributeError:
-                value = None
-            if isinstance(value, nn.Parameter):
-                target = str(node.target)
-                node_params.append(param_index(value, flat_to_fqn.get(target, target)))
-                node_param_refs.append(REF_ATTR)
-        node_module_ids.append(mod_id)
-        node_param_offsets.append(len(node_params))
-        if node.users:
-            node_users.extend(sorted(node_index[user] for user in node.users))
-        node_user_offsets.append(len(node_users))
-
-    dtypes = _CodeTable()
-    devices = _CodeTable()
-    param_bytes = array("q")
-    param_storage_bytes = array("q")
-    param_dtypes = array("i")
-    param_devices = array("i")
-    param_flags = array("I")
-    param_name_offsets = array("q", [0])
-    encoded_names = bytearray()
-    for param, name in zip(params, param_names):
-        nbytes = param.numel() * param.element_size()
-        param_bytes.append(nbytes)
-        param_storage_bytes.append(_storage_bytes(param, nbytes))
-        param_dtypes.append(dtypes.code(param.dtype))
-        param_devices.append(devices.code(param.device))
-        flags = _native.PARAM_REQUIRES_GRAD if param.requires_grad else 0
-        if getattr(param, "_ddp_ignored", False) or name in ignored:
-            flags |= _native.PARAM_DDP_IGNORED
-        param_flags.append(flags)
-        encoded_names += name.encode("utf-8")
-        param_name_offsets.append(len(encoded_names))
-
-    arrays = {
-        "num_nodes": len(nodes),
-        "node_ops": node_ops,
-        "node_module_ids": node_module_ids,
-        "node_param_offsets": node_param_offsets,
-        "node_params": node_params,
-        "node_param_refs": node_param_refs,
-        "node_user_offsets": node_user_offsets,
-        "node_users": node_users,
-        "num_params": len(params),
-        "param_bytes": param_bytes,
-        "param_storage_bytes": param_storage_bytes,
-        "param_dtypes": param_dtypes,
-        "param_devices": param_devices,
-        "param_flags": param_flags,
-        "param_name_offsets": param_name_offsets,
-        "param_names": bytes(encoded_names),
-    }
-    return ExportedGraph(nodes, node_index, params, param_names, arrays)
+    return _Exporter(gm, param_name_of, ignored_names).run()

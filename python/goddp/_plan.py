@@ -103,8 +103,7 @@ class GraphPlan:
     caps: PlanSettings
     piece_inputs: list[list[str]] = field(default_factory=list)
     piece_outputs: list[list[str]] = field(default_factory=list)
-    # Index form of the same plan, for the cutter (not part of the public API).
-    node_partition_list: list[int] = field(default_factory=list, repr=False)
+    # Index form of the crossing values, for the cutter (not public API).
     piece_input_indices: list[list[int]] = field(default_factory=list, repr=False)
     piece_output_indices: list[list[int]] = field(default_factory=list, repr=False)
 
@@ -251,7 +250,6 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
         piece_inputs=[[nodes[i].name for i in ins] for ins in inputs],
         piece_outputs=[[nodes[i].name for i in outs] for outs in outputs],
         piece_input_indices=inputs,
-        node_partition_list=piece_of_node,
         piece_output_indices=outputs,
     )
 
