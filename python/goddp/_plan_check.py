@@ -12,9 +12,6 @@ process has planned. Value: ``"<fingerprint hex> <pieces>"``, or
 Environment:
 - GODDP_PLAN_CHECK_TIMEOUT: seconds to wait for the other ranks (default
   300); on timeout goddp warns and continues.
-- GODDP_TEST_PERTURB_RANK=<rank>, honoured only with GODDP_TESTING=1: that
-  rank publishes a fingerprint with its lowest bit flipped, to test that a
-  mismatch is detected.
 """
 
 from __future__ import annotations
@@ -52,9 +49,9 @@ def _timeout_s() -> float:
     return value if value > 0 else DEFAULT_TIMEOUT_S
 
 
-def _perturbed(fingerprint: int, rank: int) -> int:
-    if os.environ.get("GODDP_TESTING") == "1" and os.environ.get("GODDP_TEST_PERTURB_RANK") == str(rank):
-        return fingerprint ^ 1
+def published_fingerprint(fingerprint: int, rank: int) -> int:
+    """The fingerprint rank publishes: its own. (The tests replace this
+    function to make ranks disagree; nothing in goddp does.)"""
     return fingerprint
 
 
@@ -88,7 +85,7 @@ def check_plans_across_ranks(fingerprint: int | None, num_pieces: int) -> dict |
     from torch.distributed.distributed_c10d import _get_default_store
 
     store = _get_default_store()
-    mine = "fallback" if fingerprint is None else f"{_perturbed(fingerprint, rank):016x}"
+    mine = "fallback" if fingerprint is None else f"{published_fingerprint(fingerprint, rank):016x}"
     store.set(f"goddp/plan/{seq}/{rank}", f"{mine} {num_pieces}")
     keys = [f"goddp/plan/{seq}/{r}" for r in range(world_size)]
     timeout = _timeout_s()

@@ -30,7 +30,7 @@ Options (also accepted as ``torch.compile(..., backend="goddp", options={...})``
 - ``log_plan`` (True): log the bucket table at INFO on logger "goddp".
 - ``check_plans`` (True): compare plan fingerprints across ranks through the
   default c10d store before training (see goddp._plan_check for the
-  GODDP_PLAN_CHECK_TIMEOUT and GODDP_TEST_PERTURB_RANK variables).
+  GODDP_PLAN_CHECK_TIMEOUT variable).
 
 An unknown key or a bad value raises ValueError naming the valid choices.
 Importing this module switches ``torch._dynamo.config.optimize_ddp`` off

@@ -36,8 +36,6 @@ def world(monkeypatch):
     """Pretends to be rank 0 of 3 and returns a function installing a store."""
     monkeypatch.setattr(plan_check, "distributed_world", lambda: (0, 3))
     monkeypatch.setattr(plan_check, "_seq", iter(range(7, 100)))
-    monkeypatch.delenv("GODDP_TESTING", raising=False)
-    monkeypatch.delenv("GODDP_TEST_PERTURB_RANK", raising=False)
 
     def install(preset: dict[str, str]) -> FakeStore:
         store = FakeStore(preset)
@@ -78,11 +76,13 @@ def test_a_differing_rank_raises_listing_every_rank(world):
         assert expected in message
 
 
-def test_the_test_hook_perturbs_only_the_named_rank_and_only_when_testing(world, monkeypatch):
+def test_a_perturbed_rank_is_caught_and_no_environment_variable_perturbs(world, monkeypatch):
     store = world({"goddp/plan/7/1": f"{0xABC:016x} 4", "goddp/plan/7/2": f"{0xABC:016x} 4"})
+    # The old test hook's variables do nothing: no test hook ships.
     monkeypatch.setenv("GODDP_TEST_PERTURB_RANK", "0")
-    plan_check.check_plans_across_ranks(0xABC, 4)  # ignored without GODDP_TESTING=1
     monkeypatch.setenv("GODDP_TESTING", "1")
+    plan_check.check_plans_across_ranks(0xABC, 4)
+    monkeypatch.setattr(plan_check, "published_fingerprint", lambda fp, rank: fp ^ 1 if rank == 0 else fp)
     store.values.update({"goddp/plan/8/1": f"{0xABC:016x} 4".encode(), "goddp/plan/8/2": f"{0xABC:016x} 4".encode()})
     with pytest.raises(plan_check.PlanMismatchError, match=f"rank 0: fingerprint {0xABD:016x}"):
         plan_check.check_plans_across_ranks(0xABC, 4)

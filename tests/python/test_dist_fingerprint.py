@@ -2,9 +2,9 @@
 
 goddp compares plan fingerprints across ranks (check_plans) before a
 compiled graph runs: two ranks cutting the same graph differently would
-issue bucket allreduces that do not pair up and hang. goddp's test hook
-(GODDP_TESTING=1 with GODDP_TEST_PERTURB_RANK=<rank>) perturbs one rank's
-plan; every rank must then raise a RuntimeError that speaks of the
+issue bucket allreduces that do not pair up and hang. The tests here patch
+goddp._plan_check.published_fingerprint so that one rank publishes a
+perturbed plan; every rank must then raise a RuntimeError that speaks of the
 fingerprint mismatch, promptly (the DDP group here times out after 60 s, and
 a plain pytest run kills the whole torchrun after a few minutes).
 
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import goddp
+import goddp._plan_check as plan_check
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
 from models import ZOO
 
@@ -42,8 +43,9 @@ def _compile_and_step(group, mode):
 @needs_two_ranks
 @pytest.mark.parametrize("mode", ["ddp", "torch"])
 def test_perturbed_plan_raises_on_every_rank(group, monkeypatch, mode):
-    monkeypatch.setenv("GODDP_TESTING", "1")
-    monkeypatch.setenv("GODDP_TEST_PERTURB_RANK", str(PERTURBED_RANK))
+    monkeypatch.setattr(
+        plan_check, "published_fingerprint", lambda fp, r: fp ^ 1 if r == PERTURBED_RANK else fp
+    )
     # were a rank never to publish its plan, the others would give up waiting after this
     monkeypatch.setenv("GODDP_PLAN_CHECK_TIMEOUT", "30")
     torch._dynamo.reset()
@@ -66,8 +68,7 @@ def test_perturbed_plan_raises_on_every_rank(group, monkeypatch, mode):
 
 @needs_two_ranks
 def test_unperturbed_plans_agree(group, monkeypatch):
-    """The same compile without the hook passes the check on both ranks."""
-    monkeypatch.delenv("GODDP_TEST_PERTURB_RANK", raising=False)
+    """The same compile without the perturbation passes the check on both ranks."""
     torch._dynamo.reset()
     goddp.clear_plans()
     _compile_and_step(group, "ddp")
