@@ -3,33 +3,87 @@
 from __future__ import annotations
 
 import collections
-import copy
+import contextlib
+import dataclasses
 import threading
-from typing import Any
+import time
+from typing import Any, Iterator
 
 # Enough for any realistic number of recompilations, bounded so that a
 # long job that recompiles often does not grow without limit.
 MAX_RECORDS = 1024
 
+TIMING_KEYS = ("export", "plan", "cut", "example_inputs", "compile", "stitch")
+
+
+@dataclasses.dataclass(kw_only=True)
+class GraphRecord:
+    """What the backend did with one graph; last_plans() lists these as
+    dicts (the fields below, in this order; see last_plans for each)."""
+
+    fingerprint: int | None = None
+    mode: str
+    caps: dict[str, Any]
+    num_pieces: int = 1
+    pieces: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    buckets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    timings: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
+    fallback: str | None = None
+    plan_check: dict[str, Any] | None = None
+    graph: dict[str, int | None]
+    # Shared with goddp._align.PendingAlignment, which corrects it if
+    # installing DDP's caps fails after the record was added.
+    ddp_buckets: dict[str, Any] | None = None
+    inner: str
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Adds the time spent in the block to timings[phase]."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] += time.perf_counter() - start
+
+    def to_dict(self) -> dict[str, Any]:
+        """A deep, JSON-serialisable copy."""
+        return dataclasses.asdict(self)
+
+
 _lock = threading.Lock()
-_records: "collections.deque[dict[str, Any]]" = collections.deque(maxlen=MAX_RECORDS)
+_records: "collections.deque[GraphRecord]" = collections.deque(maxlen=MAX_RECORDS)
 
 
-def add_record(record: dict[str, Any]) -> None:
+def add_record(record: GraphRecord) -> None:
     with _lock:
         _records.append(record)
 
 
 def last_plans() -> list[dict[str, Any]]:
     """Plans of the graphs the goddp backend compiled in this process (inside
-    a DDP forward), oldest first. Each is a JSON-serialisable dict with:
-    fingerprint (int or None after a planning failure), mode, caps, num_pieces,
-    pieces, buckets, timings (seconds for export, plan, cut, example_inputs,
-    compile, stitch), fallback (None, or why the whole graph was compiled),
-    plan_check (the cross-rank comparison, or None), graph (node and
-    parameter counts)."""
+    a DDP forward), oldest first. Each is a JSON-serialisable dict with these
+    keys (a copy: changing it changes nothing):
+
+    - fingerprint: the plan's 64-bit fingerprint (int), or None when
+      planning failed.
+    - mode: goddp's cutting mode, "ddp" or "torch".
+    - caps: the settings planned with: bucket_cap_bytes,
+      first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets.
+    - num_pieces: how many pieces the graph was cut into (1: not cut).
+    - pieces: per piece: index, num_nodes, inputs, outputs, param_names.
+    - buckets: per DDP bucket: index, bytes, param_names, piece, extended.
+    - timings: seconds spent in export, plan, cut, example_inputs, compile,
+      stitch.
+    - fallback: None, or why the whole graph was compiled instead.
+    - plan_check: the cross-rank comparison (goddp._plan_check), or None.
+    - graph: sizes of the Dynamo graph (num_params is None when export
+      failed): num_nodes, num_params.
+    - ddp_buckets: whether DDP's buckets were set to the pieces:
+      {"aligned": bool, "reason": None or why not}; None when planning failed.
+    - inner: the inner compiler's name.
+    """
     with _lock:
-        return [copy.deepcopy(r) for r in _records]
+        return [r.to_dict() for r in _records]
 
 
 def clear_plans() -> None:

@@ -34,7 +34,7 @@ Options (also accepted as ``torch.compile(..., backend="goddp", options={...})``
 
 An unknown key or a bad value raises ValueError naming the valid choices.
 Importing this module switches ``torch._dynamo.config.optimize_ddp`` off
-(see goddp._backend).
+(see goddp._ddp_optimizer).
 """
 
 from __future__ import annotations

@@ -90,6 +90,29 @@ def test_planner_failure_warns_and_compiles_the_whole_graph(dist_group, native_m
     assert record["fingerprint"] is None
 
 
+def test_the_fallback_cause_is_logged_whole_with_its_traceback_at_debug(dist_group, native_module, monkeypatch, caplog):
+    def broken_planner(*args):
+        raise RuntimeError("planner broke on purpose\nsecond line of the cause")
+
+    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    model, _ = make_models()
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner="aot_eager", check_plans=False)
+    )
+    with caplog.at_level(logging.DEBUG, logger="goddp"):
+        with pytest.warns(RuntimeWarning, match="planning failed"):
+            step(compiled, torch.randn(4, 32))
+    goddp_records = [r for r in caplog.records if r.name == "goddp"]
+    (warning,) = [r for r in goddp_records if r.levelno == logging.WARNING]
+    # The record and the warning keep one line; the log keeps the whole message.
+    assert "second line of the cause" in warning.getMessage()
+    (record,) = goddp.last_plans()
+    assert "second line" not in record["fallback"]
+    traced = [r for r in goddp_records if r.levelno == logging.DEBUG and r.exc_info]
+    assert len(traced) == 1
+    assert traced[0].exc_info[0] is RuntimeError and "broken_planner" in caplog.text
+
+
 def test_piece_compile_failure_warns_and_compiles_the_whole_graph(dist_group, native_module, caplog):
     model, reference = make_models()
     x = torch.randn(4, 32)

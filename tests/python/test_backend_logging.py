@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
+import goddp._backend
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMING_KEYS = {"export", "plan", "cut", "example_inputs", "compile", "stitch"}
@@ -97,6 +99,39 @@ def test_last_plans_are_json_with_fingerprint_and_timings(dist_group, native_mod
     assert goddp.last_plans()[0]["mode"] == "ddp"
     goddp.clear_plans()
     assert goddp.last_plans() == []
+
+
+def _documented(doc: str, key: str) -> list[str]:
+    """The names a "- key: ... a, b, c." item of doc lists after its last colon."""
+    item = re.search(rf"^\s*- {key}: (.*?)\.\n", doc, re.M | re.S).group(1)
+    return re.findall(r"\w+", item.rsplit(":", 1)[-1].replace("seconds spent in", ""))
+
+
+def test_last_plans_documents_exactly_the_keys_it_returns(dist_group, native_module, monkeypatch):
+    doc = goddp.last_plans.__doc__
+    documented = re.findall(r"^\s*- (\w+):", doc, re.M)
+    _, compiled = compile_trio()
+    compiled(torch.randn(2, 32)).sum().backward()
+
+    def broken_planner(*args):
+        raise RuntimeError("planner broke on purpose")
+
+    # A graph that falls back has the same keys.
+    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    torch._dynamo.reset()
+    _, fallback = compile_trio()
+    with pytest.warns(RuntimeWarning, match="planning failed"):
+        fallback(torch.randn(2, 32))
+    planned, failed = goddp.last_plans()
+    assert failed["fallback"] is not None and planned["fallback"] is None
+    for plan in (planned, failed):
+        assert documented == list(plan)
+        assert set(_documented(doc, "timings")) == set(plan["timings"]) == TIMING_KEYS
+        assert _documented(doc, "caps") == list(plan["caps"])
+    assert _documented(doc, "pieces") == list(planned["pieces"][0])
+    assert _documented(doc, "buckets") == list(planned["buckets"][0])
+    assert _documented(doc, "graph") == ["num_nodes", "num_params"] == list(planned["graph"])
+    assert set(planned["ddp_buckets"]) == {"aligned", "reason"}
 
 
 _TORCH_LOGS_SCRIPT = textwrap.dedent(
