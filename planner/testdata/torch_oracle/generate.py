@@ -8,7 +8,8 @@ specially: parameter placeholders (used once, several times, or nested in a
 list), call_module nodes (modules called twice, modules without
 parameters), call_method nodes on module outputs, on parameters and on
 plain values, get_attr parameters, frozen, ignored and storage-sharing
-parameters, nodes with no users, and preambles without parameters.
+parameters, nodes with no users, and preambles without parameters. They
+are encoded by goddp's production exporter (../exported_json.py).
 
 Regenerate (deterministic for a given torch) with:
     .venv/bin/python planner/testdata/torch_oracle/generate.py
@@ -20,15 +21,17 @@ import json
 import logging
 import os
 import random
+import sys
 from unittest import mock
 
 import torch
 from torch import fx, nn
 from torch._dynamo.backends.distributed import DDPOptimizer
 
-# Must match planner's OpKind and RefKind.
-OPS = {"placeholder": 0, "get_attr": 1, "call_module": 2, "call_function": 3, "call_method": 4, "output": 5}
-REF_ARG, REF_OTHER, REF_MODULE, REF_ATTR = 0, 1, 2, 3
+from goddp._export import export_graph
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from exported_json import graph_json  # noqa: E402  (planner/testdata)
 
 NUM_CASES = 150
 
@@ -130,85 +133,10 @@ def random_case(rng: random.Random):
 
 
 def export(gm: fx.GraphModule):
-    """The planner's Graph for gm, encoded as DDPOptimizer reads it."""
-    nodes = list(gm.graph.nodes)
-    index = {n: i for i, n in enumerate(nodes)}
-    params, names, slot = [], [], {}
-
-    def param_index(p, name):
-        if id(p) not in slot:
-            slot[id(p)] = len(params)
-            params.append(p)
-            names.append(name)
-        return slot[id(p)]
-
-    holder_param = {}
-    for n in nodes:
-        if n.op == "placeholder" and isinstance(n.meta.get("example_value"), nn.Parameter):
-            holder_param[n] = param_index(n.meta["example_value"], str(n.target))
-    module_ids = {}
-    g = {"ops": [], "module_ids": [], "param_offsets": [0], "param_index": [], "param_refs": [],
-         "user_offsets": [0], "users": []}
-
-    def refs_of_args(node, kind):
-        for a in node.args:
-            if isinstance(a, fx.Node) and a in holder_param:
-                g["param_index"].append(holder_param[a])
-                g["param_refs"].append(kind)
-            elif isinstance(a, (list, tuple)):
-                for b in a:
-                    if isinstance(b, fx.Node) and b in holder_param:
-                        g["param_index"].append(holder_param[b])
-                        g["param_refs"].append(REF_OTHER)
-
-    def module_refs(mod, prefix):
-        for name, p in mod.named_parameters():
-            g["param_index"].append(param_index(p, f"{prefix}.{name}"))
-            g["param_refs"].append(REF_MODULE)
-
-    for n in nodes:
-        mid = -1
-        if n.op == "call_function":
-            refs_of_args(n, REF_ARG)
-        elif n.op == "call_module":
-            mod = gm.get_submodule(n.target)
-            mid = module_ids.setdefault(id(mod), len(module_ids))
-            module_refs(mod, n.target)
-        elif n.op == "call_method":
-            receiver = n.args[0]
-            if isinstance(receiver.target, str):
-                try:
-                    mod = gm.get_submodule(receiver.target)
-                except AttributeError:
-                    mod = None
-                if mod is not None:
-                    mid = module_ids.setdefault(id(mod), len(module_ids))
-                    module_refs(mod, receiver.target)
-                refs_of_args(n, REF_ARG)
-            else:
-                # torch counts no argument of this call: still a use for DDP.
-                refs_of_args(n, REF_OTHER)
-        elif n.op == "get_attr":
-            p = getattr(gm, n.target)
-            if isinstance(p, nn.Parameter):
-                g["param_index"].append(param_index(p, n.target))
-                g["param_refs"].append(REF_ATTR)
-        g["ops"].append(OPS[n.op])
-        g["module_ids"].append(mid)
-        g["param_offsets"].append(len(g["param_index"]))
-        g["users"].extend(sorted(index[u] for u in n.users))
-        g["user_offsets"].append(len(g["users"]))
-    g["params"] = [
-        {
-            "name": name,
-            "bytes": p.numel() * p.element_size(),
-            "storage_bytes": p.untyped_storage().nbytes(),
-            "requires_grad": p.requires_grad,
-            "ignored": bool(getattr(p, "_ddp_ignored", False)),
-        }
-        for p, name in zip(params, names)
-    ]
-    return g, index, params
+    """The planner's Graph for gm, encoded by goddp's own exporter (the
+    way DDPOptimizer reads it), with the node index and parameter table."""
+    exported = export_graph(gm)
+    return graph_json(exported, dtype=False), exported.node_index, exported.params
 
 
 def torch_buckets(gm, cap, first):
