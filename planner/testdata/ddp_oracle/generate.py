@@ -8,8 +8,9 @@ must list the same buckets (order, parameters, bytes), so `go test
 installed. One process, a 1-rank gloo group; a few seconds on a CPU.
 
 Graphs come from torch.fx.symbolic_trace (call_module nodes with module
-references, call_method/call_function nodes for the rest), encoded the way
-DDPOptimizer reads them. The parameter table is named_parameters() order.
+references, call_method/call_function nodes for the rest), encoded by
+goddp's production exporter (../exported_json.py). The parameter table is
+named_parameters() order.
 
 Regenerate (deterministic for a given torch) with:
     .venv/bin/python planner/testdata/ddp_oracle/generate.py
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 
 import torch
@@ -27,8 +29,11 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-OPS = {"placeholder": 0, "get_attr": 1, "call_module": 2, "call_function": 3, "call_method": 4, "output": 5}
-REF_ARG, REF_OTHER, REF_MODULE, REF_ATTR = 0, 1, 2, 3
+from goddp._export import export_graph, parameter_names
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from exported_json import graph_json  # noqa: E402  (planner/testdata)
+
 MIB = 1 << 20
 
 
@@ -126,49 +131,15 @@ CASES = [
 ]
 
 
-def export(gm: fx.GraphModule, model: nn.Module):
-    """The planner's Graph for gm. Parameters are numbered in
-    named_parameters() order, so a shared parameter appears once."""
-    table = list(model.named_parameters())
-    slot = {id(p): i for i, (_, p) in enumerate(table)}
-    nodes = list(gm.graph.nodes)
-    index = {n: i for i, n in enumerate(nodes)}
-    module_ids = {}
-    g = {"ops": [], "module_ids": [], "param_offsets": [0], "param_index": [], "param_refs": [],
-         "user_offsets": [0], "users": []}
-    for n in nodes:
-        mid = -1
-        if n.op == "call_module":
-            mod = gm.get_submodule(n.target)
-            mid = module_ids.setdefault(id(mod), len(module_ids))
-            for _, p in mod.named_parameters():
-                g["param_index"].append(slot[id(p)])
-                g["param_refs"].append(REF_MODULE)
-        elif n.op == "get_attr":
-            value = gm
-            for part in n.target.split("."):
-                value = getattr(value, part)
-            if isinstance(value, nn.Parameter):
-                g["param_index"].append(slot[id(value)])
-                g["param_refs"].append(REF_ATTR)
-        g["ops"].append(OPS[n.op])
-        g["module_ids"].append(mid)
-        g["param_offsets"].append(len(g["param_index"]))
-        g["users"].extend(sorted(index[u] for u in n.users))
-        g["user_offsets"].append(len(g["users"]))
-    dtype_codes = {}
-    g["params"] = [
-        {
-            "name": name,
-            "bytes": p.numel() * p.element_size(),
-            "storage_bytes": p.untyped_storage().nbytes(),
-            "dtype": dtype_codes.setdefault(str(p.dtype), len(dtype_codes)),
-            "requires_grad": p.requires_grad,
-            "ignored": False,  # filled in by the caller
-        }
-        for name, p in table
-    ]
-    return g
+def export(gm: fx.GraphModule, model: nn.Module, ignored) -> dict:
+    """The planner's Graph for gm, encoded by goddp's own exporter.
+    Parameters are numbered in named_parameters() order, so a shared
+    parameter appears once."""
+    names = parameter_names(model)
+    exported = export_graph(gm, param_name_of=lambda p: names.get(id(p)), ignored_names=ignored)
+    position = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    order = sorted(range(len(exported.params)), key=lambda i: position[exported.param_names[i]])
+    return graph_json(exported, param_order=order)
 
 
 def ddp_param_names(model: nn.Module, ignored) -> list[str]:
@@ -207,9 +178,7 @@ def main():
         torch.manual_seed(0)
         model = factory()
         gm = fx.symbolic_trace(model)
-        graph = export(gm, model)
-        for p in graph["params"]:
-            p["ignored"] = p["name"] in ignored
+        graph = export(gm, model, ignored)
         if ignored:
             DDP._set_params_and_buffers_to_ignore_for_model(model, list(ignored))
         ddp = DDP(model, **ddp_kwargs)
