@@ -1,12 +1,14 @@
 """Make DDP's gradient buckets the pieces that goddp cut (why: docs/align.md).
 
 goddp installs each piece's byte total as DDP's per-bucket caps and rebuilds
-DDP's reducer. The rebuild happens on the first real call of the compiled graph, inside
-DDP's forward (after DDP's pre-forward, before its post-forward), never while
-Dynamo traces with fake tensors. It only touches DDP modules where that is
-known to be safe; ``alignment_blocker`` and ``coverage_blocker`` name the
-reason otherwise and goddp
-keeps DDP's own buckets (the plan's cuts still apply).
+DDP's reducer. The rebuild happens at the DDP module's first training call,
+inside DDP's forward (after DDP's pre-forward, before its post-forward),
+never while Dynamo traces with fake tensors, and only if every rank of the
+module's process group proposes the very same caps (goddp._agreement
+decides). It only touches DDP modules where that is known to be safe;
+``alignment_blocker``, ``coverage_blocker`` and ``rebuild_blocker`` name the
+reason otherwise and goddp keeps DDP's own buckets (the plan's cuts still
+apply).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def _settings_blocker(ddp: Any) -> str | None:
         # A built-in hook (or fused optimizer) is registered on the reducer and
         # DDP keeps no record from which to register it again.
         return f"a built-in comm hook ({logging_data.get('comm_hook')}) is registered"
+    if getattr(ddp, "_delay_all_reduce_params", None):
+        return "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets"
     keys = {(p.dtype, p.device) for p in ddp_parameters(ddp)}
     if len(keys) != 1:
         return f"parameters span {len(keys)} (dtype, device) groups; DDP buckets each group apart"
@@ -85,6 +89,21 @@ def coverage_blocker(ddp: Any, bucket_param_names: Sequence[Sequence[str]]) -> s
     return None
 
 
+def rebuild_blocker(ddp: Any) -> str | None:
+    """Why DDP's reducer cannot be replaced right now, or None. Asked at the
+    first training call, where the rebuild would happen."""
+    join_config = getattr(ddp, "_join_config", None)
+    if getattr(join_config, "enable", False):
+        # DDP's pre-forward has just handed the old reducer this step's
+        # Join work handle, which cannot be read back to hand it on.
+        return "the first training step runs inside a Join context, whose state lives in DDP's reducer"
+    return None
+
+
+class ReducerLost(RuntimeError):
+    """DDP's reducer could not be rebuilt: gradients would not be reduced."""
+
+
 def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
     """Gives DDP per-bucket caps ``caps_bytes`` (DDP order) and rebuilds its
     reducer so that its next bucket rebuild uses them. Must run inside DDP's
@@ -98,47 +117,78 @@ def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
         return False
     if not hasattr(ddp, ORIGINAL_CONFIG_ATTR):
         setattr(ddp, ORIGINAL_CONFIG_ATTR, ddp._bucket_config)
-    # Everything that can be computed before the old reducer loses its hooks.
-    parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
-    param_to_name_mapping = ddp._build_debug_param_to_name_mapping(parameters)
-    previous = ddp._bucket_config
-    aligned = dataclasses.replace(previous, per_bucket_bytes_caps=caps)
-    rebuild_args = (parameters, expect_sparse_gradient, param_to_name_mapping)
-
-    ddp.reducer._remove_autograd_hooks()
-    try:
-        _rebuild_reducer(ddp, aligned, *rebuild_args)
-    except Exception as exc:
-        # Without its autograd hooks DDP would silently skip the allreduce
-        # of every gradient. Put a reducer with DDP's previous settings back;
-        # if even that fails, training must stop rather than diverge.
-        try:
-            _rebuild_reducer(ddp, previous, *rebuild_args)
-        except Exception as again:
-            raise ReducerLost(
-                "goddp: rebuilding DDP's reducer failed twice (with goddp's caps: "
-                f"{type(exc).__name__}: {exc}; with DDP's own: {type(again).__name__}: {again}); "
-                "DDP can no longer reduce gradients"
-            ) from again
-        raise
+    _replace_reducer(ddp, dataclasses.replace(ddp._bucket_config, per_bucket_bytes_caps=caps))
     setattr(ddp, ALIGNED_CAPS_ATTR, caps)
     return True
 
 
-class ReducerLost(RuntimeError):
-    """DDP's reducer could not be rebuilt: gradients would not be reduced."""
+def remove_bucket_caps(ddp: Any) -> bool:
+    """Undoes install_bucket_caps: a reducer with DDP's own bucket settings.
+    Same conditions; returns False if goddp's caps were not in place."""
+    if not hasattr(ddp, ALIGNED_CAPS_ATTR):
+        return False
+    _replace_reducer(ddp, getattr(ddp, ORIGINAL_CONFIG_ATTR))
+    delattr(ddp, ALIGNED_CAPS_ATTR)
+    return True
+
+
+def _replace_reducer(ddp: Any, config: Any) -> None:
+    """Rebuilds DDP's reducer under bucket settings config. If that fails,
+    puts one with the previous settings back and re-raises; if even that
+    fails, raises ReducerLost: without its autograd hooks DDP would silently
+    skip the allreduce of every gradient, and training must stop rather than
+    diverge."""
+    # Everything that can be computed before the old reducer loses its hooks.
+    parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
+    param_to_name_mapping = ddp._build_debug_param_to_name_mapping(parameters)
+    previous = ddp._bucket_config
+    rebuild_args = (parameters, expect_sparse_gradient, param_to_name_mapping)
+
+    ddp.reducer._remove_autograd_hooks()
+    try:
+        _rebuild_reducer(ddp, config, *rebuild_args)
+    except Exception as exc:
+        try:
+            _rebuild_reducer(ddp, previous, *rebuild_args)
+        except Exception as again:
+            raise ReducerLost(
+                "goddp: rebuilding DDP's reducer failed twice (with the new bucket caps: "
+                f"{type(exc).__name__}: {exc}; with the previous ones: {type(again).__name__}: {again}); "
+                "DDP can no longer reduce gradients"
+            ) from again
+        raise
 
 
 def _rebuild_reducer(ddp: Any, config: Any, parameters, expect_sparse_gradient, param_to_name_mapping) -> None:
     """A new reducer (with autograd hooks) for ddp under bucket settings
-    config, in the state DDP's pre-forward leaves one in."""
+    config, carrying what the user set on the old one, in the state DDP's
+    pre-forward leaves one in.
+
+    DDP's own __setstate__ is the model: it rebuilds the reducer and then
+    re-applies settings that live in the C++ reducer. Carried here: comm
+    hooks (DDP keeps a list; optimizer-in-backward and fused optimizers are
+    registered as comm hooks), the comm hook's name in DDP's logging data,
+    manual backward finalization, optimizer-in-backward mode. Settings that
+    cannot be carried block the rebuild beforehand (alignment_blocker,
+    rebuild_blocker).
+    """
     ddp._bucket_config = config
     ddp.bucket_bytes_cap_list = list(config.per_bucket_bytes_caps)
     ddp._ddp_init_helper(parameters, expect_sparse_gradient, param_to_name_mapping, ddp.static_graph)
+    reducer = ddp.reducer
     for hook, state in ddp._comm_hooks:
-        dist._register_comm_hook(ddp.reducer, state, hook)
-    # DDP's pre-forward already told the old reducer that a forward began.
-    ddp.reducer.prepare_for_forward()
+        ddp.logger._set_comm_hook_name(hook.__qualname__)
+        dist._register_comm_hook(reducer, state, hook)
+    if getattr(ddp, "_require_manual_backward_finalization", False):
+        reducer._set_manual_finalization_required(True)
+    if getattr(ddp, "_lazy_init_ran", False) and any(
+        hasattr(p, "_in_backward_optimizers") for p in ddp._module_parameters
+    ):
+        # DDP's lazy init (its first pre-forward) set this on the old reducer.
+        reducer._set_optimizer_in_backward()
+    if ddp.require_backward_grad_sync:
+        # DDP's pre-forward already told the old reducer that a forward began.
+        reducer.prepare_for_forward()
 
 
 class PendingAlignment:
@@ -159,6 +209,11 @@ class PendingAlignment:
         ddp = self._ddp()
         if ddp is None or not torch.is_grad_enabled():
             self.done = ddp is None
+            return
+        blocker = rebuild_blocker(ddp)
+        if blocker is not None:
+            self._status.update(aligned=False, reason=blocker)
+            logger.info("goddp: DDP keeps its own buckets: %s", blocker)
             return
         try:
             if install_bucket_caps(ddp, self._caps):

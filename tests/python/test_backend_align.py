@@ -170,3 +170,98 @@ def test_losing_the_reducer_stops_training():
     compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
     with pytest.raises(Exception, match="DDP can no longer reduce gradients"):
         compiled(torch.randn(4, 128))
+
+
+def _compiled(ddp, **options):
+    return torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False, **options})
+
+
+def _train_twins(setup, steps=3, after_backward=lambda ddp: None, device="cpu", **options):
+    """Eager DDP and goddp-compiled DDP from the same weights, each prepared
+    by setup(ddp), trained with SGD on the same batches; returns both."""
+    torch.manual_seed(0)
+    base = Stack()
+    twins = []
+    for compile_it in (False, True):
+        model = Stack().to(device)
+        model.load_state_dict(base.state_dict())
+        ddp = DDP(model, bucket_cap_mb=0.125)
+        optimizer = setup(ddp)
+        run = _compiled(ddp, **options) if compile_it else ddp
+        for step in range(steps):
+            x = torch.randn(4, 128, generator=torch.Generator().manual_seed(step)).to(device)
+            run(x).square().sum().backward()
+            after_backward(ddp)
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad()
+        twins.append(ddp)
+    return twins
+
+
+def _assert_same_parameters(eager, compiled):
+    for (name, a), b in zip(eager.module.named_parameters(), compiled.module.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_manual_backward_finalization_survives_the_rebuild():
+    """torch 2.15's require_manual_backward_finalization lives in the C++
+    reducer; the rebuilt one must keep it, or finalize_backward() raises."""
+    if not hasattr(DDP, "require_manual_backward_finalization"):
+        pytest.skip("this torch has no manual backward finalization")
+
+    def setup(ddp):
+        ddp.require_manual_backward_finalization = True
+        return torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+    eager, compiled = _train_twins(setup, after_backward=lambda ddp: ddp.finalize_backward())
+    _assert_same_parameters(eager, compiled)
+    assert getattr(compiled, ALIGNED_CAPS_ATTR)
+    (plan,) = goddp.last_plans()
+    assert plan["ddp_buckets"]["aligned"]
+    assert _rebuilt_sizes(compiled) == [b["bytes"] for b in plan["buckets"]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="DDP's optimizer-in-backward needs an accelerator stream")
+def test_optimizer_in_backward_survives_the_rebuild():
+    """An optimizer applied in backward is a comm hook plus a mode of the
+    C++ reducer (set at DDP's first forward); both must carry over."""
+    from torch.distributed.optim import _apply_optimizer_in_backward
+
+    def setup(ddp):
+        _apply_optimizer_in_backward(torch.optim.SGD, ddp.module.parameters(), {"lr": 0.01})
+        return None
+
+    eager, compiled = _train_twins(setup, device="cuda")
+    _assert_same_parameters(eager, compiled)
+    assert getattr(compiled, ALIGNED_CAPS_ATTR)
+    for p in compiled.module.parameters():
+        assert p.grad is None  # DDP's optimizer-in-backward mode frees them, as on eager DDP
+
+
+def test_comm_hook_name_stays_in_ddp_logging_data():
+    seen: list = []
+
+    def setup(ddp):
+        ddp.register_comm_hook(None, _recording_hook(seen))
+        return None
+
+    eager, compiled = _train_twins(setup, steps=1)
+    assert getattr(compiled, ALIGNED_CAPS_ATTR)
+    assert compiled._get_ddp_logging_data()["comm_hook"] == eager._get_ddp_logging_data()["comm_hook"]
+    assert "hook" in compiled._get_ddp_logging_data()["comm_hook"]
+
+
+def test_inside_join_ddp_keeps_its_buckets_and_says_why():
+    from torch.distributed.algorithms.join import Join
+
+    torch.manual_seed(0)
+    ddp = DDP(Stack(), bucket_cap_mb=0.125)
+    before = ddp.reducer
+    compiled = _compiled(ddp)
+    with Join([ddp]):
+        compiled(torch.randn(4, 128)).sum().backward()
+    (plan,) = goddp.last_plans()
+    assert plan["ddp_buckets"]["aligned"] is False
+    assert "Join" in plan["ddp_buckets"]["reason"]
+    assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
