@@ -9,19 +9,21 @@ compiler untouched. Inside one, goddp:
    where DDP's buckets close (goddp mode "ddp") or where torch's
    DDPOptimizer would cut (goddp mode "torch"), deciding on the way whether
    DDP's own buckets can be set to the pieces (docs/align.md);
-3. compares the plan's fingerprint across ranks (goddp._plan_check);
-4. cuts the graph into pieces along the plan (goddp._cut) and compiles each
+3. cuts the graph into pieces along the plan (goddp._cut) and compiles each
    piece with the inner compiler (goddp._pieces), so that each bucket's
    allreduce can start while the rest of backward still runs;
-5. returns one callable that runs the pieces in order (goddp._stitch).
+4. returns one callable that runs the pieces in order (goddp._stitch); at
+   its first training call the ranks of the DDP module's process group agree
+   on the plan and on DDP's buckets (goddp._agreement).
 
 Importing this module switches torch's DDPOptimizer off
 (goddp._ddp_optimizer explains why) and registers the backend.
 
 Failures never cost a training step: if planning, cutting or compiling a
 piece fails, goddp warns and compiles the whole graph with the inner
-compiler instead (``strict=True`` raises instead). A plan that differs
-between ranks is the one error that always raises, on every rank.
+compiler instead (``strict=True`` raises instead); a rank that fell back
+still takes part in the agreement. A plan that differs between ranks raises
+on every rank (goddp._plan_check).
 """
 
 from __future__ import annotations
@@ -36,14 +38,15 @@ import torch
 from torch import fx
 
 from goddp import _ddp_optimizer
-from goddp._align import PendingAlignment, alignment_blocker, coverage_blocker
+from goddp._agreement import GatedCall, gate_for_training
+from goddp._align import alignment_blocker, coverage_blocker
 from goddp._cut import cut_graph
 from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
 from goddp._export import ExportedGraph, export_graph
 from goddp._options import Options, parse_options
 from goddp._pieces import PieceCompileError, compile_pieces, log_pieces, piece_example_inputs
 from goddp._plan import GraphPlan, PlanSettings, call_planner, decode_plan
-from goddp._plan_check import check_plans_across_ranks
+from goddp._plan_check import Statement
 from goddp._records import GraphRecord, add_record
 from goddp._stitch import StitchedPieces
 
@@ -136,8 +139,10 @@ def _warn_fallback(reason: str, cause: BaseException | None) -> None:
 
 
 class _DDPGraphCompile:
-    """Compiles one Dynamo graph inside a DDP forward: plan, check, cut,
-    compile the pieces, stitch; or, at any failure, the whole graph."""
+    """Compiles one Dynamo graph inside a DDP forward: plan, cut, compile the
+    pieces, stitch; or, at any failure, the whole graph. Either way the
+    callable it returns takes part in the DDP module's agreement at its
+    first training call (goddp._agreement)."""
 
     def __init__(
         self,
@@ -155,6 +160,8 @@ class _DDPGraphCompile:
         self.settings = read_ddp_settings(ddp)
         note_ddp_settings(ddp, self.settings, options)
         self.caps = caps_for(self.settings, options)
+        # Why DDP's buckets stay DDP's; None while this rank proposes the pieces.
+        self.not_aligned: str | None = ALIGNMENT_OFF
         self.record = GraphRecord(
             mode=options.mode,
             caps=self.caps.to_dict(),
@@ -170,8 +177,6 @@ class _DDPGraphCompile:
         except Exception as exc:
             if self.options.strict:
                 raise
-            if self.options.check_plans:
-                self.record.plan_check = check_plans_across_ranks(None, 1)
             return self.whole_graph(f"planning failed ({_describe(exc)})", exc)
         self.note_plan(plan, alignment)
         if plan.num_pieces <= 1:
@@ -203,12 +208,13 @@ class _DDPGraphCompile:
         return exported, plan, alignment
 
     def note_plan(self, plan: GraphPlan, alignment: PlanSettings | str) -> None:
-        """Records the plan, compares it across ranks and logs its table."""
+        """Records the plan and logs its table."""
         record = self.record
         if isinstance(alignment, PlanSettings):
             self.caps, reason = alignment, None
         else:
             self.caps, reason = dataclasses.replace(self.caps, align_buckets=False), alignment
+        self.not_aligned = reason
         record.caps = self.caps.to_dict()
         record.ddp_buckets = {"aligned": self.caps.align_buckets, "reason": reason}
         if reason is not None and self.options.aligns_buckets:
@@ -218,8 +224,6 @@ class _DDPGraphCompile:
         record.num_pieces = plan.num_pieces
         record.pieces = plan_dict["pieces"]
         record.buckets = plan_dict["buckets"]
-        if self.options.check_plans:
-            record.plan_check = check_plans_across_ranks(plan.fingerprint, plan.num_pieces)
         if self.options.log_plan:
             logger.info("%s", plan.table())
 
@@ -233,12 +237,8 @@ class _DDPGraphCompile:
     def stitch(self, pieces: list[Any], compiled: list[Callable[..., Any]], plan: GraphPlan) -> Callable[..., Any]:
         with self.record.timed("stitch"):
             stitched = StitchedPieces(self.gm, pieces, compiled)
-            if self.caps.align_buckets:
-                # Installed on the first real call, inside DDP's forward:
-                # never while Dynamo traces with fake tensors.
-                stitched.before_first_call = PendingAlignment(
-                    self.ddp, [b.bytes for b in plan.buckets], self.record.ddp_buckets
-                )
+            caps = [b.bytes for b in plan.buckets] if self.caps.align_buckets else None
+            stitched.before_first_call = self.training_gate(caps, self.not_aligned)
         add_record(self.record)
         return stitched
 
@@ -248,9 +248,30 @@ class _DDPGraphCompile:
             _warn_fallback(reason, cause)
         try:
             with self.record.timed("compile"):
-                return self.inner(self.gm, self.example_inputs)
+                compiled = self.inner(self.gm, self.example_inputs)
         finally:
             add_record(self.record)
+        # A rank that fell back still takes part in the agreement, and says why.
+        gate = self.training_gate(None, f"fallback: {reason}" if reason is not None else self.not_aligned)
+        return compiled if gate is None else GatedCall(compiled, gate)
+
+    def training_gate(self, caps_bytes: Sequence[int] | None, reason: str | None) -> Any:
+        """What this rank will say at the DDP module's first training call,
+        wrapped in the gate that says it; None for a graph compiled with
+        gradients disabled, which never trains."""
+        record = self.record
+        statement = Statement(
+            fingerprint=record.fingerprint,
+            pieces=record.num_pieces,
+            caps=None if caps_bytes is None else tuple(caps_bytes),
+            reason=reason,
+            check=self.options.check_plans,
+        )
+
+        def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
+            record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
+
+        return gate_for_training(self.ddp, statement, report)
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:

@@ -51,7 +51,8 @@ class Options:
     strict: raise instead of warning and compiling the whole graph when
         planning or a piece's compilation fails.
     log_plan: log the bucket table at INFO on logger "goddp".
-    check_plans: compare plan fingerprints across ranks before training.
+    check_plans: raise when the ranks of a DDP module's group planned
+        differently (goddp._plan_check).
     """
 
     inner: str | Callable[..., Any] = "inductor"

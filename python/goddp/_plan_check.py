@@ -1,124 +1,289 @@
-"""Cross-rank comparison of plan fingerprints.
+"""What the ranks of a DDP module say to each other, and what they decide.
 
-Every rank must cut the same graph the same way. Before a compiled graph
-first runs, each rank publishes its plan's fingerprint in the default c10d
-store (a key-value store: no collective on the process group, so no device
-or backend concerns) and reads everyone else's.
+Every rank of a DDP module's process group publishes one ``Statement``: the
+fingerprint of the plan it runs, and the per-bucket caps it proposes for
+DDP's buckets (or why it proposes none). ``exchange`` passes the statements
+through the default c10d store; ``decide`` turns them into one ``Decision``.
+``decide`` is a pure function of all statements, and every rank reads the
+same statements, so every rank reaches the same decision or raises the same
+error: there is no second round.
 
-Keys: ``goddp/plan/<seq>/<rank>`` where <seq> counts the DDP graphs this
-process has planned. Value: ``"<fingerprint hex> <pieces>"``, or
-``"fallback <pieces>"`` when planning failed and the whole graph is used.
+When the exchange happens, and what a decision changes, is
+goddp._agreement's business; README.md ("Several ranks") explains both.
 
-Environment:
-- GODDP_PLAN_CHECK_TIMEOUT: seconds to wait for the other ranks (default
-  300); on timeout goddp warns and continues.
+Store keys, all under ``goddp/agree/<group name>/<model key>/``:
+- ``arrivals``: a counter (``store.add``). The n-th arrival belongs to round
+  ``(n - 1) // group size``, so two runs that share a long-lived store, or
+  two DDP modules of the same shapes in one run, never read each other's
+  statements. It is the one key left behind: the next round counts on it.
+- ``<round>/<rank>``: that rank's statement (JSON).
+- ``<round>/read``: how many ranks have read the round; the last reader
+  deletes the round's keys.
+
+Environment: GODDP_PLAN_CHECK_TIMEOUT, seconds to wait for the other ranks
+(default: the DDP process group's own timeout, 30 minutes unless
+``init_process_group(timeout=...)`` says otherwise).
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
+import hashlib
+import json
 import logging
 import os
-import threading
+import time
 import warnings
 from datetime import timedelta
-
-import torch
+from typing import Any, Mapping, Sequence
 
 logger = logging.getLogger("goddp")
 
-_seq_lock = threading.Lock()
-_seq = itertools.count()
-
-DEFAULT_TIMEOUT_S = 300.0
+TIMEOUT_ENV = "GODDP_PLAN_CHECK_TIMEOUT"
+# Used when the process group's timeout cannot be read: torch's own default.
+FALLBACK_TIMEOUT_S = 1800.0
+# A rank that waits longer than this says so at INFO, then again each time.
+PROGRESS_EVERY_S = 30.0
 
 
 class PlanMismatchError(RuntimeError):
-    """Ranks planned the same graph differently."""
+    """Ranks of one DDP module planned the same graph differently."""
 
 
-def _timeout_s() -> float:
-    raw = os.environ.get("GODDP_PLAN_CHECK_TIMEOUT")
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        warnings.warn(f"goddp: ignoring GODDP_PLAN_CHECK_TIMEOUT={raw!r} (not a number); using {DEFAULT_TIMEOUT_S:g} s")
-        return DEFAULT_TIMEOUT_S
-    return value if value > 0 else DEFAULT_TIMEOUT_S
+class RanksMissingError(RuntimeError):
+    """Some ranks of a DDP module's group never reached the agreement."""
 
 
-def published_fingerprint(fingerprint: int, rank: int) -> int:
-    """The fingerprint rank publishes: its own. (The tests replace this
-    function to make ranks disagree; nothing in goddp does.)"""
-    return fingerprint
+class PeerFailedError(RuntimeError):
+    """Another rank of the group cannot train on (its DDP reducer is lost)."""
 
 
-def distributed_world() -> tuple[int, int] | None:
-    """(rank, world size) when a default process group with more than one
-    rank exists, else None."""
-    dist = torch.distributed
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    world = dist.get_world_size()
-    if world <= 1:
-        return None
-    return dist.get_rank(), world
+@dataclasses.dataclass(frozen=True)
+class Statement:
+    """What one rank says about the graph it runs first for a DDP module.
 
-
-def check_plans_across_ranks(fingerprint: int | None, num_pieces: int) -> dict | None:
-    """Publishes this rank's plan and compares it with every rank's.
-
-    fingerprint is None when this rank fell back to the whole graph. Raises
-    PlanMismatchError (on every rank, since every rank sees the same values)
-    when ranks that all planned disagree; warns when only some fell back or
-    the other ranks do not answer in time. Returns a summary for the plan
-    record, or None when there is nothing to compare.
+    fingerprint: the plan's fingerprint; None when planning failed.
+    pieces: how many pieces the plan has.
+    caps: the per-bucket caps (bytes, DDP order) this rank proposes for
+        DDP's buckets; None when it proposes to leave them alone.
+    reason: why caps is None.
+    check: this rank asks that differing plans be an error (check_plans).
+    lost: why this rank cannot go on (its reducer could not be rebuilt).
     """
-    world = distributed_world()
-    if world is None:
-        return None
-    rank, world_size = world
-    with _seq_lock:
-        seq = next(_seq)
-    from torch.distributed.distributed_c10d import _get_default_store
 
-    store = _get_default_store()
-    mine = "fallback" if fingerprint is None else f"{published_fingerprint(fingerprint, rank):016x}"
-    store.set(f"goddp/plan/{seq}/{rank}", f"{mine} {num_pieces}")
-    keys = [f"goddp/plan/{seq}/{r}" for r in range(world_size)]
-    timeout = _timeout_s()
-    try:
-        store.wait(keys, timedelta(seconds=timeout))
-    except Exception as exc:  # the store reports a timeout as an error
-        message = (
-            f"goddp: rank {rank} waited {timeout:g} s for the other ranks' plans of graph #{seq} "
-            f"and continues without comparing ({type(exc).__name__}: {exc})"
+    fingerprint: int | None
+    pieces: int
+    caps: tuple[int, ...] | None
+    reason: str | None = None
+    check: bool = True
+    lost: str | None = None
+
+    def to_json(self) -> str:
+        fields = dataclasses.asdict(self)
+        fields["fingerprint"] = None if self.fingerprint is None else f"{self.fingerprint:016x}"
+        fields["caps"] = None if self.caps is None else list(self.caps)
+        return json.dumps(fields, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Statement":
+        fields = json.loads(text)
+        fingerprint = fields.get("fingerprint")
+        caps = fields.get("caps")
+        return cls(
+            fingerprint=None if fingerprint is None else int(fingerprint, 16),
+            pieces=int(fields.get("pieces", 1)),
+            caps=None if caps is None else tuple(int(c) for c in caps),
+            reason=fields.get("reason"),
+            check=bool(fields.get("check", True)),
+            lost=fields.get("lost"),
         )
-        warnings.warn(message)
-        logger.warning(message)
-        return {"seq": seq, "checked": False, "reason": "timeout"}
 
-    entries = []
-    for r, key in enumerate(keys):
-        value = store.get(key).decode("utf-8", "replace").split()
-        entries.append((r, value[0], int(value[1]) if len(value) > 1 else -1))
-    planned = {fp for _, fp, _ in entries if fp != "fallback"}
-    fallbacks = [r for r, fp, _ in entries if fp == "fallback"]
-    listing = "; ".join(f"rank {r}: fingerprint {fp}, {pieces} pieces" for r, fp, pieces in entries)
-    if len(planned) > 1:
+    def describe(self) -> str:
+        plan = "planning failed" if self.fingerprint is None else f"plan {self.fingerprint:016x}, {self.pieces} pieces"
+        if self.lost is not None:
+            return f"{plan}; lost DDP's reducer: {self.lost}"
+        if self.caps is not None:
+            return f"{plan}; proposes DDP buckets {list(self.caps)} bytes"
+        return f"{plan}; keeps DDP's buckets: {self.reason}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What every rank of the group does.
+
+    caps: DDP's per-bucket caps on every rank; None: every rank keeps DDP's
+        own buckets.
+    reason: why caps is None (naming what each rank said when they differ).
+    disagreed: the ranks said different things, which is worth a WARNING.
+    statements: what each rank (global rank numbers) said.
+    """
+
+    caps: tuple[int, ...] | None
+    reason: str | None
+    disagreed: bool
+    statements: Mapping[int, Statement]
+
+    def summary(self) -> dict[str, Any]:
+        """The plan record's view of the decision (JSON-serialisable)."""
+        return {
+            "aligned": self.caps is not None,
+            "caps": None if self.caps is None else list(self.caps),
+            "reason": self.reason,
+            "ranks": [
+                {
+                    "rank": r,
+                    "fingerprint": None if s.fingerprint is None else f"{s.fingerprint:016x}",
+                    "pieces": s.pieces,
+                    "caps": None if s.caps is None else list(s.caps),
+                    "reason": s.reason,
+                }
+                for r, s in sorted(self.statements.items())
+            ],
+        }
+
+
+def _listing(statements: Mapping[int, Statement]) -> str:
+    return "; ".join(f"rank {r}: {s.describe()}" for r, s in sorted(statements.items()))
+
+
+def decide(statements: Mapping[int, Statement]) -> Decision:
+    """The group's decision from every rank's statement (see module doc).
+
+    Raises PeerFailedError when a rank lost its reducer, and
+    PlanMismatchError when ranks that all planned planned differently and
+    any of them asked for the check. Otherwise DDP's buckets follow the
+    pieces if and only if every rank proposes the very same caps.
+    """
+    lost = {r: s.lost for r, s in statements.items() if s.lost is not None}
+    if lost:
+        raise PeerFailedError(
+            "goddp: DDP's reducer could not be rebuilt on "
+            + ", ".join(f"rank {r} ({why})" for r, why in sorted(lost.items()))
+            + "; every rank stops rather than train without gradient allreduces"
+        )
+    planned = {s.fingerprint for s in statements.values() if s.fingerprint is not None}
+    if len(planned) > 1 and any(s.check for s in statements.values()):
         raise PlanMismatchError(
-            f"goddp: ranks planned graph #{seq} differently, which must never happen "
-            f"(every rank has to cut the same graph the same way): {listing}. Check that all "
-            "ranks run the same model, goddp options and DDP bucket settings; please report it "
-            "as a bug if they do."
+            "goddp: the ranks of this DDP module planned their first training graph differently "
+            f"(fingerprints differ), which must never happen: {_listing(statements)}. Check that all "
+            "ranks run the same model, goddp options and DDP bucket settings, and that evaluation "
+            "on some ranks runs under torch.no_grad(); please report it as a bug if they do."
         )
-    if fallbacks and planned:
-        message = (
-            f"goddp: graph #{seq} was split on some ranks but compiled whole on ranks {fallbacks} "
-            f"(planning failed there): {listing}. Gradients stay correct; overlap differs."
+    proposals = {s.caps for s in statements.values()}
+    if len(proposals) == 1 and None not in proposals:
+        (caps,) = proposals
+        return Decision(caps, None, False, dict(statements))
+    said = {(s.caps, s.reason, s.fingerprint is None) for s in statements.values()}
+    if len(said) == 1:
+        reason = next(iter(statements.values())).reason
+    else:
+        reason = f"the ranks did not all propose the same buckets: {_listing(statements)}"
+    return Decision(None, reason, len(said) > 1, dict(statements))
+
+
+# --------------------------------------------------------------------------
+# The exchange
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """The DDP module's process group as the exchange sees it."""
+
+    name: str
+    ranks: tuple[int, ...]  # global ranks
+    rank: int  # this process's global rank
+    timeout_s: float
+
+
+def timeout_s(group: Any = None) -> float:
+    """GODDP_PLAN_CHECK_TIMEOUT, else the process group's own timeout: a
+    rank may still be compiling (an evaluation graph, say) while the others
+    wait, so the wait is as generous as any collective on that group."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if value > 0:
+            return value
+        warnings.warn(f"goddp: ignoring {TIMEOUT_ENV}={raw!r} (not a positive number of seconds)")
+    return _group_timeout_s(group)
+
+
+def _group_timeout_s(group: Any) -> float:
+    if group is not None:
+        import torch
+
+        for device in ("cpu", "cuda"):
+            try:
+                return float(group._get_backend(torch.device(device)).options._timeout.total_seconds())
+            except Exception:  # no backend for that device, or a backend without options
+                continue
+    return FALLBACK_TIMEOUT_S
+
+
+def exchange(store: Any, key: str, group: Group, payload: str) -> dict[int, str]:
+    """Publishes payload under key for this rank and returns every rank's
+    payload of the same round (see module doc). Waits at most
+    group.timeout_s for the others, then raises RanksMissingError naming
+    the ranks that did not come."""
+    size = len(group.ranks)
+    arrival = int(store.add(f"{key}/arrivals", 1))
+    base = f"{key}/{(arrival - 1) // size}"
+    store.set(f"{base}/{group.rank}", payload)
+    keys = {r: f"{base}/{r}" for r in group.ranks}
+    _wait(store, keys, group)
+    values = {r: _text(store.get(k)) for r, k in keys.items()}
+    if int(store.add(f"{base}/read", 1)) == size:
+        for k in [*keys.values(), f"{base}/read"]:
+            try:
+                store.delete_key(k)
+            except Exception:  # a store without delete: the keys are small
+                pass
+    return values
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _wait(store: Any, keys: Mapping[int, str], group: Group) -> None:
+    started = time.monotonic()
+    deadline = started + group.timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait(list(keys.values()), timedelta(seconds=max(0.001, min(PROGRESS_EVERY_S, left))))
+            return
+        except RuntimeError:  # the store's timeout (DistStoreError is one)
+            pass
+        missing = _missing(store, keys)
+        waited = time.monotonic() - started
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise RanksMissingError(
+                f"goddp: rank {group.rank} waited {waited:.0f} s at the first training step of a DDP module "
+                f"(process group {group.name!r}, ranks {list(group.ranks)}) for rank(s) {missing}, which never "
+                "arrived. Every rank of a DDP module must run its first training step; a rank that crashed, "
+                f"or one still compiling after {group.timeout_s:.0f} s, stops here (raise the limit with "
+                f"{TIMEOUT_ENV}=<seconds> or the process group's timeout)."
+            )
+        logger.info(
+            "goddp: rank %d has waited %.0f s for rank(s) %s to reach the first training step (they may still "
+            "be compiling); giving up after %.0f s",
+            group.rank, waited, missing, group.timeout_s,
         )
-        warnings.warn(message)
-        logger.warning(message)
-    return {"seq": seq, "checked": True, "ranks": [{"rank": r, "fingerprint": fp, "pieces": p} for r, fp, p in entries]}
+
+
+def _missing(store: Any, keys: Mapping[int, str]) -> list[int]:
+    return [r for r, k in sorted(keys.items()) if not store.check([k])]
+
+
+def model_key(shapes: Sequence[tuple[tuple[int, ...], str]]) -> str:
+    """A key every rank of a DDP module derives identically: its parameters'
+    shapes and dtypes in DDP order (DDP checks at construction that these
+    agree across the group)."""
+    text = ";".join(f"{'x'.join(map(str, shape))}:{dtype}" for shape, dtype in shapes)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

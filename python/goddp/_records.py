@@ -31,8 +31,8 @@ class GraphRecord:
     fallback: str | None = None
     plan_check: dict[str, Any] | None = None
     graph: dict[str, int | None]
-    # Shared with goddp._align.PendingAlignment, which corrects it if
-    # installing DDP's caps fails after the record was added.
+    # plan_check and ddp_buckets are filled in at the first training call,
+    # after the record was added (goddp._agreement).
     ddp_buckets: dict[str, Any] | None = None
     inner: str
 
@@ -75,11 +75,18 @@ def last_plans() -> list[dict[str, Any]]:
     - timings: seconds spent in export, plan, cut, example_inputs, compile,
       stitch.
     - fallback: None, or why the whole graph was compiled instead.
-    - plan_check: the cross-rank comparison (goddp._plan_check), or None.
+    - plan_check: None until the graph's first training call, and for
+      graphs compiled with gradients disabled; then what the ranks of the
+      DDP module's process group said and decided there (aligned, caps,
+      reason, ranks, group, size, seconds; goddp._plan_check), or, for a
+      later graph of a decided module, that it followed that decision
+      (aligned, followed).
     - graph: sizes of the Dynamo graph (num_params is None when export
       failed): num_nodes, num_params.
     - ddp_buckets: whether DDP's buckets were set to the pieces:
-      {"aligned": bool, "reason": None or why not}; None when planning failed.
+      {"aligned": bool, "reason": None or why not}; None when planning
+      failed. Until the first training call it holds this rank's proposal;
+      then the decision of every rank of the DDP module's group.
     - inner: the inner compiler's name.
     """
     with _lock:

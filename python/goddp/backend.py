@@ -28,9 +28,9 @@ Options (also accepted as ``torch.compile(..., backend="goddp", options={...})``
 - ``strict`` (False): raise instead of warning and compiling the whole
   graph when planning or a piece's compilation fails.
 - ``log_plan`` (True): log the bucket table at INFO on logger "goddp".
-- ``check_plans`` (True): compare plan fingerprints across ranks through the
-  default c10d store before training (see goddp._plan_check for the
-  GODDP_PLAN_CHECK_TIMEOUT variable).
+- ``check_plans`` (True): raise PlanMismatchError on every rank when the
+  ranks of a DDP module's process group planned their first training graph
+  differently (goddp._plan_check; README.md, "Several ranks").
 
 An unknown key or a bad value raises ValueError naming the valid choices.
 Importing this module switches ``torch._dynamo.config.optimize_ddp`` off

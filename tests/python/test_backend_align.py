@@ -161,15 +161,17 @@ def test_a_failed_install_puts_a_working_reducer_back():
     assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
 
 
-def test_losing_the_reducer_stops_training():
+def test_losing_the_reducer_stops_training_at_every_call():
     """If DDP's reducer cannot be rebuilt at all, gradients would never be
-    reduced: the step must fail loudly instead of training on silently."""
+    reduced: every step must fail loudly instead of training on silently,
+    not only the first."""
     torch.manual_seed(0)
     ddp = DDP(Stack(), bucket_cap_mb=0.125)
     _failing_first_init(ddp, failures=2)
     compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
-    with pytest.raises(Exception, match="DDP can no longer reduce gradients"):
-        compiled(torch.randn(4, 128))
+    for _ in range(3):
+        with pytest.raises(Exception, match="DDP can no longer reduce gradients"):
+            compiled(torch.randn(4, 128))
 
 
 def _compiled(ddp, **options):
@@ -265,3 +267,34 @@ def test_inside_join_ddp_keeps_its_buckets_and_says_why():
     assert plan["ddp_buckets"]["aligned"] is False
     assert "Join" in plan["ddp_buckets"]["reason"]
     assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
+
+
+def test_a_later_plan_never_rebuckets_a_decided_module():
+    """A second torch.compile of the same DDP module plans other pieces:
+    DDP's buckets stay those decided at its first training call."""
+    torch.manual_seed(0)
+    reference = Stack()
+    ddp = DDP(Stack(), bucket_cap_mb=0.125)
+    reference.load_state_dict(ddp.module.state_dict())
+    first = _compiled(ddp, max_pieces=2)
+    x = torch.randn(4, 128)
+    first(x).sum().backward()
+    decided = getattr(ddp, ALIGNED_CAPS_ATTR)
+    assert len(decided) == 2
+
+    torch._dynamo.reset()
+    second = _compiled(ddp)
+    for _ in range(2):
+        ddp.zero_grad()
+        reference.zero_grad()
+        second(x).sum().backward()
+        reference(x).sum().backward()
+    for p, q in zip(ddp.module.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    first_plan, second_plan = goddp.last_plans()
+    assert second_plan["num_pieces"] > 2
+    assert getattr(ddp, ALIGNED_CAPS_ATTR) == decided
+    assert _rebuilt_sizes(ddp) == list(decided)
+    assert first_plan["ddp_buckets"]["aligned"] is True
+    assert second_plan["ddp_buckets"]["aligned"] is False
+    assert "never change mid-training" in second_plan["ddp_buckets"]["reason"]

@@ -1,106 +1,173 @@
-"""The cross-rank plan comparison (goddp._plan_check), driven in one
-process through a fake c10d store that plays the other ranks."""
+"""What ranks say and decide (goddp._plan_check), in one process: decide()
+on hand-made statements, and the store exchange between threads that play
+the ranks over torch's own in-memory store."""
 
 from __future__ import annotations
 
-import logging
-from datetime import timedelta
+import datetime
+import threading
+import time
 
 import pytest
+import torch.distributed as dist
 
 import goddp._plan_check as plan_check
+from goddp._plan_check import (
+    Decision,
+    Group,
+    PeerFailedError,
+    PlanMismatchError,
+    RanksMissingError,
+    Statement,
+    decide,
+    exchange,
+)
+
+CAPS = (4096, 8192, 1024)
 
 
-class FakeStore:
-    """The part of a c10d Store that the check uses; other ranks' values are
-    preset, and wait() times out when one is missing."""
-
-    def __init__(self, preset: dict[str, str]) -> None:
-        self.values = {k: v.encode() for k, v in preset.items()}
-        self.waited: list[tuple[list[str], timedelta]] = []
-
-    def set(self, key: str, value: str) -> None:
-        self.values[key] = value.encode() if isinstance(value, str) else value
-
-    def get(self, key: str) -> bytes:
-        return self.values[key]
-
-    def wait(self, keys, timeout) -> None:
-        self.waited.append((list(keys), timeout))
-        if any(k not in self.values for k in keys):
-            raise RuntimeError("Socket Timeout")
+def says(caps=CAPS, fingerprint=0xABC, reason=None, **kw) -> Statement:
+    return Statement(fingerprint=fingerprint, pieces=3, caps=caps, reason=reason, **kw)
 
 
-@pytest.fixture
-def world(monkeypatch):
-    """Pretends to be rank 0 of 3 and returns a function installing a store."""
-    monkeypatch.setattr(plan_check, "distributed_world", lambda: (0, 3))
-    monkeypatch.setattr(plan_check, "_seq", iter(range(7, 100)))
-
-    def install(preset: dict[str, str]) -> FakeStore:
-        store = FakeStore(preset)
-        import torch.distributed.distributed_c10d as c10d
-
-        monkeypatch.setattr(c10d, "_get_default_store", lambda: store)
-        return store
-
-    return install
+def test_a_statement_survives_the_store():
+    for statement in (says(), says(caps=None, reason="fallback: x", fingerprint=None, check=False), says(lost="gone")):
+        assert Statement.from_json(statement.to_json()) == statement
 
 
-def test_single_process_has_nothing_to_compare(monkeypatch):
-    monkeypatch.setattr(plan_check, "distributed_world", lambda: None)
-    assert plan_check.check_plans_across_ranks(123, 4) is None
+def test_same_caps_everywhere_align():
+    decision = decide({0: says(), 1: says(), 2: says()})
+    assert decision.caps == CAPS and decision.reason is None and not decision.disagreed
+    assert decision.summary()["aligned"] is True
 
 
-def test_equal_fingerprints_pass_and_publish_under_the_sequence_key(world):
-    store = world({"goddp/plan/7/1": f"{0xABC:016x} 4", "goddp/plan/7/2": f"{0xABC:016x} 4"})
-    summary = plan_check.check_plans_across_ranks(0xABC, 4)
-    assert store.values["goddp/plan/7/0"] == f"{0xABC:016x} 4".encode()
-    assert summary["checked"] and summary["seq"] == 7
-    assert [r["pieces"] for r in summary["ranks"]] == [4, 4, 4]
-    assert store.waited[0][0] == ["goddp/plan/7/0", "goddp/plan/7/1", "goddp/plan/7/2"]
-    assert store.waited[0][1] == timedelta(seconds=300)
+def test_one_rank_that_fell_back_keeps_ddp_buckets_on_every_rank_and_is_named():
+    statements = {0: says(), 1: says(caps=None, reason="fallback: compiling piece 2 of 3 failed"), 2: says()}
+    decision = decide(statements)
+    assert decision.caps is None and decision.disagreed
+    assert "rank 1: plan 0000000000000abc, 3 pieces; keeps DDP's buckets: fallback: compiling piece 2" in decision.reason
+    assert f"rank 0: plan 0000000000000abc, 3 pieces; proposes DDP buckets {list(CAPS)} bytes" in decision.reason
 
 
-def test_a_differing_rank_raises_listing_every_rank(world):
-    world({"goddp/plan/7/1": f"{0xABC:016x} 4", "goddp/plan/7/2": f"{0xABD:016x} 5"})
-    with pytest.raises(plan_check.PlanMismatchError) as info:
-        plan_check.check_plans_across_ranks(0xABC, 4)
+def test_different_caps_do_not_align():
+    decision = decide({0: says(), 1: says(caps=(1, 2, 3))})
+    assert decision.caps is None and decision.disagreed
+
+
+def test_the_same_no_everywhere_is_no_disagreement():
+    decision = decide({0: says(caps=None, reason="align_buckets=False"), 1: says(caps=None, reason="align_buckets=False")})
+    assert decision == Decision(None, "align_buckets=False", False, decision.statements)
+
+
+def test_different_plans_raise_listing_every_rank():
+    with pytest.raises(PlanMismatchError) as info:
+        decide({0: says(), 1: says(), 2: says(fingerprint=0xABD)})
     message = str(info.value)
     assert isinstance(info.value, RuntimeError)
-    for expected in (
-        f"rank 0: fingerprint {0xABC:016x}, 4 pieces",
-        f"rank 1: fingerprint {0xABC:016x}, 4 pieces",
-        f"rank 2: fingerprint {0xABD:016x}, 5 pieces",
-    ):
-        assert expected in message
+    for r, fp in ((0, 0xABC), (1, 0xABC), (2, 0xABD)):
+        assert f"rank {r}: plan {fp:016x}, 3 pieces" in message
 
 
-def test_a_perturbed_rank_is_caught_and_no_environment_variable_perturbs(world, monkeypatch):
-    store = world({"goddp/plan/7/1": f"{0xABC:016x} 4", "goddp/plan/7/2": f"{0xABC:016x} 4"})
-    # The old test hook's variables do nothing: no test hook ships.
-    monkeypatch.setenv("GODDP_TEST_PERTURB_RANK", "0")
-    monkeypatch.setenv("GODDP_TESTING", "1")
-    plan_check.check_plans_across_ranks(0xABC, 4)
-    monkeypatch.setattr(plan_check, "published_fingerprint", lambda fp, rank: fp ^ 1 if rank == 0 else fp)
-    store.values.update({"goddp/plan/8/1": f"{0xABC:016x} 4".encode(), "goddp/plan/8/2": f"{0xABC:016x} 4".encode()})
-    with pytest.raises(plan_check.PlanMismatchError, match=f"rank 0: fingerprint {0xABD:016x}"):
-        plan_check.check_plans_across_ranks(0xABC, 4)
+def test_different_plans_pass_when_no_rank_asks_for_the_check():
+    decision = decide({0: says(check=False), 1: says(fingerprint=0xABD, check=False)})
+    assert decision.caps == CAPS  # the caps still decide the buckets
 
 
-def test_timeout_warns_and_continues(world, monkeypatch, caplog):
-    monkeypatch.setenv("GODDP_PLAN_CHECK_TIMEOUT", "2.5")
-    store = world({"goddp/plan/7/1": f"{0xABC:016x} 4"})  # rank 2 never answers
-    with caplog.at_level(logging.WARNING, logger="goddp"):
-        with pytest.warns(UserWarning, match="waited 2.5 s"):
-            summary = plan_check.check_plans_across_ranks(0xABC, 4)
-    assert summary == {"seq": 7, "checked": False, "reason": "timeout"}
-    assert store.waited[0][1] == timedelta(seconds=2.5)
-    assert any("waited 2.5 s" in r.getMessage() for r in caplog.records)
+def test_a_rank_whose_planning_failed_is_no_mismatch():
+    decision = decide({0: says(), 1: says(fingerprint=None, caps=None, reason="fallback: planning failed")})
+    assert decision.caps is None and decision.disagreed
 
 
-def test_a_rank_that_fell_back_warns_but_does_not_raise(world):
-    world({"goddp/plan/7/1": "fallback 1", "goddp/plan/7/2": f"{0xABC:016x} 4"})
-    with pytest.warns(UserWarning, match=r"compiled whole on ranks \[1\]"):
-        summary = plan_check.check_plans_across_ranks(0xABC, 4)
-    assert summary["checked"]
+def test_a_rank_that_lost_its_reducer_stops_everyone():
+    with pytest.raises(PeerFailedError, match=r"rank 1 \(injected\)"):
+        decide({0: says(), 1: says(caps=None, lost="injected")})
+
+
+# --------------------------------------------------------------------------
+# The exchange
+
+
+def _play(store, key, ranks, payloads, timeout=30.0, arrive=None):
+    """Runs exchange for each rank of `arrive` (default: all) in a thread;
+    returns {rank: result or exception}."""
+    results: dict = {}
+
+    def run(rank):
+        group = Group(name="g", ranks=tuple(ranks), rank=rank, timeout_s=timeout)
+        try:
+            results[rank] = exchange(store, key, group, payloads[rank])
+        except Exception as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (ranks if arrive is None else arrive)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 30)
+    return results
+
+
+def _remaining_keys(store, key, rounds, ranks):
+    names = [f"{key}/{n}/{r}" for n in range(rounds) for r in ranks] + [f"{key}/{n}/read" for n in range(rounds)]
+    return [k for k in names if store.check([k])]
+
+
+def test_every_rank_reads_every_statement_and_the_last_reader_cleans_up():
+    store = dist.HashStore()
+    ranks = (0, 3, 5)  # global ranks of a subgroup
+    results = _play(store, "k", ranks, {r: f"said by {r}" for r in ranks})
+    expected = {r: f"said by {r}" for r in ranks}
+    assert results == {r: expected for r in ranks}
+    assert _remaining_keys(store, "k", 1, ranks) == []
+    assert store.add("k/arrivals", 0) == 3  # the one key left: the next round counts on it
+
+
+def test_a_second_round_on_the_same_key_never_sees_the_first():
+    """Two runs sharing a long-lived store, or two same-shaped DDP modules:
+    the arrival count puts each in its own round."""
+    store = dist.HashStore()
+    first = _play(store, "k", (0, 1), {0: "a0", 1: "a1"})
+    second = _play(store, "k", (0, 1), {0: "b0", 1: "b1"})
+    assert first[0] == first[1] == {0: "a0", 1: "a1"}
+    assert second[0] == second[1] == {0: "b0", 1: "b1"}
+    assert _remaining_keys(store, "k", 2, (0, 1)) == []
+
+
+def test_a_rank_that_never_comes_is_named_after_the_bounded_wait():
+    store = dist.HashStore()
+    started = time.monotonic()
+    results = _play(store, "k", (0, 1, 2), {0: "x", 1: "y", 2: "z"}, timeout=1.0, arrive=(0, 1))
+    elapsed = time.monotonic() - started
+    for rank in (0, 1):
+        assert isinstance(results[rank], RanksMissingError), results[rank]
+        message = str(results[rank])
+        assert f"rank {rank} waited" in message and "for rank(s) [2]" in message
+        assert plan_check.TIMEOUT_ENV in message
+    assert elapsed < 20
+
+
+def test_progress_is_logged_while_waiting(monkeypatch, caplog):
+    monkeypatch.setattr(plan_check, "PROGRESS_EVERY_S", 0.3)
+    store = dist.HashStore()
+    with caplog.at_level("INFO", logger="goddp"):
+        _play(store, "k", (0, 1), {0: "x", 1: "y"}, timeout=1.0, arrive=(0,))
+    assert any("waited" in r.getMessage() and "[1]" in r.getMessage() for r in caplog.records)
+
+
+def test_timeout_follows_the_group_unless_the_environment_says(dist_group, monkeypatch):
+    monkeypatch.delenv(plan_check.TIMEOUT_ENV, raising=False)
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=42))
+    assert plan_check.timeout_s(group) == 42
+    assert plan_check.timeout_s(None) == plan_check.FALLBACK_TIMEOUT_S
+    monkeypatch.setenv(plan_check.TIMEOUT_ENV, "7.5")
+    assert plan_check.timeout_s(group) == 7.5
+    monkeypatch.setenv(plan_check.TIMEOUT_ENV, "soon")
+    with pytest.warns(UserWarning, match="ignoring GODDP_PLAN_CHECK_TIMEOUT='soon'"):
+        assert plan_check.timeout_s(group) == 42
+
+
+def test_the_model_key_depends_on_shapes_and_dtypes_only():
+    a = plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.float32")])
+    assert a == plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.float32")])
+    assert a != plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.bfloat16")])
+    assert a != plan_check.model_key([((4,), "torch.float32"), ((4, 4), "torch.float32")])

@@ -1,12 +1,11 @@
 """Ranks that plan differently are stopped before their first collective.
 
-goddp compares plan fingerprints across ranks (check_plans) before a
-compiled graph runs: two ranks cutting the same graph differently would
-issue bucket allreduces that do not pair up and hang. The tests here patch
-goddp._plan_check.published_fingerprint so that one rank publishes a
-perturbed plan; every rank must then raise a RuntimeError that speaks of the
-fingerprint mismatch, promptly (the DDP group here times out after 60 s, and
-a plain pytest run kills the whole torchrun after a few minutes).
+Two ranks that cut the same DDP module's graph differently would issue
+bucket allreduces that do not pair up and hang. Here rank 1 runs a
+genuinely different model: the same parameters (so DDP's own shape check at
+construction passes) applied in the opposite order. At the first training
+call every rank must raise PlanMismatchError naming every rank's plan,
+promptly, and again at every later call.
 
 A plain pytest run launches this file under torchrun itself.
 """
@@ -18,13 +17,12 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-import goddp._plan_check as plan_check
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
-from models import ZOO
-
-PERTURBED_RANK = 1
+from goddp._plan_check import PlanMismatchError
 
 
 @pytest.fixture(scope="module")
@@ -32,52 +30,68 @@ def group(dist_group):
     return short_timeout_group(60)
 
 
-def _compile_and_step(group, mode):
-    entry = ZOO["mlp"]
-    ddp = entry.wrap(entry.build(seed=0), process_group=group, bucket_cap_mb=entry.ddp_cap_mb)
-    options = {"inner": "aot_eager", "mode": mode, "check_plans": True, "log_plan": False}
-    compiled = torch.compile(ddp, backend="goddp", options=options)
-    entry.loss(compiled(*entry.make_inputs(rank()))).backward()
+class Stack(nn.Module):
+    """Square layers, applied last-to-first when `reverse`."""
+
+    def __init__(self, reverse: bool) -> None:
+        super().__init__()
+        self.reverse = reverse
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(6))
+
+    def forward(self, x):
+        for layer in reversed(self.layers) if self.reverse else self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def _compile(group, mode, reverse):
+    torch.manual_seed(0)
+    ddp = DDP(Stack(reverse), process_group=group, bucket_cap_mb=0.03)
+    return torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "mode": mode, "log_plan": False})
 
 
 @needs_two_ranks
 @pytest.mark.parametrize("mode", ["ddp", "torch"])
-def test_perturbed_plan_raises_on_every_rank(group, monkeypatch, mode):
-    monkeypatch.setattr(
-        plan_check, "published_fingerprint", lambda fp, r: fp ^ 1 if r == PERTURBED_RANK else fp
-    )
-    # were a rank never to publish its plan, the others would give up waiting after this
-    monkeypatch.setenv("GODDP_PLAN_CHECK_TIMEOUT", "30")
+def test_a_different_model_on_one_rank_raises_on_every_rank(group, mode):
     torch._dynamo.reset()
     goddp.clear_plans()
+    compiled = _compile(group, mode, reverse=rank() == 1)
     started = time.monotonic()
-    with pytest.raises(RuntimeError) as raised:
-        _compile_and_step(group, mode)
+    messages = []
+    for _ in range(2):
+        with pytest.raises(PlanMismatchError) as raised:
+            compiled(torch.randn(8, 64)).sum().backward()
+        messages.append(str(raised.value))
     elapsed = time.monotonic() - started
-    message = str(raised.value)
-    assert "fingerprint" in message.lower(), message
+    message = messages[0]
+    assert messages[1] == message  # every later call stops too
+    assert "planned their first training graph differently" in message
+    (plan,) = goddp.last_plans()
     # it names every rank's plan, so the user can see who disagreed
-    assert all(f"rank {r}" in message for r in range(dist.get_world_size(group))), message
-    # every rank saw the error (this collective runs on a healthy group)
-    outcomes = [None] * dist.get_world_size(group)
-    dist.all_gather_object(outcomes, ("fingerprint" in message.lower(), round(elapsed, 1)), group=group)
-    assert all(ok for ok, _ in outcomes), outcomes
+    for r, fingerprint in enumerate(_gather(plan["fingerprint"], group)):
+        assert f"rank {r}: plan {fingerprint:016x}" in message, message
+    outcomes = _gather((message, round(elapsed, 1)), group)
+    assert outcomes[0][0] == outcomes[1][0], outcomes  # the same error on every rank
     assert elapsed < 45, f"the mismatch took {elapsed:.0f} s to surface: something waited on a timeout"
     torch._dynamo.reset()
 
 
 @needs_two_ranks
-def test_unperturbed_plans_agree(group, monkeypatch):
-    """The same compile without the perturbation passes the check on both ranks."""
+def test_the_same_model_agrees(group):
     torch._dynamo.reset()
     goddp.clear_plans()
-    _compile_and_step(group, "ddp")
-    plans = goddp.last_plans()
-    assert plans and plans[0]["num_pieces"] > 1
-    fingerprints = [None] * dist.get_world_size(group)
-    dist.all_gather_object(fingerprints, [p["fingerprint"] for p in plans], group=group)
-    assert fingerprints[0] == fingerprints[1]
+    _compile(group, "ddp", reverse=False)(torch.randn(8, 64)).sum().backward()
+    (plan,) = goddp.last_plans()
+    assert plan["num_pieces"] > 1 and plan["ddp_buckets"]["aligned"]
+    assert {r["fingerprint"] for r in plan["plan_check"]["ranks"]} == {f"{plan['fingerprint']:016x}"}
+    assert len(set(_gather(plan["fingerprint"], group))) == 1
     torch._dynamo.reset()
+
+
+def _gather(value, group):
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return values
 
 
 @pytest.mark.single_process
