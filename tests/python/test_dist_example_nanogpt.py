@@ -1,0 +1,75 @@
+"""The nanoGPT-shaped example (examples/nanogpt_ddp.py) under two ranks.
+
+``DDP(torch.compile(gpt, backend="goddp"))`` with rank 0 alone evaluating
+under no_grad before the first step (and again mid-training), and gradient
+accumulation: rank 0 compiles an evaluation graph that rank 1 never sees.
+Issue 7 measured a 300 s stall at the first step there. The ranks must agree
+on DDP's buckets at the first training call without anyone waiting for a
+graph that another rank will not compile, and train exactly as eager DDP
+does, with goddp's default settings (the inner compiler aside) and no
+timeout override.
+
+A plain pytest run launches this file under torchrun itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+import goddp
+from _dist_util import REPO_ROOT, assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from goddp._align import ALIGNED_CAPS_ATTR
+
+EXAMPLE = REPO_ROOT / "examples" / "nanogpt_ddp.py"
+
+
+@pytest.fixture(scope="module")
+def group(dist_group):
+    return short_timeout_group(120)
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("nanogpt_ddp", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_two_ranks
+def test_rank0_only_evaluation_before_the_first_step(group):
+    example = _example()
+    config = example.TrainConfig(iters=3, eval_interval=2, inner="aot_eager")
+    quiet = lambda *_: None  # noqa: E731
+    eager = example.train(dataclasses.replace(config, compile=False), process_group=group, log=quiet)
+
+    torch._dynamo.reset()
+    goddp.clear_plans()
+    compiled = example.train(config, process_group=group, log=quiet)
+
+    assert compiled["losses"] == eager["losses"]
+    assert compiled["evaluations"] == eager["evaluations"]
+    assert len(compiled["evaluations"]) == (2 if rank() == 0 else 0)
+    plans = goddp.last_plans()
+    # Graphs compiled with gradients disabled take no part in any agreement.
+    evaluation = [p for p in plans if p["plan_check"] is None]
+    training = [p for p in plans if p["plan_check"] is not None]
+    assert len(evaluation) == (1 if rank() == 0 else 0), plans
+    (plan,) = training
+    assert plan["num_pieces"] > 1
+    assert plan["ddp_buckets"]["aligned"] is True
+    assert plan["plan_check"]["size"] == 2
+    assert {r["fingerprint"] for r in plan["plan_check"]["ranks"]} == {f"{plan['fingerprint']:016x}"}
+    assert getattr(compiled["model"], ALIGNED_CAPS_ATTR) == tuple(plan["plan_check"]["caps"])
+    torch._dynamo.reset()
+
+
+@pytest.mark.single_process
+def test_example_under_torchrun():
+    """Plain pytest: run this file's two-rank case under torchrun."""
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=1, timeout=300)
