@@ -78,12 +78,6 @@ def _state_of(ddp: Any) -> _ModuleState:
     return state
 
 
-def decision_of(ddp: Any) -> Decision | None:
-    """The DDP module's decision, None before its first training call."""
-    state = _states.get(ddp)
-    return None if state is None else state.decision
-
-
 class TrainingGate:
     """Runs before a compiled graph's first training call (see module doc).
     Raises when the DDP module cannot train on; ``done`` turns True once a
