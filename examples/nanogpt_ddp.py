@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 examples/nanogpt_ddp.py
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 examples/nanogpt_ddp.py --inner aot_eager --iters 4
+    TORCH_LOGS=goddp ...   # also shows goddp's plan tables and the ranks' agreement
 
 It has the shape of the training scripts people copy (nanoGPT's train.py
 among them), written for this repository:
