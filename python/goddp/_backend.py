@@ -38,7 +38,7 @@ import torch
 from torch import fx
 
 from goddp import _ddp_optimizer
-from goddp._agreement import GatedCall, gate_for_training
+from goddp._agreement import GatedCall, TrainingGate, gate_for_training
 from goddp._align import alignment_blocker, coverage_blocker
 from goddp._cut import cut_graph
 from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
@@ -255,7 +255,7 @@ class _DDPGraphCompile:
         gate = self.training_gate(None, f"fallback: {reason}" if reason is not None else self.not_aligned)
         return compiled if gate is None else GatedCall(compiled, gate)
 
-    def training_gate(self, caps_bytes: Sequence[int] | None, reason: str | None) -> Any:
+    def training_gate(self, caps_bytes: Sequence[int] | None, reason: str | None) -> TrainingGate | None:
         """What this rank will say at the DDP module's first training call,
         wrapped in the gate that says it; None for a graph compiled with
         gradients disabled, which never trains."""
