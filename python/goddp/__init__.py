@@ -13,6 +13,8 @@ Public API:
   compiling; returns a ``GraphPlan`` (``BucketInfo`` per bucket).
 - ``goddp.last_plans()`` / ``goddp.clear_plans()``: the plans the backend
   made in this process, with per-phase timings.
+- ``goddp.trace(ddp_model)``: a context manager that records when each DDP
+  bucket's allreduce runs relative to backward (see goddp.tracing).
 
 Logging goes to the Python logger "goddp" (plan table at INFO, graphs at
 DEBUG); ``TORCH_LOGS=goddp`` / ``TORCH_LOGS=+goddp`` enable it the torch way.
@@ -34,6 +36,9 @@ _EXPORTS = {
     "BucketInfo": ("goddp._plan", "BucketInfo"),
     "last_plans": ("goddp._records", "last_plans"),
     "clear_plans": ("goddp._records", "clear_plans"),
+    "trace": ("goddp.tracing", "trace"),
+    "Trace": ("goddp.tracing", "Trace"),
+    "TraceError": ("goddp.tracing", "TraceError"),
 }
 
 __all__ = sorted(_EXPORTS)

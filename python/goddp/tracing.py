@@ -1,0 +1,870 @@
+"""goddp.trace: when does each DDP bucket's allreduce run, relative to backward?
+
+(This module is goddp.tracing; ``goddp.trace`` is its ``trace`` function.)
+
+    with goddp.trace(ddp_model) as tr:      # every rank of the DDP group
+        for batch in batches:               # a few ordinary training steps
+            train_step(batch)
+    print(tr.summary())                     # per-bucket and per-step table, verdict
+    tr.plot("overlap.png")                  # launch timeline, one row per step
+    json.dumps(tr.to_dict())
+
+Works on any DistributedDataParallel module: eager, compiled with goddp, or
+compiled with torch's DDPOptimizer (pass the DDP module or what
+``torch.compile`` returned for it).
+
+What is recorded, per step (one backward pass that reduced gradients):
+- backward start: the moment the gradient reaches the DDP module's output
+  (a pre-hook on the output's autograd node, added by wrapping DDP's
+  ``_post_forward`` for the duration of the trace). The loss's own backward
+  before that is not the model's and is left out.
+- backward compute end: an autograd-engine final callback queued at backward
+  start. The engine runs final callbacks in the order they were queued, and
+  DDP's reducer queues its own (which waits for every allreduce) only when
+  the first gradient is ready, so ours runs after the last autograd node and
+  before DDP starts waiting: it marks when backward would have returned
+  without communication. A second callback, queued from the first, runs
+  after DDP's and marks when ``loss.backward()`` really returns.
+- per bucket: bytes, parameters, when the comm hook was called (launch) and
+  when the future it returned completed (done).
+
+Exposed communication is the time from the compute end to the last
+allreduce's completion; the overlapped fraction is the share of the time
+during which some allreduce was in flight that lies before the compute end.
+A bucket counts as launched during backward when backward still had at least
+``DURING_BACKWARD_MARGIN`` of its duration left: the last bucket is always
+launched just before the end, and an unsplit compiled graph launches every
+bucket in a burst right there.
+
+How it hooks DDP (see ``_Installation``): DDP's C++ reducer takes one comm
+hook, once, and cannot forget it. Entering the trace registers a timing hook
+that either chains to the user's Python hook or performs DDP's own default
+reduction with DDP's own arithmetic (so gradients are bit-identical); where a
+hook is already registered, or when leaving, DDP gets a fresh reducer built
+by DDP's own ``_ddp_init_helper`` with exactly the buckets it has now, and
+the comm hooks it should have. Built-in C++ hooks cannot be wrapped and are
+refused.
+
+Ranks (the contract): entering and leaving the trace are collective over the
+DDP module's process group. Every rank must enter at the same step and leave
+at the same step, because a fresh reducer makes DDP re-derive its buckets
+after its next step, which includes a broadcast. Each rank waits for the
+others through the c10d store (not the process group) for at most
+``timeout`` seconds (``GODDP_TRACE_TIMEOUT``, default 300); all ranks then
+follow one decision: if any rank refused or did not arrive, nobody changes
+anything (on entry) and ``TraceError`` is raised on every rank that arrived.
+When leaving, each rank also publishes its record in the store, so
+``summary(gather=True)`` and ``to_dict(gather=True)`` on any rank, any number
+of times, only read what the others published (waiting at most ``timeout``
+for ranks that have not left yet, then showing the ranks it has): calling
+them on one rank only, or on every rank, never deadlocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import statistics
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger("goddp")
+
+__all__ = ["trace", "Trace", "TraceError", "draw_launch_rows"]
+
+DEFAULT_TIMEOUT_S = 300.0
+# A bucket launched with less than this share of backward left counts as
+# launched at the end (see the module doc).
+DURING_BACKWARD_MARGIN = 0.05
+# Steps kept per trace; older ones are dropped (a trace left open for a
+# whole run must not grow without bound).
+MAX_STEPS = 1000
+# Marks a DDP module while a trace is installed on it.
+_ACTIVE_ATTR = "_goddp_trace_active"
+
+
+class TraceError(RuntimeError):
+    """goddp.trace was used in a way it cannot honour; nothing was changed
+    (unless the message says otherwise)."""
+
+
+# --------------------------------------------------------------------------
+# What is recorded
+
+
+@dataclass
+class BucketEvent:
+    index: int
+    bytes: int
+    params: int
+    param_names: tuple[str, ...]
+    launch: float
+    done: float | None = None
+
+
+@dataclass
+class StepRecord:
+    start: float | None = None  # backward start (perf_counter seconds)
+    compute_end: float | None = None
+    finalized: float | None = None
+    buckets: list[BucketEvent] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Times in seconds from backward start (from the first launch when
+        the start was not seen)."""
+        t0 = self.start if self.start is not None else min(b.launch for b in self.buckets)
+        last_launch = max(b.launch for b in self.buckets)
+        compute_end = self.compute_end if self.compute_end is not None else last_launch
+        buckets = [
+            {
+                "index": b.index,
+                "bytes": b.bytes,
+                "params": b.params,
+                "param_names": list(b.param_names),
+                "launch_s": b.launch - t0,
+                "done_s": (b.done if b.done is not None else compute_end) - t0,
+            }
+            for b in sorted(self.buckets, key=lambda b: (b.launch, b.index))
+        ]
+        return {
+            "start_seen": self.start is not None,
+            "compute_end_s": max(compute_end, last_launch) - t0,
+            "finalized_s": (self.finalized - t0) if self.finalized is not None else None,
+            "buckets": buckets,
+        }
+
+
+def step_stats(step: dict[str, Any]) -> dict[str, Any]:
+    """Figures of one step dict (``StepRecord.to_dict``): backward time, last
+    completion, exposed communication, overlapped fraction, buckets launched
+    during backward. Pure arithmetic on the dict; the bench uses it too."""
+    end = step["compute_end_s"]
+    buckets = step["buckets"]
+    last_done = max((b["done_s"] for b in buckets), default=end)
+    busy = _union([(b["launch_s"], b["done_s"]) for b in buckets])
+    busy_total = sum(e - s for s, e in busy)
+    busy_before = sum(max(0.0, min(e, end) - s) for s, e in busy)
+    margin = DURING_BACKWARD_MARGIN * end
+    total_bytes = sum(b["bytes"] for b in buckets)
+    return {
+        "backward_s": end,
+        "last_done_s": last_done,
+        "exposed_s": max(0.0, last_done - end),
+        "comm_busy_s": busy_total,
+        "overlapped": (busy_before / busy_total) if busy_total > 0 else 1.0,
+        "buckets": len(buckets),
+        "launched_during_backward": sum(1 for b in buckets if b["launch_s"] <= end - margin),
+        # Byte-weighted mean of how long before the compute end each byte's
+        # allreduce started: no threshold; about 0 for an unsplit graph.
+        "head_start_s": (sum(b["bytes"] * (end - b["launch_s"]) for b in buckets) / total_bytes)
+        if total_bytes else 0.0,
+    }
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def median_step(steps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The step with the median backward time (the upper one of two)."""
+    if not steps:
+        return None
+    return sorted(steps, key=lambda s: s["compute_end_s"])[len(steps) // 2]
+
+
+def verdict(steps: Sequence[dict[str, Any]]) -> str:
+    """One line: buckets launched during backward (median step) and the
+    median share of communication left exposed."""
+    step = median_step(steps)
+    if step is None:
+        return "no step with a DDP allreduce was recorded"
+    stats = step_stats(step)
+    exposed = statistics.median(1.0 - step_stats(s)["overlapped"] for s in steps)
+    return (
+        f"{stats['launched_during_backward']} of {stats['buckets']} buckets launched before backward ended; "
+        f"{exposed:.0%} of communication exposed"
+    )
+
+
+# --------------------------------------------------------------------------
+# Recording (called from autograd and from comm hooks)
+
+
+class _Recorder:
+    def __init__(self, names: dict[int, str], max_steps: int) -> None:
+        self.names = names
+        self.steps: list[StepRecord] = []
+        self.dropped = 0
+        self._max_steps = max_steps
+        self._open: StepRecord | None = None
+        self.pending_forward = False
+        self.recording = True
+        self._lock = threading.Lock()
+
+    # DDP's post-forward: hook the output's autograd nodes.
+    def after_forward(self, output: Any, reduces: bool) -> None:
+        """`reduces`: DDP armed its reducer for this forward's backward."""
+        if not (self.recording and torch.is_grad_enabled()):
+            return
+        fired = [False]
+
+        def prehook(grad_outputs):
+            if not fired[0]:
+                fired[0] = True
+                self._backward_started()
+            return None
+
+        hooked = False
+        for leaf in torch.utils._pytree.tree_leaves(output):
+            if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
+                leaf.grad_fn.register_prehook(prehook)
+                hooked = True
+        self.pending_forward = self.pending_forward or (hooked and reduces)
+
+    def _backward_started(self) -> None:
+        self.pending_forward = False
+        step = StepRecord(start=time.perf_counter())
+        with self._lock:
+            self._open = step
+        engine = torch.autograd.Variable._execution_engine
+
+        def compute_done() -> None:
+            step.compute_end = time.perf_counter()
+            engine.queue_callback(finalized)
+
+        def finalized() -> None:
+            step.finalized = time.perf_counter()
+            self._close(step)
+
+        engine.queue_callback(compute_done)
+
+    def launched(self, bucket: Any) -> BucketEvent:
+        now = time.perf_counter()
+        buf = bucket.buffer()
+        params = bucket.parameters()
+        event = BucketEvent(
+            index=bucket.index(),
+            bytes=buf.numel() * buf.element_size(),
+            params=len(params),
+            param_names=tuple(self.names.get(id(p), "?") for p in params),
+            launch=now,
+        )
+        with self._lock:
+            if self._open is None:
+                # No backward start was seen (an output without autograd
+                # node): the step starts at its first launch.
+                self._open = StepRecord()
+            step = self._open
+            step.buckets.append(event)
+            if bucket.is_last() and step.start is None:
+                self._close_locked(step)
+        return event
+
+    def _close(self, step: StepRecord) -> None:
+        with self._lock:
+            self._close_locked(step)
+
+    def _close_locked(self, step: StepRecord) -> None:
+        if self._open is step:
+            self._open = None
+        if step.buckets and self.recording:  # a no_sync backward reduces nothing
+            self.steps.append(step)
+            if len(self.steps) > self._max_steps:
+                del self.steps[0]
+                self.dropped += 1
+
+    def in_backward(self) -> bool:
+        """A backward of the traced module has started and not finished."""
+        return self._open is not None
+
+
+def _timing_hook(recorder_ref: "weakref.ref[_Recorder]", reduce: Callable[[Any, Any], Any]):
+    """A comm hook: notes the launch, runs `reduce(state, bucket)` and notes
+    when its future completes, passing its value through unchanged."""
+
+    def goddp_trace_hook(state, bucket):
+        recorder = recorder_ref()
+        if recorder is None or not recorder.recording:
+            return reduce(state, bucket)
+        event = recorder.launched(bucket)
+        future = reduce(state, bucket)
+
+        def done(fut):
+            event.done = time.perf_counter()
+            return fut.value()
+
+        return future.then(done)
+
+    return goddp_trace_hook
+
+
+def _ddp_default_reduction(ddp: Any) -> Callable[[Any, Any], Any]:
+    """DDP's built-in reduction, as a Python hook with DDP's own arithmetic.
+
+    Without a hook, DDP's reducer scales each gradient by 1/world while
+    copying it into the bucket (a multiplication by the reciprocal) or, when
+    the gradient already is a view of the bucket (gradient_as_bucket_view
+    after the first step) or copies are batched, divides in place; then it
+    sums the bucket over the group. With a hook it only copies, so the hook
+    does the scaling, the same way. Multiplying by 1/n and dividing by n
+    agree bit for bit when n is a power of two; for other world sizes the
+    first step of a gradient_as_bucket_view module may differ in the last
+    bit (DDP mixes both there). DDP's Join (uneven inputs) changes the
+    divisor and is not reproduced."""
+    group = ddp.process_group
+    size = group.size()
+    divide = bool(ddp.gradient_as_bucket_view or getattr(ddp, "batched_grad_copy", False))
+    reciprocal = 1.0 / size
+
+    def reduce(state, bucket):
+        buf = bucket.buffer()
+        if divide:
+            buf.div_(size)
+        else:
+            buf.mul_(reciprocal)
+        return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+    return reduce
+
+
+# --------------------------------------------------------------------------
+# Installing and removing the hooks on DDP
+
+
+def unwrap_ddp(module: Any) -> Any:
+    """The DistributedDataParallel module behind `module` (itself, or what
+    torch.compile wrapped); TraceError otherwise."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    inner = getattr(module, "_orig_mod", module)
+    if not isinstance(inner, DistributedDataParallel):
+        raise TraceError(
+            f"goddp.trace needs a DistributedDataParallel module (or torch.compile of one), "
+            f"got {type(module).__name__}"
+        )
+    return inner
+
+
+def _refusal(ddp: Any) -> str | None:
+    """Why this DDP module cannot be traced, or None."""
+    if getattr(ddp, _ACTIVE_ATTR, None) is not None:
+        return "this DDP module is already being traced (one goddp.trace at a time)"
+    if getattr(ddp, "_use_python_reducer", False):
+        return "DDP uses the Python reducer (compiled autograd): it has no comm hooks"
+    if ddp.static_graph:
+        return "static_graph=True: a fresh reducer would repeat DDP's static-graph first step"
+    if getattr(ddp, "_delay_all_reduce_all_params", False):
+        return "every parameter is in DDP's delayed allreduce: DDP reduces nothing in backward"
+    if len(ddp._comm_hooks) > 1:
+        return f"DDP lists {len(ddp._comm_hooks)} comm hooks; expected at most one"
+    try:
+        name = ddp._get_ddp_logging_data().get("comm_hook")
+    except Exception as exc:
+        return f"could not read DDP's logging data ({type(exc).__name__}: {exc})"
+    if name and not ddp._comm_hooks:
+        return (
+            f"a built-in C++ comm hook ({name}) is registered; it cannot be wrapped "
+            "(register it as a Python hook, e.g. torch.distributed.algorithms.ddp_comm_hooks, to trace it)"
+        )
+    return None
+
+
+_init_lock = threading.Lock()
+
+
+def current_buckets(ddp: Any) -> list[list[int]]:
+    """DDP's buckets now, in reducer order, as indices into DDP's parameter
+    list."""
+    parameters, _ = ddp._build_params_for_reducer()
+    index = {id(p): i for i, p in enumerate(parameters)}
+    return [[index[id(p)] for p in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
+
+
+def rebuild_reducer(ddp: Any, hooks: list[tuple[Callable, Any]]) -> None:
+    """Gives `ddp` a fresh reducer with its current buckets and `hooks` (the
+    new ``ddp._comm_hooks``).
+
+    The reducer is built by DDP's own ``_ddp_init_helper`` (everything but the
+    bucket assignment stays DDP's business); only the assignment it asks
+    ``dist._compute_bucket_assignment_by_size`` for is replaced by the buckets
+    DDP has now, so the buckets DDP rebuilt after its first step (or goddp
+    aligned to its pieces) survive. The fresh reducer derives its buckets once
+    more after its first step, from the same settings and gradient order,
+    which gives the same buckets."""
+    parameters, expect_sparse = ddp._build_params_for_reducer()
+    names = ddp._build_debug_param_to_name_mapping(parameters)
+    buckets = current_buckets(ddp)
+    sizes = [sum(parameters[i].numel() * parameters[i].element_size() for i in b) for b in buckets]
+
+    def assignment(*_args, **_kwargs):
+        # DDP reverses what it gets (it assumes forward order); hand it the
+        # reverse of the reducer order.
+        return [list(b) for b in reversed(buckets)], list(reversed(sizes))
+
+    with _init_lock:
+        ddp.reducer._remove_autograd_hooks()
+        original = dist._compute_bucket_assignment_by_size
+        dist._compute_bucket_assignment_by_size = assignment
+        try:
+            ddp._ddp_init_helper(parameters, expect_sparse, names, ddp.static_graph)
+        finally:
+            dist._compute_bucket_assignment_by_size = original
+    ddp._comm_hooks[:] = hooks
+    for hook, state in hooks:
+        dist._register_comm_hook(ddp.reducer, state, hook)
+        ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
+
+
+class _Installation:
+    """The hooks of one trace on one DDP module, and how to take them off."""
+
+    def __init__(self, ddp: Any, recorder: _Recorder) -> None:
+        self.ddp = ddp
+        self.recorder = recorder
+        self.user_hooks = list(ddp._comm_hooks)
+        if self.user_hooks:
+            user_hook, state = self.user_hooks[0]
+            self.hook_name = getattr(user_hook, "__qualname__", repr(user_hook))
+            self.hooks = [(_timing_hook(weakref.ref(recorder), user_hook), state)]
+        else:
+            self.hook_name = "DDP's default allreduce"
+            self.hooks = [(_timing_hook(weakref.ref(recorder), _ddp_default_reduction(ddp)), None)]
+        self.removed = False
+
+    def install(self) -> None:
+        ddp = self.ddp
+        if self.user_hooks:
+            rebuild_reducer(ddp, self.hooks)
+        else:
+            # No hook yet: the reducer takes ours as it is; nothing to rebuild.
+            ddp._comm_hooks[:] = self.hooks
+            hook, state = self.hooks[0]
+            dist._register_comm_hook(ddp.reducer, state, hook)
+            ddp.logger._set_comm_hook_name(hook.__qualname__)
+        recorder = self.recorder
+        post_forward = type(ddp)._post_forward
+
+        def _post_forward(output):
+            # Read before DDP's post-forward, as DDP's pre-forward saw it.
+            reduces = torch.is_grad_enabled() and ddp.require_backward_grad_sync
+            output = post_forward(ddp, output)
+            recorder.after_forward(output, reduces)
+            return output
+
+        # An instance attribute: DDP's forward runs outside Dynamo's graphs,
+        # so no guard sees it and nothing recompiles.
+        ddp._post_forward = _post_forward
+        setattr(ddp, _ACTIVE_ATTR, self)
+
+    def remove(self) -> None:
+        ddp = self.ddp
+        self.recorder.recording = False
+        ddp.__dict__.pop("_post_forward", None)
+        rebuild_reducer(ddp, self.user_hooks)
+        if self.recorder.pending_forward:
+            # A forward ran and its backward has not: arm the fresh reducer
+            # the way DDP's forward armed the old one, or that backward
+            # would not reduce (find_unused_parameters is refused before).
+            ddp.reducer.prepare_for_forward()
+            ddp.reducer.prepare_for_backward([])
+        ddp.__dict__.pop(_ACTIVE_ATTR, None)
+        self.removed = True
+
+
+# --------------------------------------------------------------------------
+# Agreeing across ranks
+
+
+def _timeout_s(value: float | None) -> float:
+    if value is not None:
+        if value <= 0:
+            raise ValueError(f"goddp.trace: timeout must be positive seconds, got {value!r}")
+        return float(value)
+    raw = os.environ.get("GODDP_TRACE_TIMEOUT")
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        parsed = float(raw)
+    except ValueError:
+        warnings.warn(f"goddp: ignoring GODDP_TRACE_TIMEOUT={raw!r} (not a number); using {DEFAULT_TIMEOUT_S:g} s")
+        return DEFAULT_TIMEOUT_S
+    return parsed if parsed > 0 else DEFAULT_TIMEOUT_S
+
+
+_seq_lock = threading.Lock()
+_seqs: dict[str, "itertools.count[int]"] = {}
+
+
+class _Group:
+    """The DDP module's ranks and the c10d store through which they agree.
+
+    The store, not the process group: a rank that never arrives must cost
+    the others a bounded wait, not a collective that hangs or pairs with
+    one of DDP's own allreduces."""
+
+    def __init__(self, ddp: Any, timeout: float) -> None:
+        self.ranks = tuple(dist.get_process_group_ranks(ddp.process_group))
+        self.rank = dist.get_rank()
+        self.timeout = timeout
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        self.store = _get_default_store() if len(self.ranks) > 1 else None
+        # The group's name is the same on every member and differs between
+        # groups over the same ranks; the sequence counts this process's
+        # traces on that group, so each trace gets keys of its own.
+        name = getattr(ddp.process_group, "group_name", None) or "-".join(map(str, self.ranks))
+        with _seq_lock:
+            seq = next(_seqs.setdefault(name, itertools.count()))
+        self.prefix = f"goddp/trace/{name}/{seq}"
+
+    def agree(self, phase: str, verdict: str) -> tuple[str, dict[int, str]]:
+        """Publishes this rank's verdict ("ok" or a reason) for `phase` and
+        returns the decision every rank follows ("go", "refused" or
+        "timeout") with the verdicts seen. The first rank to decide writes
+        the decision with compare_set; everyone reads that one."""
+        if self.store is None:
+            return ("go" if verdict == "ok" else "refused"), {self.rank: verdict}
+        key = f"{self.prefix}/{phase}"
+        self.store.set(f"{key}/{self.rank}", verdict)
+        keys = [f"{key}/{r}" for r in self.ranks]
+        seen: dict[int, str] = {}
+        try:
+            self.store.wait(keys, timedelta(seconds=self.timeout))
+            seen = {r: self.store.get(k).decode("utf-8", "replace") for r, k in zip(self.ranks, keys)}
+            mine = "go" if all(v == "ok" for v in seen.values()) else "refused"
+        except Exception:  # the store reports a timeout as an error
+            mine = "timeout"
+        decision = self.store.compare_set(f"{key}/decision", "", mine).decode()
+        if not seen:  # who had arrived, for the message
+            seen = {r: self.store.get(k).decode("utf-8", "replace") for r, k in zip(self.ranks, keys) if self.store.check([k])}
+        return decision, seen
+
+    def publish(self, record: dict[str, Any]) -> None:
+        if self.store is not None:
+            self.store.set(f"{self.prefix}/record/{self.rank}", json.dumps(record))
+
+    def gather(self, timeout: float) -> dict[int, dict[str, Any]]:
+        """Every rank's published record; ranks that did not publish within
+        `timeout` seconds are left out."""
+        out: dict[int, dict[str, Any]] = {}
+        if self.store is None:
+            return out
+        deadline = time.monotonic() + timeout
+        for r in self.ranks:
+            key = f"{self.prefix}/record/{r}"
+            left = max(0.001, deadline - time.monotonic())
+            try:
+                self.store.wait([key], timedelta(seconds=left))
+                out[r] = json.loads(self.store.get(key))
+            except Exception:
+                continue
+        return out
+
+
+def _refused_message(phase: str, decision: str, seen: dict[int, str], group: _Group) -> str:
+    if decision == "timeout":
+        missing = [r for r in group.ranks if r not in seen]
+        if not missing:
+            return (
+                f"goddp.trace: rank {group.rank} arrived to {phase} the trace after the other ranks of the DDP "
+                f"group {list(group.ranks)} had waited {group.timeout:g} s for it and given up; every rank must "
+                f"{phase} it at the same step"
+            )
+        return (
+            f"goddp.trace: rank {group.rank} waited {group.timeout:g} s for ranks {missing} of the DDP "
+            f"group {list(group.ranks)} to {phase} the trace; every rank must {phase} it at the same step"
+        )
+    reasons = "; ".join(f"rank {r}: {v}" for r, v in sorted(seen.items()) if v != "ok")
+    return f"goddp.trace: cannot {phase} the trace ({reasons})"
+
+
+# --------------------------------------------------------------------------
+# Plans goddp made for this model
+
+
+def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
+    """The goddp plans (from ``goddp.last_plans()``) of graphs of this DDP
+    module, newest last, one per fingerprint: plans whose buckets hold only
+    this module's parameter names. Where goddp aligned DDP's buckets, only
+    plans whose buckets are those caps."""
+    from goddp._records import last_plans
+
+    names = {n for n, _ in ddp.module.named_parameters()}
+    caps = getattr(ddp, "_goddp_aligned_caps", None)
+    found: dict[Any, dict[str, Any]] = {}
+    for record in last_plans():
+        buckets = record.get("buckets") or []
+        if not buckets or not all(set(b.get("param_names", ())) <= names for b in buckets):
+            continue
+        if caps is not None and tuple(max(1, int(b["bytes"])) for b in buckets) != tuple(caps):
+            continue
+        fingerprint = record.get("fingerprint")
+        found.pop(fingerprint, None)
+        found[fingerprint] = {
+            "fingerprint": f"{fingerprint:016x}" if isinstance(fingerprint, int) else None,
+            "mode": record.get("mode"),
+            "num_pieces": record.get("num_pieces"),
+            "bucket_bytes": [b["bytes"] for b in buckets],
+            "bucket_param_names": [list(b.get("param_names", ())) for b in buckets],
+            "ddp_buckets": record.get("ddp_buckets"),
+            "fallback": record.get("fallback"),
+        }
+    return list(found.values())
+
+
+# --------------------------------------------------------------------------
+# The public object
+
+
+class Trace:
+    """A context manager recording one DDP module's allreduce timeline; see
+    the module doc. Create it with ``goddp.trace(module)``."""
+
+    def __init__(self, module: Any, *, timeout: float | None = None, max_steps: int = MAX_STEPS) -> None:
+        self._ddp = unwrap_ddp(module)
+        self._timeout = _timeout_s(timeout)
+        if max_steps < 1:
+            raise ValueError(f"goddp.trace: max_steps must be at least 1, got {max_steps!r}")
+        self._max_steps = max_steps
+        self._group: _Group | None = None
+        self._installation: _Installation | None = None
+        self._recorder: _Recorder | None = None
+        self._closed_record: dict[str, Any] | None = None
+        self._hook_name = ""
+        self._plans: list[dict[str, Any]] = []
+        self._leave_tried = False
+
+    # -- entering and leaving
+
+    def __enter__(self) -> "Trace":
+        if self._group is not None:
+            raise TraceError("goddp.trace: this trace object was already entered; create a new one")
+        ddp = self._ddp
+        refusal = _refusal(ddp)
+        group = self._group = _Group(ddp, self._timeout)
+        decision, seen = group.agree("enter", refusal or "ok")
+        if decision != "go":
+            raise TraceError(_refused_message("enter", decision, seen, group) + "; nothing was changed")
+        names = {id(p): n for n, p in ddp.module.named_parameters()}
+        recorder = self._recorder = _Recorder(names, self._max_steps)
+        installation = _Installation(ddp, recorder)
+        installation.install()
+        self._installation = installation
+        self._hook_name = installation.hook_name
+        logger.info("goddp.trace: recording %s (comm hook: %s)", type(ddp.module).__name__, self._hook_name)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Leaves the trace (what ``with`` does on exit); idempotent."""
+        installation, group = self._installation, self._group
+        if installation is None or installation.removed or group is None or self._leave_tried:
+            return
+        recorder = installation.recorder
+        verdict = "ok"
+        if recorder.in_backward():
+            verdict = "a backward of the traced module has not finished"
+        elif recorder.pending_forward and self._ddp.find_unused_parameters:
+            verdict = "a forward ran whose backward has not (find_unused_parameters=True)"
+        self._leave_tried = True
+        decision, seen = group.agree("leave", verdict)
+        recorder.recording = False
+        self._plans = goddp_plans_for(self._ddp)
+        if decision != "go":
+            # Not every rank leaves now: keep the same reducer on all of them,
+            # so they keep communicating alike. The hook passes through.
+            raise TraceError(
+                _refused_message("leave", decision, seen, group)
+                + "; DDP keeps goddp.trace's pass-through comm hook (same communication, same gradients)"
+            )
+        installation.remove()
+        self._closed_record = self._record()
+        group.publish(self._closed_record)
+
+    # -- results
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        """The recorded steps (``StepRecord.to_dict``), oldest first."""
+        if self._recorder is None:
+            return []
+        return [s.to_dict() for s in list(self._recorder.steps)]
+
+    def _record(self) -> dict[str, Any]:
+        group = self._group
+        steps = self.steps
+        return {
+            "rank": dist.get_rank() if dist.is_initialized() else 0,
+            "ranks": list(group.ranks) if group else [],
+            "module": type(self._ddp.module).__name__,
+            "comm_hook": self._hook_name,
+            "goddp_plans": self._plans or goddp_plans_for(self._ddp),
+            "steps": steps,
+            "step_stats": [step_stats(s) for s in steps],
+            "dropped_steps": self._recorder.dropped if self._recorder else 0,
+            "verdict": verdict(steps),
+        }
+
+    def to_dict(self, gather: bool = False) -> dict[str, Any]:
+        """This rank's record (JSON-serialisable); with gather=True, a dict
+        {"ranks": {rank: record}} of every rank that published (see the
+        module doc for the contract)."""
+        mine = self._closed_record or self._record()
+        if not gather:
+            return mine
+        return {"ranks": {str(r): rec for r, rec in self._gathered(mine).items()}}
+
+    def _gathered(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        if self._group is None or self._closed_record is None:
+            raise TraceError("goddp.trace: gather=True needs a trace that was entered and left")
+        records = self._group.gather(self._timeout)
+        records[self._group.rank] = mine
+        return dict(sorted(records.items()))
+
+    def summary(self, gather: bool = False) -> str:
+        """A readable table: per-bucket bytes, launch offset and duration of
+        the median step, per-step figures, the verdict, goddp's plan."""
+        mine = self.to_dict()
+        if not gather:
+            return format_summary(mine)
+        records = self._gathered(mine)
+        missing = [r for r in (self._group.ranks if self._group else []) if r not in records]
+        text = "\n\n".join(format_summary(rec) for rec in records.values())
+        if missing:
+            text += f"\n\n(ranks {missing} had not published their trace within {self._timeout:g} s)"
+        return text
+
+    def plot(self, path: str | os.PathLike, gather: bool = False, title: str | None = None) -> str:
+        """Writes the launch timeline as a PNG: one row per step of this rank,
+        or with gather=True one row per rank (its median step)."""
+        plt = _pyplot()
+        if gather:
+            rows = [(f"rank {r}", median_step(rec["steps"])) for r, rec in self._gathered(self.to_dict()).items()]
+        else:
+            rows = [(f"step {i}", s) for i, s in enumerate(self.to_dict()["steps"])]
+        rows = [(label, s) for label, s in rows if s is not None]
+        fig, ax = plt.subplots(figsize=(7.0, 0.45 * max(2, len(rows)) + 1.4))
+        draw_launch_rows(ax, rows)
+        ax.set_title(title or f"{type(self._ddp.module).__name__}: {verdict(self.to_dict()['steps'])}", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return str(path)
+
+
+def trace(module: Any, *, timeout: float | None = None, max_steps: int = MAX_STEPS) -> Trace:
+    """Records when each DDP bucket's allreduce runs relative to backward;
+    use it as ``with goddp.trace(ddp_model) as tr: ...`` on every rank (see
+    the goddp.trace module doc for what is recorded and the contract across
+    ranks). `module`: a DistributedDataParallel module or torch.compile of
+    one. `timeout`: seconds to wait for the other ranks (default
+    GODDP_TRACE_TIMEOUT or 300). `max_steps`: steps kept (oldest dropped)."""
+    return Trace(module, timeout=timeout, max_steps=max_steps)
+
+
+# --------------------------------------------------------------------------
+# Text and picture
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**17 else f"{n / 2**10:.1f} KiB"
+
+
+def format_summary(record: dict[str, Any]) -> str:
+    steps = record["steps"]
+    lines = [
+        f"goddp.trace: {record['module']}, rank {record['rank']} of DDP ranks {record['ranks'] or [record['rank']]}, "
+        f"{len(steps)} step(s), comm hook: {record['comm_hook']}"
+    ]
+    plans = record.get("goddp_plans") or []
+    if plans:
+        for plan in plans:
+            lines.append(
+                f"goddp plan {plan['fingerprint']}: {plan['num_pieces']} piece(s), {len(plan['bucket_bytes'])} "
+                f"bucket(s), mode {plan['mode']}" + (f", fallback: {plan['fallback']}" if plan.get("fallback") else "")
+            )
+    else:
+        lines.append("goddp plan: none (not compiled by goddp)")
+    step = median_step(steps)
+    if step is None:
+        lines.append("verdict: " + verdict(steps))
+        return "\n".join(lines)
+    end = step["compute_end_s"]
+    lines.append(f"median step ({steps.index(step)}), times in ms from backward start; backward compute ends at {end * 1e3:.1f}")
+    lines.append(f"  {'bucket':>6} {'bytes':>11} {'params':>6} {'launch':>8} {'duration':>8} {'done':>8}  during backward")
+    margin = DURING_BACKWARD_MARGIN * end
+    for b in step["buckets"]:
+        lines.append(
+            f"  {b['index']:>6} {_mib(b['bytes']):>11} {b['params']:>6} {b['launch_s'] * 1e3:>8.1f} "
+            f"{(b['done_s'] - b['launch_s']) * 1e3:>8.1f} {b['done_s'] * 1e3:>8.1f}  "
+            f"{'yes' if b['launch_s'] <= end - margin else 'no'}"
+        )
+    lines.append("per step (ms):")
+    lines.append(f"  {'step':>4} {'backward':>9} {'last done':>9} {'exposed':>8} {'overlapped':>10} {'buckets':>8}")
+    for i, s in enumerate(steps):
+        st = step_stats(s)
+        lines.append(
+            f"  {i:>4} {st['backward_s'] * 1e3:>9.1f} {st['last_done_s'] * 1e3:>9.1f} {st['exposed_s'] * 1e3:>8.1f} "
+            f"{st['overlapped']:>10.0%} {st['launched_during_backward']:>3}/{st['buckets']:<4}"
+        )
+    if record.get("dropped_steps"):
+        lines.append(f"  ({record['dropped_steps']} older step(s) dropped)")
+    lines.append("verdict: " + verdict(steps))
+    return "\n".join(lines)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - matplotlib is a dev requirement
+        raise TraceError("goddp.trace: plot() needs matplotlib (pip install 'goddp[plot]')") from exc
+    return plt
+
+
+def draw_launch_rows(ax: Any, rows: Sequence[tuple[str, dict[str, Any]]], color: str | Sequence[str] = "#2e9e5b") -> None:
+    """Draws launch timelines on a matplotlib axis, one row per (label, step
+    dict): grey from backward start to its compute end, one coloured bar per
+    bucket from launch to completion (labelled with its size when there are
+    few), a black tick where ``loss.backward()`` returned. Shared by
+    ``Trace.plot`` and the benchmark's launch_timelines.png."""
+    colors = [color] * len(rows) if isinstance(color, str) else list(color)
+    for y, ((label, step), c) in enumerate(zip(rows, colors)):
+        ax.barh(y, step["compute_end_s"], height=0.7, color="#d0d0d0")
+        buckets = step["buckets"]
+        k = max(1, len(buckets))
+        for i, b in enumerate(sorted(buckets, key=lambda b: b["launch_s"])):
+            off = -0.3 + 0.6 * (i + 0.5) / k
+            ax.barh(y + off, max(b["done_s"] - b["launch_s"], 1e-6), left=b["launch_s"], height=0.55 / k, color=c)
+            if k <= 8:
+                ax.text(b["done_s"], y + off, f" {b['bytes'] / 2**20:.1f}M", va="center", fontsize=5)
+        if step.get("finalized_s") is not None:
+            ax.plot([step["finalized_s"]] * 2, [y - 0.4, y + 0.4], color="k", lw=1)
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(
+        "seconds since backward started (grey: backward compute; bars: each bucket's allreduce, "
+        "launch to completion; black tick: backward returned)",
+        fontsize=6,
+    )
+    ax.grid(axis="x", alpha=0.3)
