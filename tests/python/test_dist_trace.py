@@ -214,6 +214,44 @@ def test_one_rank_refusing_stops_every_rank(dist_group):
     train(ddp, ddp, 1, first_step=2)
 
 
+@needs_two_ranks
+def test_ranks_that_leave_apart_keep_the_traced_reducer(dist_group):
+    group = short_timeout_group(60)
+    ddp = make_ddp(group)
+    train(ddp, ddp, 2)
+    tr = goddp.trace(ddp, timeout=2)
+    tr.__enter__()
+    train(ddp, ddp, 1, first_step=2)
+    if rank() == 1:
+        import time
+
+        time.sleep(4)
+    with pytest.raises(goddp.TraceError, match="keeps goddp.trace's pass-through comm hook"):
+        tr.close()
+    tr.close()  # a second close does not wait again
+    # Both ranks still run the same reducer with the same hook, which no
+    # longer records.
+    assert ddp._comm_hooks[0][0].__name__ == "goddp_trace_hook"
+    train(ddp, ddp, 1, first_step=3)
+    assert len(tr.to_dict()["steps"]) == 1
+
+
+@needs_two_ranks
+def test_leaving_between_forward_and_backward_still_reduces(group):
+    plain = make_ddp(group)
+    want = train(plain, plain, 3)
+
+    ddp = make_ddp(group)
+    got = train(ddp, ddp, 2)
+    with goddp.trace(ddp):
+        loss = ENTRY.loss(ddp(*ENTRY.make_inputs(100 * rank() + 2)))
+    ddp.zero_grad(set_to_none=True)
+    loss.backward()  # on the fresh reducer, armed as DDP's forward armed the old one
+    got.append([p.grad.clone() for p in ddp.parameters()])
+    # no optimizer step after the last: compare the gradients only
+    assert_bitwise_equal(got[2:], want[2:])
+
+
 # --------------------------------------------------------------------------
 # Errors (any number of ranks): clear message, nothing changed
 
@@ -280,4 +318,4 @@ def test_trace_under_torchrun():
     """Plain pytest: run this file's cases under torchrun, 2 ranks."""
     if under_torchrun():
         pytest.skip("already inside torchrun")
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=11, timeout=540)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=13, timeout=540)
