@@ -7,6 +7,10 @@ eagerly, then compiled with ``backend="goddp"``. Rank 0 prints goddp's plan
 table (through the "goddp" logger), the step times of both runs and the
 largest difference between the two runs' final parameters, which must be
 tiny: goddp changes where the graph is cut, never what it computes.
+
+It ends with ``goddp.trace`` of a few more steps of each run: when each
+DDP bucket's allreduce started and finished relative to backward, eager DDP
+next to goddp (``--plot overlap.png`` also draws both timelines).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
+from goddp.tracing import median_step
 
 
 class MLP(nn.Module):
@@ -70,6 +75,8 @@ def main() -> None:
     parser.add_argument("--inner", default="aot_eager", help="goddp's inner compiler (inductor, aot_eager, eager)")
     parser.add_argument("--mode", default="ddp", choices=goddp.backend.MODES)
     parser.add_argument("--bucket-cap-mb", type=float, default=4.0, help="DDP's bucket_cap_mb")
+    parser.add_argument("--trace-steps", type=int, default=3, help="steps recorded by goddp.trace per run")
+    parser.add_argument("--plot", metavar="PNG", help="draw both runs' launch timelines (rank 0) to this file")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -99,6 +106,13 @@ def main() -> None:
 
     plans = goddp.last_plans()
     drift = max((a - b).abs().max().item() for a, b in zip(eager.parameters(), compiled_model.parameters()))
+
+    # A few more steps of each run under goddp.trace (every rank enters it).
+    traces = {}
+    for label, model in (("eager DDP", eager), ("goddp", compiled)):
+        with goddp.trace(model) as tr:
+            train(model, batches[: args.trace_steps], warmup=0)
+        traces[label] = tr
     if rank == 0:
         pieces = plans[-1]["num_pieces"] if plans else 0
         print()
@@ -107,6 +121,19 @@ def main() -> None:
         print(f"goddp compiled   {summary(goddp_times)}   (first {warmup} steps incl. compile: "
               f"{total - sum(goddp_times):.1f} s)")
         print(f"max |param difference| after {len(batches)} steps: {drift:.3g}")
+        for label, tr in traces.items():
+            print(f"\n=== goddp.trace of {label} ===")
+            print(tr.summary())
+        print()
+        for label, tr in traces.items():
+            print(f"{label:>10}: {tr.to_dict()['verdict']}")
+        if args.plot:
+            from goddp.tracing import plot_steps
+
+            rows = [(label, median_step(tr.to_dict()["steps"])) for label, tr in traces.items()]
+            plot_steps(args.plot, rows, title=f"{args.depth}x{args.width} MLP, batch {args.batch}, 2 ranks, gloo: "
+                       "median traced step", colors=["#6d8fb3", "#2e9e5b"])
+            print(f"launch timelines written to {args.plot}")
     dist.destroy_process_group()
     if not plans or plans[-1]["num_pieces"] < 2:
         raise SystemExit("goddp did not split the graph: something is wrong")

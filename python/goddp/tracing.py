@@ -80,7 +80,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger("goddp")
 
-__all__ = ["trace", "Trace", "TraceError", "draw_launch_rows"]
+__all__ = ["trace", "Trace", "TraceError", "step_stats", "verdict", "median_step", "plot_steps", "draw_launch_rows"]
 
 DEFAULT_TIMEOUT_S = 300.0
 # A bucket launched with less than this share of backward left counts as
@@ -598,13 +598,28 @@ def _refused_message(phase: str, decision: str, seen: dict[int, str], group: _Gr
 # Plans goddp made for this model
 
 
+def _compiled_by_goddp(ddp: Any) -> bool:
+    """Whether goddp's backend compiled a graph inside this DDP module's
+    forward (it notes every such module once)."""
+    try:
+        from goddp._ddp_settings import _noted_modules
+
+        return ddp in _noted_modules
+    except Exception:  # a goddp without that note: no plan is attributed
+        return False
+
+
 def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
-    """The goddp plans (from ``goddp.last_plans()``) of graphs of this DDP
-    module, newest last, one per fingerprint: plans whose buckets hold only
-    this module's parameter names. Where goddp aligned DDP's buckets, only
-    plans whose buckets are those caps."""
+    """The goddp plans (from ``goddp.last_plans()``) of this DDP module's
+    graphs, oldest first, one per fingerprint; empty when goddp did not
+    compile it. Plan records do not name their module, so a plan is this
+    module's when its buckets hold only this module's parameter names and,
+    where goddp aligned DDP's buckets to the pieces, its buckets are those
+    caps (otherwise: its buckets were not aligned)."""
     from goddp._records import last_plans
 
+    if not _compiled_by_goddp(ddp):
+        return []
     names = {n for n, _ in ddp.module.named_parameters()}
     caps = getattr(ddp, "_goddp_aligned_caps", None)
     found: dict[Any, dict[str, Any]] = {}
@@ -612,7 +627,10 @@ def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
         buckets = record.get("buckets") or []
         if not buckets or not all(set(b.get("param_names", ())) <= names for b in buckets):
             continue
-        if caps is not None and tuple(max(1, int(b["bytes"])) for b in buckets) != tuple(caps):
+        aligned = bool((record.get("ddp_buckets") or {}).get("aligned"))
+        if caps is not None and (not aligned or tuple(max(1, int(b["bytes"])) for b in buckets) != tuple(caps)):
+            continue
+        if caps is None and aligned:
             continue
         fingerprint = record.get("fingerprint")
         found.pop(fingerprint, None)
@@ -755,19 +773,12 @@ class Trace:
     def plot(self, path: str | os.PathLike, gather: bool = False, title: str | None = None) -> str:
         """Writes the launch timeline as a PNG: one row per step of this rank,
         or with gather=True one row per rank (its median step)."""
-        plt = _pyplot()
         if gather:
             rows = [(f"rank {r}", median_step(rec["steps"])) for r, rec in self._gathered(self.to_dict()).items()]
         else:
             rows = [(f"step {i}", s) for i, s in enumerate(self.to_dict()["steps"])]
-        rows = [(label, s) for label, s in rows if s is not None]
-        fig, ax = plt.subplots(figsize=(7.0, 0.45 * max(2, len(rows)) + 1.4))
-        draw_launch_rows(ax, rows)
-        ax.set_title(title or f"{type(self._ddp.module).__name__}: {verdict(self.to_dict()['steps'])}", fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return str(path)
+        title = title or f"{type(self._ddp.module).__name__}: {verdict(self.to_dict()['steps'])}"
+        return plot_steps(path, rows, title)
 
 
 def trace(module: Any, *, timeout: float | None = None, max_steps: int = MAX_STEPS) -> Trace:
@@ -840,6 +851,27 @@ def _pyplot():
     except ImportError as exc:  # pragma: no cover - matplotlib is a dev requirement
         raise TraceError("goddp.trace: plot() needs matplotlib (pip install 'goddp[plot]')") from exc
     return plt
+
+
+def plot_steps(
+    path: str | os.PathLike,
+    rows: Sequence[tuple[str, dict[str, Any] | None]],
+    title: str = "",
+    colors: str | Sequence[str] = "#2e9e5b",
+) -> str:
+    """Writes a PNG with one launch-timeline row per (label, step dict);
+    rows without a step are left out. Returns the path."""
+    plt = _pyplot()
+    if not isinstance(colors, str):
+        colors = [c for c, (_, s) in zip(colors, rows) if s is not None]
+    rows = [(label, s) for label, s in rows if s is not None]
+    fig, ax = plt.subplots(figsize=(7.0, 0.45 * max(2, len(rows)) + 1.4))
+    draw_launch_rows(ax, rows, colors)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def draw_launch_rows(ax: Any, rows: Sequence[tuple[str, dict[str, Any]]], color: str | Sequence[str] = "#2e9e5b") -> None:

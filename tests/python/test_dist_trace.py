@@ -120,6 +120,13 @@ def test_goddp_ddp_mode_buckets_overlap_and_outputs(group, tmp_path):
     png = tr.plot(tmp_path / f"overlap{rank()}.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
+    # An eager DDP of the same model has no goddp plan, though the names match.
+    eager = make_ddp(group)
+    with goddp.trace(eager) as eager_tr:
+        train(eager, eager, 1)
+    assert eager_tr.to_dict()["goddp_plans"] == []
+    assert "goddp plan: none" in eager_tr.summary()
+
     # Only rank 0 gathers: the other rank's record is read from the store.
     if rank() == 0:
         gathered = tr.to_dict(gather=True)["ranks"]
