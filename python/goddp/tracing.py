@@ -460,6 +460,10 @@ class _Installation:
         recorder = self.recorder
         post_forward = type(ddp)._post_forward
 
+        # Dynamo skips DDP's forward but would convert the frames it calls
+        # that live outside torch (this one, under torch.compile): costly on
+        # every step and useless, so it runs eagerly like DDP's own.
+        @torch.compiler.disable(recursive=True)
         def _post_forward(output):
             # Read before DDP's post-forward, as DDP's pre-forward saw it.
             reduces = torch.is_grad_enabled() and ddp.require_backward_grad_sync

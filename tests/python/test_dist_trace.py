@@ -12,6 +12,7 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 
 import goddp
 from goddp import tracing
@@ -90,9 +91,12 @@ def test_goddp_ddp_mode_buckets_overlap_and_outputs(group, tmp_path):
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     train(ddp, compiled, 3, optimizer=optimizer)  # compile, align, let DDP rebuild its buckets
     compiled_before = len(compiles)
+    frames_before = dict(counters["frames"])
     with goddp.trace(compiled) as tr:
         train(ddp, compiled, 3, first_step=3, optimizer=optimizer)
     assert len(compiles) == compiled_before, "tracing made Dynamo recompile"
+    # nor did Dynamo convert the trace's own frames (a cost on every step)
+    assert dict(counters["frames"]) == frames_before
 
     plans = goddp.last_plans()
     assert plans and plans[-1]["num_pieces"] > 2, plans
