@@ -33,17 +33,17 @@ allreduce's completion; the overlapped fraction is the share of the time
 during which some allreduce was in flight that lies before the compute end.
 A bucket counts as launched during backward when backward still had at least
 ``DURING_BACKWARD_MARGIN`` of its duration left: the last bucket is always
-launched just before the end, and an unsplit compiled graph launches every
-bucket in a burst right there.
+launched just before the end (an unsplit compiled graph launches none before
+its single backward node has finished).
 
 How it hooks DDP (see ``_Installation``): DDP's C++ reducer takes one comm
 hook, once, and cannot forget it. Entering the trace registers a timing hook
 that either chains to the user's Python hook or performs DDP's own default
 reduction with DDP's own arithmetic (so gradients are bit-identical); where a
-hook is already registered, or when leaving, DDP gets a fresh reducer built
-by DDP's own ``_ddp_init_helper`` with exactly the buckets it has now, and
-the comm hooks it should have. Built-in C++ hooks cannot be wrapped and are
-refused.
+hook is already registered (at the start of the next forward), or when
+leaving, DDP gets a fresh reducer built by DDP's own ``_ddp_init_helper``
+with exactly the buckets it has now, and the comm hooks it should have.
+Built-in C++ hooks cannot be wrapped and are refused.
 
 Ranks (the contract): entering and leaving the trace are collective over the
 DDP module's process group. Every rank must enter at the same step and leave
@@ -52,7 +52,11 @@ after its next step, which includes a broadcast. Each rank waits for the
 others through the c10d store (not the process group) for at most
 ``timeout`` seconds (``GODDP_TRACE_TIMEOUT``, default 300); all ranks then
 follow one decision: if any rank refused or did not arrive, nobody changes
-anything (on entry) and ``TraceError`` is raised on every rank that arrived.
+anything (on entry) and ``TraceError`` is raised on every rank that arrived;
+if they do not leave together, every rank keeps the trace's hook, which
+then only passes through, so that all still communicate alike. Enter and
+leave between steps; leaving between a forward and its backward is handled
+too (the fresh reducer is armed as DDP's forward armed the old one).
 When leaving, each rank also publishes its record in the store, so
 ``summary(gather=True)`` and ``to_dict(gather=True)`` on any rank, any number
 of times, only read what the others published (waiting at most ``timeout``
@@ -417,18 +421,34 @@ def rebuild_reducer(ddp: Any, hooks: list[tuple[Callable, Any]]) -> None:
         # reverse of the reducer order.
         return [list(b) for b in reversed(buckets)], list(reversed(sizes))
 
-    with _init_lock:
-        ddp.reducer._remove_autograd_hooks()
+    def build(with_hooks: list[tuple[Callable, Any]]) -> None:
         original = dist._compute_bucket_assignment_by_size
         dist._compute_bucket_assignment_by_size = assignment
         try:
             ddp._ddp_init_helper(parameters, expect_sparse, names, ddp.static_graph)
         finally:
             dist._compute_bucket_assignment_by_size = original
-    ddp._comm_hooks[:] = hooks
-    for hook, state in hooks:
-        dist._register_comm_hook(ddp.reducer, state, hook)
-        ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
+        ddp._comm_hooks[:] = with_hooks
+        for hook, state in with_hooks:
+            dist._register_comm_hook(ddp.reducer, state, hook)
+            ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
+
+    previous = list(ddp._comm_hooks)
+    with _init_lock:
+        ddp.reducer._remove_autograd_hooks()
+        try:
+            build(hooks)
+        except Exception as exc:
+            # Without autograd hooks DDP would silently skip every allreduce:
+            # put the previous hooks back on a fresh reducer, or stop.
+            try:
+                build(previous)
+            except Exception as again:
+                raise TraceError(
+                    f"goddp.trace: rebuilding DDP's reducer failed twice ({type(exc).__name__}: {exc}; "
+                    f"{type(again).__name__}: {again}); DDP can no longer reduce gradients"
+                ) from again
+            raise
 
 
 class _Installation:
@@ -446,19 +466,32 @@ class _Installation:
             self.hook_name = "DDP's default allreduce"
             self.hooks = [(_timing_hook(weakref.ref(recorder), _ddp_default_reduction(ddp)), None)]
         self.removed = False
+        # Where a user hook must be swapped for ours, the fresh reducer is
+        # built at the start of the next forward that reduces, after DDP's
+        # pre-forward (as goddp's alignment does): a reducer swapped between
+        # a forward and its backward would not reduce that backward.
+        self.rebuild_pending = bool(self.user_hooks)
 
     def install(self) -> None:
         ddp = self.ddp
-        if self.user_hooks:
-            rebuild_reducer(ddp, self.hooks)
-        else:
+        if not self.user_hooks:
             # No hook yet: the reducer takes ours as it is; nothing to rebuild.
             ddp._comm_hooks[:] = self.hooks
             hook, state = self.hooks[0]
             dist._register_comm_hook(ddp.reducer, state, hook)
             ddp.logger._set_comm_hook_name(hook.__qualname__)
         recorder = self.recorder
-        post_forward = type(ddp)._post_forward
+        pre_forward, post_forward = type(ddp)._pre_forward, type(ddp)._post_forward
+
+        @torch.compiler.disable(recursive=True)
+        def _pre_forward(*inputs, **kwargs):
+            result = pre_forward(ddp, *inputs, **kwargs)
+            if self.rebuild_pending and torch.is_grad_enabled() and ddp.require_backward_grad_sync:
+                self.rebuild_pending = False
+                rebuild_reducer(ddp, self.hooks)
+                # DDP's pre-forward told the old reducer a forward began.
+                ddp.reducer.prepare_for_forward()
+            return result
 
         # Dynamo skips DDP's forward but would convert the frames it calls
         # that live outside torch (this one, under torch.compile): costly on
@@ -471,15 +504,21 @@ class _Installation:
             recorder.after_forward(output, reduces)
             return output
 
-        # An instance attribute: DDP's forward runs outside Dynamo's graphs,
-        # so no guard sees it and nothing recompiles.
+        # Instance attributes: DDP's forward runs outside Dynamo's graphs,
+        # so no guard sees them and nothing recompiles.
+        ddp._pre_forward = _pre_forward
         ddp._post_forward = _post_forward
         setattr(ddp, _ACTIVE_ATTR, self)
 
     def remove(self) -> None:
         ddp = self.ddp
         self.recorder.recording = False
+        ddp.__dict__.pop("_pre_forward", None)
         ddp.__dict__.pop("_post_forward", None)
+        ddp.__dict__.pop(_ACTIVE_ATTR, None)
+        self.removed = True
+        if self.rebuild_pending:  # no forward swapped the reducer: it is DDP's own still
+            return
         rebuild_reducer(ddp, self.user_hooks)
         if self.recorder.pending_forward:
             # A forward ran and its backward has not: arm the fresh reducer
@@ -487,8 +526,6 @@ class _Installation:
             # would not reduce (find_unused_parameters is refused before).
             ddp.reducer.prepare_for_forward()
             ddp.reducer.prepare_for_backward([])
-        ddp.__dict__.pop(_ACTIVE_ATTR, None)
-        self.removed = True
 
 
 # --------------------------------------------------------------------------
@@ -899,8 +936,8 @@ def draw_launch_rows(ax: Any, rows: Sequence[tuple[str, dict[str, Any]]], color:
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(
-        "seconds since backward started (grey: backward compute; bars: each bucket's allreduce, "
-        "launch to completion; black tick: backward returned)",
+        "seconds since backward started; grey: backward compute, bars: one bucket's allreduce each,\n"
+        "launch to completion; black tick: backward returned",
         fontsize=6,
     )
     ax.grid(axis="x", alpha=0.3)

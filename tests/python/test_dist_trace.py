@@ -187,6 +187,28 @@ def test_user_hook_runs_once_per_bucket_and_stays(group):
 
 
 @needs_two_ranks
+def test_entering_between_forward_and_backward_with_a_user_hook(group):
+    plain = make_ddp(group)
+    plain.register_comm_hook(group, averaging_hook([]))
+    want = train(plain, plain, 3)
+
+    calls = []
+    ddp = make_ddp(group)
+    ddp.register_comm_hook(group, averaging_hook(calls))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    got = train(ddp, ddp, 1, optimizer=optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    loss = ENTRY.loss(ddp(*ENTRY.make_inputs(100 * rank() + 1)))
+    with goddp.trace(ddp) as tr:
+        loss.backward()  # still DDP's own reducer: the swap waits for the next forward
+        got.append([p.grad.clone() for p in ddp.parameters()])
+        optimizer.step()
+        got += train(ddp, ddp, 1, first_step=2, optimizer=optimizer)
+    assert_bitwise_equal(got, want)
+    assert len(tr.to_dict()["steps"]) == 1  # the step after the swap
+
+
+@needs_two_ranks
 def test_rank_that_does_not_enter_gets_nobody_traced(dist_group):
     group = short_timeout_group(60)
     ddp = make_ddp(group)
@@ -329,4 +351,4 @@ def test_trace_under_torchrun():
     """Plain pytest: run this file's cases under torchrun, 2 ranks."""
     if under_torchrun():
         pytest.skip("already inside torchrun")
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=13, timeout=540)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=14, timeout=540)
