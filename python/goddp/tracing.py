@@ -111,7 +111,7 @@ class BucketEvent:
     index: int
     bytes: int
     params: int
-    param_names: tuple[str, ...]
+    param_ids: tuple[int, ...]  # named when the record is read, not in the hook
     launch: float
     done: float | None = None
 
@@ -123,9 +123,9 @@ class StepRecord:
     finalized: float | None = None
     buckets: list[BucketEvent] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, names: dict[int, str]) -> dict[str, Any]:
         """Times in seconds from backward start (from the first launch when
-        the start was not seen)."""
+        the start was not seen); `names`: parameter id -> name."""
         t0 = self.start if self.start is not None else min(b.launch for b in self.buckets)
         last_launch = max(b.launch for b in self.buckets)
         compute_end = self.compute_end if self.compute_end is not None else last_launch
@@ -134,7 +134,7 @@ class StepRecord:
                 "index": b.index,
                 "bytes": b.bytes,
                 "params": b.params,
-                "param_names": list(b.param_names),
+                "param_names": [names.get(i, "?") for i in b.param_ids],
                 "launch_s": b.launch - t0,
                 "done_s": (b.done if b.done is not None else compute_end) - t0,
             }
@@ -266,7 +266,7 @@ class _Recorder:
             index=bucket.index(),
             bytes=buf.numel() * buf.element_size(),
             params=len(params),
-            param_names=tuple(self.names.get(id(p), "?") for p in params),
+            param_ids=tuple(map(id, params)),
             launch=now,
         )
         with self._lock:
@@ -298,20 +298,26 @@ class _Recorder:
         return self._open is not None
 
 
-def _timing_hook(recorder_ref: "weakref.ref[_Recorder]", reduce: Callable[[Any, Any], Any]):
+def _timing_hook(recorder_ref: "weakref.ref[_Recorder]", reduce: Callable[[Any, Any], Any], first: bool):
     """A comm hook: notes the launch, runs `reduce(state, bucket)` and notes
-    when its future completes, passing its value through unchanged."""
+    when its future completes. The future's value is passed through, or its
+    first element when `first` (a collective's own future holds a list); one
+    callback does both, so the trace adds no second hop on the future."""
+
+    def result(fut):
+        return fut.value()[0] if first else fut.value()
 
     def goddp_trace_hook(state, bucket):
         recorder = recorder_ref()
         if recorder is None or not recorder.recording:
-            return reduce(state, bucket)
+            future = reduce(state, bucket)
+            return future.then(result) if first else future
         event = recorder.launched(bucket)
         future = reduce(state, bucket)
 
         def done(fut):
             event.done = time.perf_counter()
-            return fut.value()
+            return result(fut)
 
         return future.then(done)
 
@@ -342,7 +348,9 @@ def _ddp_default_reduction(ddp: Any) -> Callable[[Any, Any], Any]:
             buf.div_(size)
         else:
             buf.mul_(reciprocal)
-        return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+        # The group's own allreduce (a sum), as DDP's reducer calls it,
+        # without torch.distributed.all_reduce's per-call Python checks.
+        return group.allreduce([buf]).get_future()
 
     return reduce
 
@@ -461,10 +469,10 @@ class _Installation:
         if self.user_hooks:
             user_hook, state = self.user_hooks[0]
             self.hook_name = getattr(user_hook, "__qualname__", repr(user_hook))
-            self.hooks = [(_timing_hook(weakref.ref(recorder), user_hook), state)]
+            self.hooks = [(_timing_hook(weakref.ref(recorder), user_hook, first=False), state)]
         else:
             self.hook_name = "DDP's default allreduce"
-            self.hooks = [(_timing_hook(weakref.ref(recorder), _ddp_default_reduction(ddp)), None)]
+            self.hooks = [(_timing_hook(weakref.ref(recorder), _ddp_default_reduction(ddp), first=True), None)]
         self.removed = False
         # Where a user hook must be swapped for ours, the fresh reducer is
         # built at the start of the next forward that reduces, after DDP's
@@ -765,7 +773,7 @@ class Trace:
         """The recorded steps (``StepRecord.to_dict``), oldest first."""
         if self._recorder is None:
             return []
-        return [s.to_dict() for s in list(self._recorder.steps)]
+        return [s.to_dict(self._recorder.names) for s in list(self._recorder.steps)]
 
     def _record(self) -> dict[str, Any]:
         group = self._group
