@@ -153,6 +153,10 @@ def summarize_job(ranks: list[dict]) -> dict:
     for n, row in rows.items():
         if base and n != variants.BASELINE:
             row["vs_torch"] = stats.paired_ratios(row["round_medians"], base["round_medians"])
+        twin = rows.get(variants.TRACED_TWIN.get(n, ""))
+        if twin:
+            # goddp.trace's overhead: traced over untraced, paired per round.
+            row["trace_overhead"] = stats.paired_ratios(row["round_medians"], twin["round_medians"])
         if row["link_bytes_per_step"][0] is not None and n != "compute_only":
             row["link_bytes_vs_grad"] = max(row["link_bytes_per_step"]) / grad_bytes
     return out
@@ -233,6 +237,12 @@ def job_table(s: dict) -> str:
         "(softirq {:.2f}); compute runs {:.2f}x slower while an allreduce is in flight".format(
             cpu["rank0"]["user_per_s"], cpu["rank0"]["sys_per_s"], m.get("busy_cores", float("nan")),
             m.get("softirq", float("nan")), cpu["compute_slowdown_during_allreduce"]))
+    for n, r in s["variants"].items():
+        if "trace_overhead" in r:
+            to = r["trace_overhead"]
+            lines.append(
+                f"goddp.trace overhead ({r['label']} / {s['variants'][variants.TRACED_TWIN[n]]['label']}, "
+                f"paired per round): median {to['median']:.3f} [{to['min']:.3f}-{to['max']:.3f}] over {to['n']} rounds")
     for n, err in s["failed"].items():
         lines.append(f"FAILED {n}: {err.splitlines()[0] if err else ''}")
     for n, r in s["variants"].items():
@@ -274,8 +284,8 @@ def alignment_text(s: dict) -> str:
     """DDP's real buckets, the splitter's planned buckets, and when each DDP
     bucket's allreduce actually launched (from a timing comm hook).
 
-    "lead" is how long before the end of backward compute (the last bucket's
-    launch) each bucket launched, in DDP order; "head start" is the
+    "lead" is how long before the end of backward compute (goddp.trace's
+    compute end: the autograd engine finished, before DDP waits) each bucket launched, in DDP order; "head start" is the
     byte-weighted mean lead, also as a share of the backward. The backward
     compute itself stretches while allreduces run on the same core.
     torch counts a parameter at every use, so its planned bytes exceed DDP's
@@ -293,7 +303,7 @@ def alignment_text(s: dict) -> str:
         launch = r.get("launch") or {}
         trace = launch.get("trace")
         if trace:
-            by_bucket = sorted(trace["buckets"], key=lambda b: b["bucket"])
+            by_bucket = sorted(trace["buckets"], key=lambda b: b["index"])
             lead = " ".join(f"{(trace['compute_end_s'] - b['launch_s']) * 1e3:.0f}" for b in by_bucket)
             head = (f"{launch['head_start_s'] * 1e3:.0f} ms ({launch['head_start_of_backward']:.0%} of backward); "
                     f"backward compute {stats.fmt_s(trace['compute_end_s'])} vs {stats.fmt_s(r['bwd'])} "

@@ -15,6 +15,7 @@ from bench import variants  # noqa: E402
 COLORS = {
     "compute_only": "#9e9e9e", "eager_ddp": "#6d8fb3", "compiled": "#3b5b92",
     "torch_ddpopt": "#1f3a5f", "goddp_torch": "#e07b39", "goddp_ddp": "#2e9e5b",
+    "goddp_ddp_traced": "#7fc99b",
 }
 
 
@@ -69,34 +70,21 @@ def step_times(summaries: list[dict], path: Path) -> None:
 
 
 def launch_timelines(summaries: list[dict], path: Path) -> None:
-    """Per job and variant: backward compute and each bucket's allreduce.
+    """Per job and variant: backward compute and each bucket's allreduce, as
+    recorded by goddp.trace and drawn by goddp.tracing.draw_launch_rows
+    (grey: backward compute; coloured: each bucket from launch to
+    completion; black tick: backward returned)."""
+    from goddp.tracing import draw_launch_rows
 
-    Grey: backward from its start to the end of its compute (the last
-    bucket's launch). Coloured: each DDP bucket's allreduce, from launch to
-    completion, labelled with its size. Overlap is grey and colour side by side.
-    """
     jobs = [s for s in summaries if any((r.get("launch") or {}).get("trace") for r in s["variants"].values())]
     if not jobs:
         return
     fig, axes = _grid(len(jobs), width=6.0, height=3.2)
     for ax, s in zip(axes, jobs):
         names = [n for n, r in s["variants"].items() if (r.get("launch") or {}).get("trace")]
-        for y, n in enumerate(names):
-            tr = s["variants"][n]["launch"]["trace"]
-            ax.barh(y, tr["compute_end_s"], height=0.7, color="#d0d0d0")
-            k = len(tr["buckets"])
-            for i, b in enumerate(sorted(tr["buckets"], key=lambda b: b["launch_s"])):
-                off = -0.3 + 0.6 * (i + 0.5) / k
-                ax.barh(y + off, b["done_s"] - b["launch_s"], left=b["launch_s"], height=0.55 / k,
-                        color=COLORS.get(n, "#444"))
-                if k <= 8:
-                    ax.text(b["done_s"], y + off, f" {b['bytes'] / 2**20:.0f}M", va="center", fontsize=5)
-            ax.plot([tr["backward_s"]] * 2, [y - 0.4, y + 0.4], color="k", lw=1)
-        ax.set_yticks(range(len(names)), [s["variants"][n]["label"] for n in names], fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlabel("seconds since backward started (black tick: backward returned)", fontsize=7)
+        draw_launch_rows(ax, [(s["variants"][n]["label"], s["variants"][n]["launch"]["trace"]) for n in names],
+                         [COLORS.get(n, "#444") for n in names])
         ax.set_title(_job_title(s), fontsize=8)
-        ax.grid(axis="x", alpha=0.3)
     fig.suptitle("When each bucket's allreduce runs\n(grey: backward compute; colour: one bar per bucket, "
                  "launch to completion)", fontsize=9)
     fig.tight_layout()

@@ -5,6 +5,8 @@
     .venv/bin/python -m bench.run --full --only step --models mlp --inners aot_eager
     .venv/bin/python -m bench.run --full --only step --jobs mlp-b256-aot-cap25
     .venv/bin/python -m bench.run --tiny --no-link   # harness smoke test, ~2 min
+    .venv/bin/python -m bench.run --quick --only step --jobs mlp-b256-aot --variants goddp_ddp goddp_ddp_traced
+                                                     # goddp.trace's overhead (traced / untraced, paired)
 
 Needs root (network namespaces, tc). Everything it creates (namespaces,
 veth pair, worker processes) is removed on exit, Ctrl-C or SIGTERM.
@@ -202,6 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--inners", nargs="*", default=["aot_eager", "inductor"])
     ap.add_argument("--jobs", nargs="*", help="run only these step jobs (names from --list)")
     ap.add_argument("--rounds", type=int, help="override the mode's rounds")
+    ap.add_argument("--variants", nargs="*", choices=variants.ALL, help="run only these variants")
     ap.add_argument("--no-link", action="store_true", help="development: ranks over loopback, unshaped")
     ap.add_argument("--out", type=Path, help="output directory (default bench/results/<time>-<mode>)")
     ap.add_argument("--list", action="store_true", help="print the jobs and exit")
@@ -222,6 +225,9 @@ def main(argv=None) -> int:
     if args.rounds:
         for j in jobs:
             j["rounds"] = args.rounds
+    if args.variants:
+        for j in jobs:
+            j["variants"] = [v for v in j["variants"] if v in args.variants]
     if args.list:
         for j in jobs:
             print(f"{j['name']:24s} {j['model']}/{j['size']} {j['overrides']} inner={j['inner']} "

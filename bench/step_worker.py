@@ -18,6 +18,7 @@ merges the ranks (taking the slower one per step) and does the statistics.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -190,6 +191,12 @@ def run(job: dict, out_dir: Path) -> dict:
     steps = {v.name: [] for v in built}
     link_bytes = {v.name: [] for v in built}
     rounds, per_round = job["rounds"], job["steps_per_round"]
+    # Traced variants run every timed step inside goddp.trace; entering and
+    # leaving are collective, so every rank does it here in the same order.
+    traces = contextlib.ExitStack()
+    for v in built:
+        if v.spec.traced:
+            traces.enter_context(probes.goddp_module().trace(v.ddp))
     t_rounds = time.perf_counter()
     for r in range(rounds):
         order = built[r % len(built):] + built[:r % len(built)]
@@ -217,10 +224,12 @@ def run(job: dict, out_dir: Path) -> dict:
             f"{v.name} {stats.fmt_s(stats.median(s['total'] for s in steps[v.name] if s['round'] == r))}"
             for v in built))
 
+    traces.close()
+
     # The link again, so that the fit averages over the run's drift.
     result["link"]["points"] += time_allreduces(job, "after")
 
-    # Last, since DDP keeps a comm hook for good: when each bucket launches.
+    # When each bucket launches (goddp.trace, which leaves DDP as it was).
     launches = {}
     for v in built:
         dist.barrier()

@@ -35,6 +35,9 @@ class VariantSpec:
     optimize_ddp: bool = False
     no_sync: bool = False
     goddp_mode: str | None = None
+    # Timed inside goddp.trace (entered after warm-up, left after the
+    # rounds): its ratio to the same variant untraced is the trace's overhead.
+    traced: bool = False
 
 
 SPECS = {s.name: s for s in (
@@ -44,7 +47,10 @@ SPECS = {s.name: s for s in (
     VariantSpec("torch_ddpopt", "torch DDPOptimizer", "compiled", optimize_ddp=True),
     VariantSpec("goddp_torch", "goddp torch mode", "goddp", goddp_mode="torch"),
     VariantSpec("goddp_ddp", "goddp ddp mode", "goddp", goddp_mode="ddp"),
+    VariantSpec("goddp_ddp_traced", "goddp ddp mode, traced", "goddp", goddp_mode="ddp", traced=True),
 )}
+# Each traced variant is compared with this untraced twin.
+TRACED_TWIN = {"goddp_ddp_traced": "goddp_ddp"}
 ALL = list(SPECS)
 BASELINE = "torch_ddpopt"
 
@@ -155,77 +161,37 @@ def warm_compiler(inner: str) -> None:
     compiled(torch.randn(2, 8)).sum().backward()
 
 
-class BucketTimeline:
-    """A DDP comm hook that does what DDP's default allreduce does and notes,
-    per bucket, when its allreduce was launched and when it completed."""
-
-    def __init__(self) -> None:
-        self.events: list[dict] = []
-
-    def hook(self, process_group, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        launched = time.perf_counter()
-        buf = bucket.buffer()
-        nbytes = buf.numel() * buf.element_size()
-        index = bucket.index()
-
-        def done(fut):
-            self.events.append({"bucket": index, "bytes": nbytes, "launch": launched,
-                                "done": time.perf_counter()})
-            return fut.value()
-
-        return default_hooks.allreduce_hook(process_group, bucket).then(done)
-
-
 def trace_launches(variant: Variant, workload, steps: int) -> dict:
     """When does each DDP bucket's allreduce start, relative to backward?
 
-    Runs `steps` extra steps with a timing comm hook (registered last, since
-    DDP accepts one hook for good). Every split variant should launch most
-    bucket bytes well before its backward compute ends; the last bucket's
-    launch marks that end (its gradients are the last to become ready).
-    Eager DDP launches as gradients appear; an unsplit graph launches all
-    buckets together when its one backward returns.
+    Runs `steps` extra steps under goddp.trace (every rank calls this for
+    the same variants in the same order: entering and leaving the trace is
+    collective). The timing logic and its figures are goddp.tracing's; this
+    keeps the median step (by backward time) and its head start: the
+    byte-weighted mean of how long before the end of backward compute each
+    byte's allreduce started, about 0 for an unsplit graph.
     """
     if variant.spec.no_sync:
         return {}
-    timeline = BucketTimeline()
-    variant.ddp.register_comm_hook(None, timeline.hook)
-    traces = []
-    for _ in range(steps):
-        timeline.events.clear()
-        variant.optimizer.zero_grad(set_to_none=True)
-        with variant.config():
-            loss = workload.loss(variant.runner(*workload.inputs))
-            t0 = time.perf_counter()
-            loss.backward()
-            t1 = time.perf_counter()
-        variant.optimizer.step()
-        variant.optimizer.zero_grad(set_to_none=True)
-        ev = sorted(timeline.events, key=lambda e: e["launch"])
-        if not ev:
-            continue
-        compute_end = ev[-1]["launch"]
-        span = max(compute_end - t0, 1e-9)
-        traces.append({
-            "backward_s": t1 - t0, "compute_end_s": compute_end - t0,
-            "buckets": [{"bucket": e["bucket"], "bytes": e["bytes"], "launch_s": e["launch"] - t0,
-                         "done_s": e["done"] - t0} for e in ev],
-            # Byte-weighted mean of how long before the end of backward
-            # compute each byte's allreduce started: no threshold to pick,
-            # about 0 for an unsplit graph, up to about half the backward
-            # for gradients that appear evenly through it.
-            "head_start_s": sum(e["bytes"] * (compute_end - e["launch"]) for e in ev)
-            / sum(e["bytes"] for e in ev),
-            "launch_points": len({round((e["launch"] - t0) / span, 2) for e in ev}),
-        })
+    goddp = probes.goddp_module()
+    if goddp is None:
+        return {"error": "goddp is not importable: goddp.trace records the launches"}
+    from goddp import tracing
+
+    with goddp.trace(variant.ddp) as tr:
+        for _ in range(steps):
+            variant.step(workload)
+    traces = tr.to_dict()["steps"]
     if not traces:
         return {"error": "no bucket was launched"}
-    best = sorted(traces, key=lambda t: t["backward_s"])[len(traces) // 2]  # the median step
-    return {"head_start_s": best["head_start_s"], "head_start_of_backward": best["head_start_s"] / best["compute_end_s"]
-            if best["compute_end_s"] > 0 else float("nan"), "launch_points": best["launch_points"],
-            "trace": best, "all_head_starts_s": [t["head_start_s"] for t in traces]}
+    best = tracing.median_step(traces)
+    figures = tracing.step_stats(best)
+    end = best["compute_end_s"]
+    return {"head_start_s": figures["head_start_s"],
+            "head_start_of_backward": figures["head_start_s"] / end if end > 0 else float("nan"),
+            "launch_points": len({round(b["launch_s"] / max(end, 1e-9), 2) for b in best["buckets"]}),
+            "overlapped": figures["overlapped"], "exposed_s": figures["exposed_s"],
+            "trace": best, "all_head_starts_s": [tracing.step_stats(t)["head_start_s"] for t in traces]}
 
 
 def ddp_buckets(ddp: DDP) -> dict:
