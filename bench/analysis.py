@@ -303,7 +303,8 @@ def alignment_text(s: dict) -> str:
         launch = r.get("launch") or {}
         trace = launch.get("trace")
         if trace:
-            by_bucket = sorted(trace["buckets"], key=lambda b: b["index"])
+            # "bucket": runs recorded before goddp.trace (reanalysis)
+            by_bucket = sorted(trace["buckets"], key=lambda b: b.get("index", b.get("bucket")))
             lead = " ".join(f"{(trace['compute_end_s'] - b['launch_s']) * 1e3:.0f}" for b in by_bucket)
             head = (f"{launch['head_start_s'] * 1e3:.0f} ms ({launch['head_start_of_backward']:.0%} of backward); "
                     f"backward compute {stats.fmt_s(trace['compute_end_s'])} vs {stats.fmt_s(r['bwd'])} "
