@@ -26,7 +26,8 @@ What is recorded, per step (one backward pass that reduced gradients):
   without communication. A second callback, queued from the first, runs
   after DDP's and marks when ``loss.backward()`` really returns.
 - per bucket: bytes, parameters, when the comm hook was called (launch) and
-  when the future it returned completed (done).
+  when the future it returned completed (done). The duration includes
+  waiting for the slower ranks to launch the same bucket.
 
 Exposed communication is the time from the compute end to the last
 allreduce's completion; the overlapped fraction is the share of the time
