@@ -227,6 +227,11 @@ class _Recorder:
         """`reduces`: DDP armed its reducer for this forward's backward."""
         if not (self.recording and torch.is_grad_enabled()):
             return
+        with self._lock:
+            # A step still open now lost its backward to an error (the
+            # engine runs final callbacks only on success): forget it, so
+            # that it does not hold the trace "in backward" for good.
+            self._open = None
         fired = [False]
 
         def prehook(grad_outputs):
