@@ -671,12 +671,13 @@ def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
     module's when its buckets hold only this module's parameter names and,
     where goddp aligned DDP's buckets to the pieces, its buckets are those
     caps (otherwise: its buckets were not aligned)."""
+    from goddp._align import ALIGNED_CAPS_ATTR
     from goddp._records import last_plans
 
     if not _compiled_by_goddp(ddp):
         return []
     names = {n for n, _ in ddp.module.named_parameters()}
-    caps = getattr(ddp, "_goddp_aligned_caps", None)
+    caps = getattr(ddp, ALIGNED_CAPS_ATTR, None)
     found: dict[Any, dict[str, Any]] = {}
     for record in last_plans():
         buckets = record.get("buckets") or []
