@@ -123,6 +123,16 @@
 //   - Each Dynamo frame is planned alone, while DDP buckets the whole
 //     model, so its buckets can straddle a graph break.
 //
+// # Block-aligned cuts
+//
+// When Graph.BlockIDs marks at least two runs of repeated module blocks
+// (transformer layers), ModeDDP cuts at block boundaries instead of where
+// buckets close, so that every block piece is the same graph and can be
+// compiled once; buckets then span several consecutive pieces. With
+// AlignBuckets the buckets are groups of pieces whose bytes are nearest to
+// the caps (tolerance: half a boundary piece); a block larger than the cap
+// is a bucket of its own. ModeTorch ignores BlockIDs. See blocks.go.
+//
 // # Fingerprint
 //
 // Plan.Fingerprint is 64-bit FNV-1a over a canonical little-endian encoding

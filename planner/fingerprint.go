@@ -49,6 +49,15 @@ func fingerprint(g *Graph, cfg *Config, pl *Plan) uint64 {
 	for _, u := range g.Users {
 		e.i32(u)
 	}
+	// Block ids only when given, so that plans without them keep their
+	// fingerprints; nil and a slice of -1 differ, but every rank exports the
+	// same form.
+	if g.BlockIDs != nil {
+		e.i64(int64(len(g.BlockIDs)))
+		for _, id := range g.BlockIDs {
+			e.i32(id)
+		}
+	}
 	e.i64(int64(len(g.Params)))
 	for p := range g.Params {
 		prm := &g.Params[p]

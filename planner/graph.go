@@ -56,6 +56,12 @@ type Graph struct {
 	Users       []int32 // each user index is greater than its node's
 
 	Params []Param
+
+	// BlockIDs (optional, ModeDDP) names, per node, the instance of a
+	// repeated module block (a transformer layer, say) that the node
+	// belongs to, or -1. nil means no block information. With at least two
+	// block runs, ModeDDP cuts at block boundaries (see blocks.go).
+	BlockIDs []int32
 }
 
 // Config holds the bucket caps and the mode.

@@ -100,6 +100,8 @@ func checkPlan(g *Graph, cfg Config, pl *Plan) []string {
 	switch {
 	case cfg.Mode == ModeTorch:
 		bad = append(bad, checkTorch(g, cfg, pl)...)
+	case countBlockRuns(g) >= 2:
+		bad = append(bad, checkBlocks(g, cfg, pl)...)
 	case cfg.AlignBuckets:
 		bad = append(bad, checkAligned(g, cfg, pl)...)
 	default:

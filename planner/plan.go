@@ -65,6 +65,8 @@ func Build(g *Graph, cfg Config) (*Plan, error) {
 	)
 	if cfg.Mode == ModeTorch {
 		pl, err = planTorch(g, &cfg, lastUser)
+	} else if runs := blockRuns(g); len(runs) >= 2 {
+		pl, err = planBlocks(g, &cfg, lastUser, runs)
 	} else {
 		pl, err = planDDP(g, &cfg, lastUser)
 	}

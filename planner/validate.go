@@ -71,6 +71,10 @@ func validateGraph(g *Graph) error {
 		return errorf(ErrInvalidGraph, "planner: ModuleIDs has %d entries, want one per node (%d)", len(g.ModuleIDs), n)
 	}
 
+	if g.BlockIDs != nil && len(g.BlockIDs) != n {
+		return errorf(ErrInvalidGraph, "planner: BlockIDs has %d entries, want one per node (%d) or none", len(g.BlockIDs), n)
+	}
+
 	output := -1
 	for i, op := range g.Ops {
 		if op < OpPlaceholder || op > OpOutput {
@@ -84,6 +88,9 @@ func validateGraph(g *Graph) error {
 		}
 		if id := g.ModuleIDs[i]; id < -1 {
 			return errorf(ErrInvalidGraph, "planner: node %d: module id %d is negative (use -1 for no module)", i, id)
+		}
+		if g.BlockIDs != nil && g.BlockIDs[i] < -1 {
+			return errorf(ErrInvalidGraph, "planner: node %d: block id %d is negative (use -1 for no block)", i, g.BlockIDs[i])
 		}
 	}
 	if output < 0 {
