@@ -14,12 +14,23 @@ Tools:
   torch         torch's DDPOptimizer, phases timed by bench.probes
   goddp_torch   goddp, torch mode: phases from goddp.last_plans()[-1]["timings"]
   goddp_ddp     goddp, ddp mode
+  regional      (--e2e only) each repeated block compiled alone, eager DDP
+  goddp_bytes   (--e2e only) goddp, ddp mode, block-aligned cuts off
 
 "dynamo" in the phase list is the first call's wall time minus everything
 the splitter reports, i.e. Dynamo's tracing plus one real forward.
 
 --e2e MODEL:SIZE also times a real inductor compile of a bench model end to
-end (first forward, first backward) for the same tools, caches off.
+end (first forward, first backward) for the same tools, each in a fresh
+process with a fresh, empty Inductor cache directory (--caches off turns
+Inductor's FX graph and AOTAutograd caches off altogether). --layers N ...
+repeats it at several depths (GPT); --repeat interleaves the repeats.
+
+The depth table of the README:
+
+    .venv/bin/python -m bench.compile_overhead --nodes --e2e gpt:quick \
+        --layers 4 8 16 --tools unsplit regional torch goddp_ddp --repeat 3 \
+        --out bench/results/compile-depth.json
 """
 
 from __future__ import annotations
@@ -36,6 +47,10 @@ from pathlib import Path
 from bench import stats
 
 TOOLS = ("unsplit", "torch", "goddp_torch", "goddp_ddp")
+# Tools of the end-to-end compile only: regional compilation (each block
+# compiled alone, eager DDP) needs a model of blocks and a real compiler;
+# goddp_bytes is goddp's ddp mode with block-aligned cuts turned off.
+E2E_TOOLS = ("regional", "goddp_bytes")
 TRIVIAL = "bench_trivial"
 LAYER_WIDTH = 192  # 148 KiB per layer: 8 layers fill DDPOptimizer's 1 MiB minimum cap
 
@@ -80,8 +95,15 @@ def _child(args) -> dict:
 
 
 def _compiled(torch, ddp, tool: str, inner: str):
+    if tool == "goddp_bytes":
+        return torch.compile(ddp, backend="goddp", options={"inner": inner, "mode": "ddp", "block_cuts": False})
     if tool.startswith("goddp"):
         return torch.compile(ddp, backend="goddp", options={"inner": inner, "mode": tool.split("_")[1]})
+    if tool == "regional":
+        from bench import variants
+
+        variants.regional_compile(ddp.module, variants.CountingBackend(inner))
+        return ddp
     return torch.compile(ddp, backend=inner)
 
 
@@ -124,7 +146,7 @@ def _compile_once(args, torch, ddp, wl, inner: str, probes) -> dict:
 
 def _e2e(args, torch, DDP, models, probes) -> dict:
     name, size = args.e2e.split(":")
-    wl = models.build(name, size)
+    wl = models.build(name, size, **({"n_layer": args.layers} if args.layers else {}))
     ddp = DDP(wl.model)  # default caps, as a user would
     plans0 = len(probes.goddp_plans())
     compiled = _compiled(torch, ddp, args.tool, "inductor")
@@ -139,7 +161,8 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
             s = time.perf_counter()
             wl.loss(compiled(*wl.inputs)).backward()
             steady.append(time.perf_counter() - s)
-    rec = {"tool": args.tool, "model": args.e2e, "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
+    rec = {"tool": args.tool, "model": args.e2e, "layers": args.layers,
+           "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
            "steady_step_s": stats.median(steady), "peak_rss_delta_mib": rss.peak_delta_mib}
     rec["compile_s"] = rec["first_forward_s"] + rec["first_backward_s"] - rec["steady_step_s"]
     plans = probes.goddp_plans()[plans0:]
@@ -147,15 +170,18 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
         p = probes.summarize_goddp_plan(plans[-1])
         rec["pieces"] = p.get("num_pieces")
         rec["fallback"] = p.get("fallback")
+        rec["distinct_pieces"] = p.get("distinct_pieces")
     return rec
 
 
 # ------------------------------------------------------------------ parent
 
-def _run_child(extra: list[str], timeout: float, core: int | None) -> dict:
+def _run_child(extra: list[str], timeout: float, core: int | None, caches: str = "off") -> dict:
+    repo = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1",
-               TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
-               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+               PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    if caches == "off":
+        env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     with tempfile.TemporaryDirectory(prefix="goddp-bench-") as tmp:
         env["TORCHINDUCTOR_CACHE_DIR"] = tmp
         out = Path(tmp) / "result.json"
@@ -172,11 +198,11 @@ def _run_child(extra: list[str], timeout: float, core: int | None) -> dict:
 
 
 def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, timeout: float = 1800,
-        core: int | None = 0, log=print) -> dict:
+        core: int | None = 0, log=print, layer_counts: list[int] | None = None, caches: str = "off") -> dict:
     """Every (tool, size) in its own process, `repeat` times with the tools
     interleaved; each record keeps the median of its repeats (and all runs)."""
     runs: dict[tuple, list[dict]] = {}
-    jobs = [(rep, n, t) for rep in range(repeat) for n in nodes for t in tools]
+    jobs = [(rep, n, t) for rep in range(repeat) for n in nodes for t in tools if t not in E2E_TOOLS]
     t_start = time.perf_counter()
     for i, (rep, n, tool) in enumerate(jobs):
         rec = _run_child(["--nodes", str(n), "--tool", tool], timeout, core)
@@ -188,17 +214,36 @@ def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, tim
                f"first call {rec['first_call_s']:.2f}s, splitter {rec['splitter_s']:.2f}s, "
                f"pieces {rec.get('pieces')}, peak RSS +{rec['peak_rss_delta_mib']:.0f} MiB"))
     synthetic = [_median_record(recs) for recs in runs.values()]
-    end_to_end = []
-    for model in e2e:
-        for tool in tools:
-            rec = _run_child(["--e2e", model, "--tool", tool], timeout, core)
-            rec.setdefault("tool", tool)
-            rec.setdefault("model", model)
-            end_to_end.append(rec)
-            log(f"[compile e2e] {tool} {model}: " + (rec["error"].splitlines()[-1] if "error" in rec else
-                f"compile {rec['compile_s']:.1f}s (fwd {rec['first_forward_s']:.1f}s, "
-                f"bwd {rec['first_backward_s']:.1f}s), steady step {rec['steady_step_s'] * 1e3:.0f}ms"))
-    return {"synthetic": synthetic, "e2e": end_to_end, "repeat": repeat}
+    e2e_runs: dict[tuple, list[dict]] = {}
+    e2e_jobs = [(rep, model, layers, tool) for rep in range(repeat) for model in e2e
+                for layers in (layer_counts or [None]) for tool in tools]
+    for i, (rep, model, layers, tool) in enumerate(e2e_jobs):
+        extra = ["--e2e", model, "--tool", tool] + (["--layers", str(layers)] if layers else [])
+        rec = _run_child(extra, timeout, core, caches)
+        rec.setdefault("tool", tool)
+        rec.setdefault("model", model)
+        rec.setdefault("layers", layers)
+        e2e_runs.setdefault((model, layers, tool), []).append(rec)
+        log(f"[compile e2e {i + 1}/{len(e2e_jobs)}, {time.perf_counter() - t_start:.0f}s] {tool} {model}"
+            + (f" {layers} layers" if layers else "") + ": "
+            + (rec["error"].splitlines()[-1] if "error" in rec else
+               f"compile {rec['compile_s']:.1f}s (fwd {rec['first_forward_s']:.1f}s, "
+               f"bwd {rec['first_backward_s']:.1f}s), steady step {rec['steady_step_s'] * 1e3:.0f}ms, "
+               f"pieces {rec.get('pieces')} ({rec.get('distinct_pieces')} distinct)"))
+    end_to_end = [_median_e2e(recs) for recs in e2e_runs.values()]
+    return {"synthetic": synthetic, "e2e": end_to_end, "repeat": repeat, "caches": caches}
+
+
+def _median_e2e(recs: list[dict]) -> dict:
+    ok = [r for r in recs if "error" not in r]
+    if not ok:
+        return recs[-1]
+    out = dict(ok[0])
+    for key in ("compile_s", "first_forward_s", "first_backward_s", "steady_step_s", "peak_rss_delta_mib"):
+        out[key] = stats.median(r[key] for r in ok)
+    out["compile_runs_s"] = [r["compile_s"] for r in ok]
+    out["failed_runs"] = len(recs) - len(ok)
+    return out
 
 
 def _median_record(recs: list[dict]) -> dict:
@@ -241,21 +286,42 @@ def report(res: dict) -> str:
                     out.append(f"{n} nodes: {g} splitter time / torch's = {q:.3f}"
                                + (" SLOWER" if q > 1 else ""))
     if res["e2e"]:
-        rows = [[f"{r['tool']} {r.get('model')}"] + (["FAILED: " + r["error"].splitlines()[-1][:60], "", "", "", ""]
-                if "error" in r else [stats.fmt_s(r["compile_s"]), stats.fmt_s(r["first_forward_s"]),
-                                       stats.fmt_s(r["first_backward_s"]), stats.fmt_s(r["steady_step_s"]),
-                                       f"{r['peak_rss_delta_mib']:.0f}"]) for r in res["e2e"]]
-        out.append(stats.table(["tool model", "compile", "1st fwd", "1st bwd", "steady step", "RSS+ MiB"],
-                               rows, title="== end-to-end inductor compile (1 rank, caches off) =="))
-        by_model: dict[str, dict] = {}
-        for r in res["e2e"]:
-            if "error" not in r:
-                by_model.setdefault(r["model"], {})[r["tool"]] = r
-        for model, tools in by_model.items():
-            for g in ("goddp_torch", "goddp_ddp"):
-                if g in tools and "torch" in tools:
-                    q = tools[g]["compile_s"] / tools["torch"]["compile_s"]
-                    out.append(f"{model}: {g} inductor compile time / torch's = {q:.2f}" + (" SLOWER" if q > 1 else ""))
+        out.append(e2e_report(res))
+    return "\n".join(out)
+
+
+def e2e_report(res: dict) -> str:
+    """The end-to-end table: compile time (median [min-max] over the
+    repeats) per model, depth and tool, then each goddp tool's ratio to the
+    unsplit compile and to regional compilation at the same depth."""
+    caches = "fresh caches" if res.get("caches", "off") == "fresh" else "caches off"
+    rows = []
+    for r in res["e2e"]:
+        where = f"{r['tool']} {r.get('model')}" + (f" {r['layers']}L" if r.get("layers") else "")
+        if "error" in r:
+            rows.append([where, "FAILED: " + r["error"].splitlines()[-1][:60], "", "", "", "", ""])
+            continue
+        runs = r.get("compile_runs_s") or []
+        spread = f" [{stats.fmt_s(min(runs))}-{stats.fmt_s(max(runs))}]" if len(runs) > 1 else ""
+        pieces = r.get("pieces")
+        rows.append([where, stats.fmt_s(r["compile_s"]) + spread, stats.fmt_s(r["first_forward_s"]),
+                     stats.fmt_s(r["first_backward_s"]), stats.fmt_s(r["steady_step_s"]),
+                     "-" if pieces is None else f"{pieces} ({r.get('distinct_pieces') or '?'} distinct)",
+                     f"{r['peak_rss_delta_mib']:.0f}"])
+    out = [stats.table(["tool model depth", "compile", "1st fwd", "1st bwd", "steady step", "pieces", "RSS+ MiB"],
+                       rows, title=f"== end-to-end inductor compile (1 rank, {caches}, {res.get('repeat', 1)} runs each) ==")]
+    by_case: dict[tuple, dict] = {}
+    for r in res["e2e"]:
+        if "error" not in r:
+            by_case.setdefault((r["model"], r.get("layers")), {})[r["tool"]] = r
+    for (model, layers), tools in by_case.items():
+        where = f"{model}" + (f" {layers}L" if layers else "")
+        for g in ("goddp_ddp", "goddp_bytes", "goddp_torch"):
+            for base in ("compiled_unsplit", "regional", "torch"):
+                key = "unsplit" if base == "compiled_unsplit" else base
+                if g in tools and key in tools and tools[key]["compile_s"] > 0:
+                    q = tools[g]["compile_s"] / tools[key]["compile_s"]
+                    out.append(f"{where}: {g} compile / {key} = {q:.2f}")
     return "\n".join(out)
 
 
@@ -267,7 +333,10 @@ def _runs_text(r: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="*", default=[1000, 4000, 16000])
-    ap.add_argument("--tools", nargs="*", default=list(TOOLS), choices=TOOLS)
+    ap.add_argument("--tools", nargs="*", default=list(TOOLS), choices=TOOLS + E2E_TOOLS)
+    ap.add_argument("--layers", type=int, nargs="*", default=[], help="--e2e model depths (n_layer), e.g. 4 8 16")
+    ap.add_argument("--caches", choices=("fresh", "off"), default="fresh",
+                    help="--e2e: Inductor caches on in a fresh directory per run (as a user's first run), or off")
     ap.add_argument("--e2e", nargs="*", default=[], help="MODEL:SIZE, e.g. gpt:quick")
     ap.add_argument("--out", help="JSON output (parent: all results; child: one record)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
@@ -278,15 +347,21 @@ def main(argv=None) -> int:
     if args.child:
         args.nodes = args.nodes[0] if args.nodes else 0
         args.e2e = args.e2e[0] if args.e2e else None
+        args.layers = args.layers[0] if args.layers else None
         Path(args.out).write_text(json.dumps(_child(args)))
         return 0
-    res = run(args.nodes, args.tools, args.e2e, args.repeat, args.timeout)
+    res = run(args.nodes, args.tools, args.e2e, args.repeat, args.timeout,
+              layer_counts=args.layers, caches=args.caches)
     print(report(res))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))
         from bench import plots
-        plots.compile_phases([r for r in res["synthetic"] if "error" not in r],
-                             Path(args.out).with_suffix(".png"))
+        if res["synthetic"]:
+            plots.compile_phases([r for r in res["synthetic"] if "error" not in r],
+                                 Path(args.out).with_suffix(".png"))
+        if args.layers:
+            plots.compile_vs_depth([r for r in res["e2e"] if "error" not in r],
+                                   Path(args.out).with_name(Path(args.out).stem + "-depth.png"))
     return 0
 
 

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from bench import variants  # noqa: E402
 
 COLORS = {
-    "compute_only": "#9e9e9e", "eager_ddp": "#6d8fb3", "compiled": "#3b5b92",
+    "compute_only": "#9e9e9e", "eager_ddp": "#6d8fb3", "compiled": "#3b5b92", "regional": "#8e5bb5",
     "torch_ddpopt": "#1f3a5f", "goddp_torch": "#e07b39", "goddp_ddp": "#2e9e5b",
     "goddp_ddp_traced": "#7fc99b",
 }
@@ -181,6 +181,39 @@ def compile_phases(results: list[dict], path: Path) -> None:
     ax_mem.set_xticks(list(x), labels, fontsize=6, rotation=45, ha="right")
     ax_mem.set_ylabel("peak RSS growth during the first call (MiB)")
     ax_mem.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def compile_vs_depth(results: list[dict], path: Path) -> None:
+    """End-to-end compile time against model depth, one line per tool:
+    median with the min-max range of the repeats as error bars."""
+    tools: dict[str, list[dict]] = {}
+    for r in results:
+        if r.get("layers"):
+            tools.setdefault(r["tool"], []).append(r)
+    if not tools:
+        return
+    colors = {**COLORS, "unsplit": COLORS["compiled"], "torch": COLORS["torch_ddpopt"], "goddp_bytes": "#b3a12e"}
+    labels = {"unsplit": "compiled, unsplit", "regional": "regional (blocks compiled), eager DDP",
+              "torch": "torch DDPOptimizer", "goddp_ddp": "goddp (block cuts)", "goddp_bytes": "goddp (byte cuts)",
+              "goddp_torch": "goddp torch mode"}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for tool, recs in tools.items():
+        recs = sorted(recs, key=lambda r: r["layers"])
+        xs = [r["layers"] for r in recs]
+        ys = [r["compile_s"] for r in recs]
+        lo = [y - min(r.get("compile_runs_s") or [y]) for y, r in zip(ys, recs)]
+        hi = [max(r.get("compile_runs_s") or [y]) - y for y, r in zip(ys, recs)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=labels.get(tool, tool),
+                    color=colors.get(tool, "#444444"))
+    ax.set_xlabel("layers")
+    ax.set_ylabel("compile time (s): first step minus a steady step")
+    ax.set_xticks(sorted({r["layers"] for recs in tools.values() for r in recs}))
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{results[0].get('model')}: compile time against depth (1 rank)", fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -56,8 +56,9 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
                                 "link_sizes_mib", "link_reps", "interference_compute_s")}
 
     def job(name, model, inner, overrides=None, job_rate=rate, var=None, cap=None, size=None):
+        default = [v for v in variants.ALL if model == "gpt" or v not in variants.NEEDS_BLOCKS]
         return dict(name=name, model=model, size=size or m["size"], overrides=overrides or {},
-                    inner=inner, rate=job_rate, variants=var or variants.ALL,
+                    inner=inner, rate=job_rate, variants=var or default,
                     bucket_cap_mb=cap, timeout_s=7200, **common)
 
     jobs = []
