@@ -141,6 +141,21 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class TransformerStack(nn.Module):
+    """Three TransformerBlocks and a Linear head: the repeated blocks that
+    goddp cuts at and compiles once."""
+
+    def __init__(self, width: int = 64, heads: int = 4, depth: int = 3):
+        super().__init__()
+        self.blocks = nn.ModuleList(TransformerBlock(width, heads) for _ in range(depth))
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
 class TiedEmbeddingLM(nn.Module):
     """A tiny language model whose output projection reuses the embedding
     matrix. The shared weight appears twice in the graph: torch's
@@ -346,6 +361,7 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("mlp", MLPStack, _float_batch(8, 64), 200 * KIB, 100 * KIB, 0.25),
         ZooEntry("conv_bn", ConvBNNet, _float_batch(4, 3, 8, 8), 400 * KIB, 200 * KIB, 0.5),
         ZooEntry("transformer", TransformerBlock, _float_batch(2, 16, 192), 400 * KIB, 200 * KIB, 0.5),
+        ZooEntry("blocks", TransformerStack, _float_batch(2, 8, 64), 100 * KIB, 50 * KIB, 0.125),
         ZooEntry("tied", TiedEmbeddingLM, _token_batch(2048, 4, 16), 300 * KIB, 150 * KIB, 0.25, shares_params=True),
         ZooEntry(
             "ignored", PartlyIgnoredMLP, _float_batch(8, 64), 200 * KIB, 100 * KIB, 0.25,
