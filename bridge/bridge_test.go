@@ -81,7 +81,7 @@ func toyConfig(mode planner.Mode) *rawConfig {
 }
 
 func TestABIVersion(t *testing.T) {
-	assert.Equal(t, 3, callABIVersion(), "goddp_abi_version() vs GODDP_ABI_VERSION")
+	assert.Equal(t, 4, callABIVersion(), "goddp_abi_version() vs GODDP_ABI_VERSION")
 }
 
 func TestStatusMapping(t *testing.T) {
@@ -159,6 +159,20 @@ func TestConvertGraph(t *testing.T) {
 		{Name: "layers.2.bïas", Bytes: 4000, StorageBytes: 4000, DType: 7, RequiresGrad: true},
 	}
 	assert.Equal(t, want, g.Params)
+	assert.Nil(t, g.BlockIDs, "no node_block_ids: no block information")
+}
+
+// node_block_ids is optional (ABI 4): given, it is copied; NULL leaves
+// BlockIDs nil, so that callers written before it plan as before.
+func TestConvertBlockIDs(t *testing.T) {
+	raw := toyGraph(1000)
+	raw.NodeBlockIDs = make([]int32, raw.NumNodes)
+	for i := range raw.NodeBlockIDs {
+		raw.NodeBlockIDs[i] = int32(i%3) - 1
+	}
+	g, err := convertGraphViaC(raw)
+	require.NoError(t, err)
+	assert.Equal(t, raw.NodeBlockIDs, g.BlockIDs)
 }
 
 func TestConvertConfig(t *testing.T) {

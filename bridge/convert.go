@@ -142,6 +142,13 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 			*a.csrValues = values
 		}
 	}
+	// Optional (ABI 4): NULL means no block information (a nil BlockIDs).
+	if g.node_block_ids != nil {
+		var err error
+		if out.BlockIDs, err = cCopy[int32](unsafe.Pointer(g.node_block_ids), n, "node_block_ids", planner.ErrInvalidGraph); err != nil {
+			return nil, err
+		}
+	}
 	// One string for all names; each Param.Name is a substring of it.
 	names := string(nameBytes)
 

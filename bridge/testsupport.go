@@ -51,6 +51,7 @@ type rawGraph struct {
 	ParamFlags        []uint32
 	ParamNameOffsets  []int64
 	ParamNames        []byte
+	NodeBlockIDs      []int32 // optional: nil means NULL, no block information
 }
 
 // rawConfig mirrors goddp_config the same way.
@@ -108,6 +109,7 @@ func (a *cArena) graph(g *rawGraph) *C.goddp_graph {
 	cg.param_storage_bytes = (*C.int64_t)(cArenaCopy(a, g.ParamStorageBytes))
 	cg.param_dtypes = (*C.int32_t)(cArenaCopy(a, g.ParamDtypes))
 	cg.param_devices = (*C.int32_t)(cArenaCopy(a, g.ParamDevices))
+	cg.node_block_ids = (*C.int32_t)(cArenaCopy(a, g.NodeBlockIDs))
 	cg.param_flags = (*C.uint32_t)(cArenaCopy(a, g.ParamFlags))
 	cg.param_name_offsets = (*C.int64_t)(cArenaCopy(a, g.ParamNameOffsets))
 	cg.param_names = (*C.char)(cArenaCopy(a, g.ParamNames))

@@ -49,8 +49,9 @@ extern "C" {
 
 /* Bumped on any incompatible change to the structs or functions below.
  * 2: goddp_config.align_buckets.
- * 3: "partition" renamed "piece" in every field name (one word from Go to Python). */
-#define GODDP_ABI_VERSION 3
+ * 3: "partition" renamed "piece" in every field name (one word from Go to Python).
+ * 4: goddp_graph.node_block_ids (optional, at the end of the struct). */
+#define GODDP_ABI_VERSION 4
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -113,6 +114,14 @@ typedef struct goddp_graph {
     const uint32_t *param_flags;        /* GODDP_PARAM_* bits */
     const int64_t *param_name_offsets;  /* [num_params + 1] byte offsets into param_names */
     const char *param_names;            /* UTF-8 fully qualified names, not NUL-separated */
+
+    /* Optional, ddp mode (ABI 4); NULL: no block information. Per node, the
+     * instance of a repeated module block (a transformer layer) it belongs
+     * to, numbered from 0, or -1. With at least two block runs, ddp mode
+     * cuts at block boundaries so that block pieces are identical graphs,
+     * and each bucket spans consecutive pieces (see planner/blocks.go).
+     * torch mode ignores it. Values below -1 are GODDP_ERR_INVALID_GRAPH. */
+    const int32_t *node_block_ids;      /* [num_nodes] or NULL */
 } goddp_graph;
 
 typedef struct goddp_config {

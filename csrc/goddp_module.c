@@ -182,6 +182,7 @@ enum graph_array {
     PARAM_FLAGS,
     PARAM_NAME_OFFSETS,
     PARAM_NAMES,
+    NODE_BLOCK_IDS, /* optional (ABI 4) */
     NUM_GRAPH_ARRAYS
 };
 
@@ -204,6 +205,7 @@ static const struct {
     [PARAM_FLAGS] = {"param_flags", 4, "uint32, e.g. array('I')"},
     [PARAM_NAME_OFFSETS] = {"param_name_offsets", 8, "int64, e.g. array('q')"},
     [PARAM_NAMES] = {"param_names", 1, "UTF-8 bytes"},
+    [NODE_BLOCK_IDS] = {"node_block_ids", 4, "int32, e.g. array('i')"},
 };
 
 static const char *const graph_keys[] = {
@@ -211,8 +213,10 @@ static const char *const graph_keys[] = {
     "node_param_refs",    "node_user_offsets", "node_users",      "num_params",          "param_bytes",
     "param_storage_bytes", "param_dtypes",     "param_devices",   "param_flags",         "param_name_offsets",
     "param_names",
+    "node_block_ids", /* optional: absent or None means no block information (ABI 4) */
 };
 #define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
+#define NUM_REQUIRED_GRAPH_KEYS (NUM_GRAPH_KEYS - 1)
 
 /* The required keys first, then the optional ones (added in later ABI
  * versions; callers written before them keep working). */
@@ -329,7 +333,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         PyErr_Format(PyExc_TypeError, "graph must be a dict, not %.100s", Py_TYPE(graph)->tp_name);
         return -1;
     }
-    if (check_keys(graph, "graph", graph_keys, NUM_GRAPH_KEYS, NUM_GRAPH_KEYS) < 0) return -1;
+    if (check_keys(graph, "graph", graph_keys, NUM_GRAPH_KEYS, NUM_REQUIRED_GRAPH_KEYS) < 0) return -1;
 
     int64_t num_nodes, num_params;
     if (get_int64(graph, "graph", "num_nodes", &num_nodes) < 0) return -1;
@@ -344,8 +348,13 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         return -1;
     }
     for (int a = 0; a < NUM_GRAPH_ARRAYS; a++) {
+        if (a == NODE_BLOCK_IDS) {
+            PyObject *blocks = PyDict_GetItemString(graph, graph_arrays[a].name);
+            if (blocks == NULL || blocks == Py_None) continue;
+        }
         if (get_graph_view(graph, gv, (enum graph_array)a) < 0) return -1;
     }
+    if (gv->held[NODE_BLOCK_IDS] && check_len(gv, NODE_BLOCK_IDS, num_nodes, "num_nodes") < 0) return -1;
 
     if (check_len(gv, NODE_OPS, num_nodes, "num_nodes") < 0 ||
         check_len(gv, NODE_MODULE_IDS, num_nodes, "num_nodes") < 0 ||
@@ -388,6 +397,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
     g->param_flags = gv->views[PARAM_FLAGS].buf;
     g->param_name_offsets = gv->views[PARAM_NAME_OFFSETS].buf;
     g->param_names = gv->views[PARAM_NAMES].buf;
+    g->node_block_ids = gv->held[NODE_BLOCK_IDS] ? gv->views[NODE_BLOCK_IDS].buf : NULL;
     return 0;
 }
 

@@ -201,7 +201,7 @@ def _log(decision: Decision, group: Group) -> None:
     where = f"{len(group.ranks)} rank(s) of process group {group.name!r}"
     if decision.caps is not None:
         logger.info(
-            "goddp: DDP's buckets now follow the %d pieces on all %s (per-bucket caps %s bytes)",
+            "goddp: DDP's %d buckets now close at piece boundaries on all %s (per-bucket caps %s bytes)",
             len(decision.caps), where, list(decision.caps),
         )
     elif decision.disagreed:

@@ -40,6 +40,7 @@ from torch import fx
 from goddp import _ddp_optimizer
 from goddp._agreement import GatedCall, TrainingGate, gate_for_training
 from goddp._align import alignment_blocker, coverage_blocker
+from goddp._blocks import group_pieces, piece_signature
 from goddp._cut import cut_graph
 from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
 from goddp._export import ExportedGraph, export_graph
@@ -164,6 +165,7 @@ class _DDPGraphCompile:
         self.not_aligned: str | None = ALIGNMENT_OFF
         self.record = GraphRecord(
             mode=options.mode,
+            block_cuts=options.cuts_at_blocks,
             caps=self.caps.to_dict(),
             graph={"num_nodes": len(gm.graph.nodes), "num_params": None},
             inner=_inner_name(options.inner),
@@ -184,13 +186,18 @@ class _DDPGraphCompile:
         try:
             pieces, piece_inputs = self.cut(exported, plan)
         except Exception as exc:
+            if self.options.log_plan:
+                logger.info("%s", plan.table())
             if self.options.strict:
                 raise
             return self.whole_graph(f"cutting the graph along the plan failed ({_describe(exc)})", exc)
         log_pieces(pieces)
+        same_as = self.identify(pieces, piece_inputs)
+        if self.options.log_plan:
+            logger.info("%s", plan.table(same_as))
         try:
             with self.record.timed("compile"):
-                compiled = compile_pieces(self.inner, pieces, piece_inputs)
+                compiled = compile_pieces(self.inner, pieces, piece_inputs, same_as)
         except PieceCompileError as failed:
             if self.options.strict:
                 raise failed.__cause__ from None
@@ -200,7 +207,10 @@ class _DDPGraphCompile:
     def plan(self) -> tuple[ExportedGraph, GraphPlan, PlanSettings | str]:
         with self.record.timed("export"):
             exported = export_graph(
-                self.gm, param_name_of=self.settings.param_name_of, ignored_names=self.settings.ignored_names
+                self.gm,
+                param_name_of=self.settings.param_name_of,
+                ignored_names=self.settings.ignored_names,
+                block_cuts=self.options.cuts_at_blocks,
             )
         self.record.graph["num_params"] = len(exported.params)
         with self.record.timed("plan"):
@@ -208,7 +218,8 @@ class _DDPGraphCompile:
         return exported, plan, alignment
 
     def note_plan(self, plan: GraphPlan, alignment: PlanSettings | str) -> None:
-        """Records the plan and logs its table."""
+        """Records the plan; logs its table unless the graph is cut (then
+        identify logs it, with the pieces that reuse compiled code)."""
         record = self.record
         if isinstance(alignment, PlanSettings):
             self.caps, reason = alignment, None
@@ -224,8 +235,26 @@ class _DDPGraphCompile:
         record.num_pieces = plan.num_pieces
         record.pieces = plan_dict["pieces"]
         record.buckets = plan_dict["buckets"]
-        if self.options.log_plan:
+        record.distinct_pieces = plan.num_pieces
+        for piece in record.pieces:
+            piece["same_as"] = piece["index"]
+        if self.options.log_plan and plan.num_pieces <= 1:
             logger.info("%s", plan.table())
+
+    def identify(self, pieces: list[Any], piece_inputs: list[list[Any]]) -> list[int]:
+        """Per piece, the piece whose compiled callable it will run: an
+        earlier identical one (same code and input metadata, names aside;
+        goddp._blocks) with block cuts, else itself. Recorded."""
+        with self.record.timed("identify"):
+            if self.options.cuts_at_blocks:
+                same_as = group_pieces([piece_signature(p.gm, x) for p, x in zip(pieces, piece_inputs)])
+            else:
+                same_as = list(range(len(pieces)))
+        distinct = sum(1 for p, leader in enumerate(same_as) if p == leader)
+        self.record.distinct_pieces, self.record.reused_pieces = distinct, len(pieces) - distinct
+        for piece in self.record.pieces:
+            piece["same_as"] = same_as[piece["index"]]
+        return same_as
 
     def cut(self, exported: ExportedGraph, plan: GraphPlan) -> tuple[list[Any], list[list[Any]]]:
         with self.record.timed("cut"):

@@ -28,6 +28,8 @@ from typing import Any, Sequence
 import torch
 from torch import fx, nn
 
+from goddp._export import resolve_attr
+
 # A module path that ends in an index: "L['self'].blocks.3" or "...blocks[3]".
 _INDEXED_PATH = re.compile(r"^(?P<parent>.+?)(?:\.(?P<dot>\d+)|\[(?P<bracket>\d+)\])$")
 
@@ -172,7 +174,7 @@ def piece_signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple 
                 entries.append(("placeholder",))
                 continue
             if node.op == "get_attr":
-                target: Any = ("attr", id(_resolve(gm, str(node.target))))
+                target: Any = ("attr", id(resolve_attr(gm, str(node.target))))
             elif node.op == "call_module":
                 target = ("module", id(gm.get_submodule(str(node.target))))
             else:
@@ -188,13 +190,6 @@ def piece_signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple 
     except (_Unshareable, TypeError, AttributeError, RuntimeError):
         return None
     return key
-
-
-def _resolve(root: Any, target: str) -> Any:
-    obj = root
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def group_pieces(signatures: Sequence[tuple | None]) -> list[int]:

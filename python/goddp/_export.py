@@ -164,8 +164,10 @@ class _Exporter:
         gm: fx.GraphModule,
         param_name_of: Callable[[torch.Tensor], str | None] | None,
         ignored_names: Iterable[str],
+        block_cuts: bool = False,
     ) -> None:
         self.gm = gm
+        self.block_cuts = block_cuts
         self.nodes = list(gm.graph.nodes)
         self.node_index = {node: i for i, node in enumerate(self.nodes)}
         self.param_name_of = param_name_of
@@ -190,7 +192,7 @@ class _Exporter:
         self.find_placeholder_params()
         for node in self.nodes:
             self.add_node(node)
-        arrays = {"num_nodes": len(self.nodes), **self.node_arrays(), **self.param_arrays()}
+        arrays = {"num_nodes": len(self.nodes), **self.node_arrays(), **self.param_arrays(), **self.block_arrays()}
         return ExportedGraph(self.nodes, self.node_index, self.params, self.param_names, arrays)
 
     # -- the parameter table
@@ -333,6 +335,19 @@ class _Exporter:
             "node_users": self.node_users,
         }
 
+    def block_arrays(self) -> dict[str, Any]:
+        """node_block_ids (goddp._blocks) when asked for and the graph has
+        repeated blocks; otherwise nothing, so that the plan and its
+        fingerprint stay the byte-driven ones."""
+        if not self.block_cuts:
+            return {}
+        from goddp._blocks import block_ids  # goddp._blocks reads attributes through this module
+
+        ids = block_ids(self.nodes)
+        if all(block < 0 for block in ids):
+            return {}
+        return {"node_block_ids": array("i", ids)}
+
     def param_flags(self, param: torch.Tensor, name: str) -> int:
         flags = _native.PARAM_REQUIRES_GRAD if param.requires_grad else 0
         if getattr(param, "_ddp_ignored", False) or name in self.ignored:
@@ -375,12 +390,15 @@ def export_graph(
     *,
     param_name_of: Callable[[torch.Tensor], str | None] | None = None,
     ignored_names: Iterable[str] = (),
+    block_cuts: bool = False,
 ) -> ExportedGraph:
     """Flattens gm into the planner's arrays.
 
     param_name_of maps a real parameter to its fully qualified name (relative
     to the DDP-wrapped module); where it returns None the name comes from
     Dynamo's source, then from the graph. ignored_names are FQNs DDP ignores
-    (besides parameters marked ``_ddp_ignored``).
+    (besides parameters marked ``_ddp_ignored``). With block_cuts, each
+    node's repeated-block membership goes along (``node_block_ids``) when
+    the graph has repeated blocks, so that ddp mode cuts at them.
     """
-    return _Exporter(gm, param_name_of, ignored_names).run()
+    return _Exporter(gm, param_name_of, ignored_names, block_cuts).run()

@@ -26,6 +26,7 @@ OPTION_KEYS = (
     "first_bucket_cap_mb",
     "max_pieces",
     "align_buckets",
+    "block_cuts",
     "strict",
     "log_plan",
     "check_plans",
@@ -48,6 +49,11 @@ class Options:
         count from the bucket size; None for no limit.
     align_buckets: ddp mode: make DDP's own buckets the pieces
         (docs/align.md); on by default in ddp mode, off in torch mode.
+    block_cuts: ddp mode: cut at the boundaries of repeated module blocks
+        (transformer layers) so that identical pieces are compiled once,
+        each DDP bucket spanning several consecutive pieces; on by default
+        in ddp mode, off in torch mode. Without repeated blocks the cuts are
+        byte-driven either way.
     strict: raise instead of warning and compiling the whole graph when
         planning or a piece's compilation fails.
     log_plan: log the bucket table at INFO on logger "goddp".
@@ -62,6 +68,7 @@ class Options:
     first_bucket_cap_mb: float | None = None
     max_pieces: int | None = None
     align_buckets: bool | None = None  # None: on in ddp mode, off in torch mode
+    block_cuts: bool | None = None  # None: on in ddp mode, off in torch mode
     strict: bool = False
     log_plan: bool = True
     check_plans: bool = True
@@ -75,6 +82,10 @@ class Options:
     @property
     def aligns_buckets(self) -> bool:
         return self.mode == "ddp" and self.align_buckets is not False
+
+    @property
+    def cuts_at_blocks(self) -> bool:
+        return self.mode == "ddp" and self.block_cuts is not False
 
 
 def _is_number(value: Any) -> bool:
@@ -142,9 +153,20 @@ def check_max_pieces(max_pieces: Any) -> int | None:
     return max_pieces
 
 
-def check_ddp_mode_only(mode: str, max_pieces: int | None, align_buckets: bool | None) -> None:
-    """max_pieces and align_buckets change what ddp mode plans; torch mode
-    reproduces torch's DDPOptimizer and has neither. The one owner of this
+def check_block_cuts(block_cuts: Any) -> bool | None:
+    if block_cuts is not None and not isinstance(block_cuts, bool):
+        raise ValueError(
+            "goddp option 'block_cuts' must be True (cut at repeated module blocks), False "
+            f"(byte-driven cuts) or None (the mode's default), got {block_cuts!r}"
+        )
+    return block_cuts
+
+
+def check_ddp_mode_only(
+    mode: str, max_pieces: int | None, align_buckets: bool | None, block_cuts: bool | None = None
+) -> None:
+    """max_pieces, align_buckets and block_cuts change what ddp mode plans;
+    torch mode reproduces torch's DDPOptimizer and has none of them. The one owner of this
     rule on the Python side (goddp.plan_graph_module checks through it too)."""
     if max_pieces is not None and mode != "ddp":
         raise ValueError(
@@ -155,6 +177,11 @@ def check_ddp_mode_only(mode: str, max_pieces: int | None, align_buckets: bool |
         raise ValueError(
             "goddp option 'align_buckets' applies only to mode='ddp' "
             f"(mode='torch' leaves DDP's buckets alone, as torch's DDPOptimizer does), got mode={mode!r}"
+        )
+    if block_cuts and mode != "ddp":
+        raise ValueError(
+            "goddp option 'block_cuts' applies only to mode='ddp' "
+            f"(mode='torch' reproduces torch's DDPOptimizer exactly), got mode={mode!r}"
         )
 
 
@@ -192,9 +219,11 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
     for key in ("align_buckets", "strict", "log_plan", "check_plans"):
         if key in raw:
             values[key] = _check_bool(key, raw[key])
+    if "block_cuts" in raw:
+        values["block_cuts"] = check_block_cuts(raw["block_cuts"])
 
     options = Options(**values)
-    check_ddp_mode_only(options.mode, options.max_pieces, options.align_buckets)
+    check_ddp_mode_only(options.mode, options.max_pieces, options.align_buckets, options.block_cuts)
     if (
         options.bucket_cap_mb is not None
         and options.first_bucket_cap_mb is not None

@@ -2,9 +2,9 @@
 
 torch's DDPOptimizer (torch/_dynamo/backends/distributed.py) keeps its
 per-submodule compilation apart from its coordinator; so does goddp. Here:
-each piece's example inputs, the compile loop, and the two settings that
-must hold while pieces compile (aot_autograd's per-piece forward metadata,
-Inductor's output strides).
+each piece's example inputs, the compile loop (each distinct piece once),
+and the two settings that must hold while pieces compile (aot_autograd's
+per-piece forward metadata, Inductor's output strides).
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import fx
 
+from goddp._blocks import backward_order
 from goddp._cut import Piece
 from goddp._export import example_value
 
@@ -64,19 +66,44 @@ def piece_example_inputs(
 
 
 def compile_pieces(
-    inner: Callable[..., Any], pieces: Sequence[Piece], piece_inputs: Sequence[Sequence[Any]]
+    inner: Callable[..., Any],
+    pieces: Sequence[Piece],
+    piece_inputs: Sequence[Sequence[Any]],
+    same_as: Sequence[int] | None = None,
 ) -> list[Callable[..., Any]]:
-    """Compiles each piece with inner, in forward order. Raises
+    """Compiles each piece with inner, in forward order; a piece whose
+    same_as names an earlier piece reuses that piece's compiled callable
+    (goddp._blocks). Logs a line per piece compiled at INFO. Raises
     PieceCompileError naming the piece, with the inner compiler's exception
     as its cause; the settings below are restored either way."""
-    compiled = []
-    with inductor_keeps_output_strides(), piece_metadata_tracking() as after_piece:
-        for piece, inputs in zip(pieces, piece_inputs):
+    if same_as is None:
+        same_as = list(range(len(pieces)))
+    distinct = sum(1 for p, leader in enumerate(same_as) if p == leader)
+    compiled: list[Callable[..., Any]] = []
+    start = time.perf_counter()
+    with inductor_keeps_output_strides(), piece_metadata_tracking() as metadata:
+        for piece, inputs, leader in zip(pieces, piece_inputs, same_as):
+            if leader != piece.index:
+                compiled.append(compiled[leader])
+                continue
+            piece_start = time.perf_counter()
             try:
                 compiled.append(inner(piece.gm, inputs))
             except Exception as exc:
                 raise PieceCompileError(f"compiling piece {piece.index} of {len(pieces)} failed") from exc
-            after_piece()
+            metadata.after_compile(leader)
+            uses = same_as.count(leader)
+            logger.info(
+                "goddp: compiled piece %d (%d of %d distinct, %d nodes%s) in %.1fs, %.1fs so far",
+                piece.index,
+                len(metadata.compiled),
+                distinct,
+                len(piece.gm.graph.nodes),
+                f", used by {uses} pieces" if uses > 1 else "",
+                time.perf_counter() - piece_start,
+                time.perf_counter() - start,
+            )
+        metadata.finish(backward_order(same_as))
     return compiled
 
 
@@ -87,17 +114,52 @@ def log_pieces(pieces: Sequence[Piece]) -> None:
         logger.debug("goddp: piece %d graph:\n%s", piece.index, piece.gm.graph)
 
 
+class PieceMetadata:
+    """What piece_metadata_tracking yields: call after_compile(leader) after
+    each compiled callable (named by its first piece), then finish(order)
+    with the order in which their backwards will compile
+    (goddp._blocks.backward_order)."""
+
+    def __init__(self, tracing: Any = None, per_piece: Any = None, previous_meta: Any = None) -> None:
+        self._tracing = tracing
+        self._per_piece = per_piece
+        self._last_seen = previous_meta
+        self._meta: dict[int, Any] = {}
+        self.compiled: list[int] = []
+
+    def after_compile(self, leader: int) -> None:
+        self.compiled.append(leader)
+        if self._per_piece is None:
+            return
+        meta = self._tracing.fw_metadata
+        if meta is not None and meta is not self._last_seen:
+            self._meta[leader] = meta
+            self._last_seen = meta
+
+    def finish(self, backward_order: Sequence[int]) -> None:
+        # aot_autograd takes metadata_per_bucket[curr_bucket] at each lazy
+        # backward compile and then counts down, so the list runs in the
+        # reverse of the backward compile order.
+        if self._per_piece is None:
+            return
+        metas = [self._meta[leader] for leader in reversed(backward_order) if leader in self._meta]
+        self._per_piece.metadata_per_bucket = metas
+        self._per_piece.curr_bucket = len(metas) - 1
+
+
 @contextlib.contextmanager
-def piece_metadata_tracking() -> Iterator[Callable[[], None]]:
-    """Keeps one forward-metadata entry per piece on Dynamo's TracingContext.
+def piece_metadata_tracking() -> Iterator[PieceMetadata]:
+    """Keeps one forward-metadata entry per compiled callable on Dynamo's
+    TracingContext.
 
     aot_autograd compiles each piece's backward lazily, at the first backward,
     in reverse piece order, and reads the forward metadata from the tracing
     context; with several pieces under one Dynamo graph that would be the
     last piece's. torch provides DDPOptimizerContext for exactly this (one
-    Dynamo graph, many aot graphs), and goddp fills it the same way.
-    Yields a function to call after each piece compiles. On an exception the
-    context is restored so a whole-graph fallback compiles cleanly.
+    Dynamo graph, many aot graphs), and goddp fills it, one entry per
+    compiled callable: identical pieces share one callable, hence one
+    backward compile. On an exception the context is restored so a
+    whole-graph fallback compiles cleanly.
     """
     tracing = torch._guards.TracingContext.try_get()
     context_cls = None
@@ -107,24 +169,15 @@ def piece_metadata_tracking() -> Iterator[Callable[[], None]]:
         except ImportError:
             context_cls = None
     if context_cls is None:
-        yield lambda: None
+        yield PieceMetadata()
         return
 
     previous_ctx = tracing.ddp_optimizer_ctx
     previous_meta = tracing.fw_metadata
     per_piece = context_cls()
     tracing.ddp_optimizer_ctx = per_piece
-    last_seen = [previous_meta]
-
-    def after_piece() -> None:
-        meta = tracing.fw_metadata
-        if meta is not None and meta is not last_seen[0]:
-            per_piece.curr_bucket += 1
-            per_piece.metadata_per_bucket.append(meta)
-            last_seen[0] = meta
-
     try:
-        yield after_piece
+        yield PieceMetadata(tracing, per_piece, previous_meta)
     except BaseException:
         tracing.ddp_optimizer_ctx = previous_ctx
         tracing.fw_metadata = previous_meta

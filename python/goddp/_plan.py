@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import fx, nn
@@ -106,10 +106,17 @@ class GraphPlan:
     # Index form of the crossing values, for the cutter (not public API).
     piece_input_indices: list[list[int]] = field(default_factory=list, repr=False)
     piece_output_indices: list[list[int]] = field(default_factory=list, repr=False)
+    # ddp mode: per piece, the bucketed parameters first used in it.
+    first_use_param_names: list[list[str]] | None = field(default=None, repr=False)
 
     def piece_param_names(self) -> list[list[str]]:
-        """Per piece in forward order: the names of the parameters in the
-        buckets that piece completes, in forward (declaration-like) order."""
+        """Per piece in forward order, the names of its parameters in forward
+        order. ddp mode: the bucketed parameters first used in the piece (a
+        bucket may span several pieces). torch mode: the parameters of the
+        bucket the piece completes, as torch counts them (a tied weight in
+        each bucket that uses it)."""
+        if self.first_use_param_names is not None:
+            return [list(names) for names in self.first_use_param_names]
         per_piece: list[list[str]] = [[] for _ in range(self.num_pieces)]
         # Buckets are in DDP order (last piece first) and list parameters in
         # gradient-ready order; walking both backwards gives forward order.
@@ -143,9 +150,11 @@ class GraphPlan:
             "pieces": pieces,
         }
 
-    def table(self) -> str:
+    def table(self, same_as: Sequence[int] | None = None) -> str:
         """A readable bucket table: one row per parameter, the bucket's index,
-        size (MiB) and piece on its first row."""
+        size (MiB) and piece on its first row. same_as (per piece, the piece
+        whose compiled code it reuses; itself if none) adds the counts of
+        distinct and reused pieces and a line naming the reused ones."""
         caps = self.caps
         head = (
             f"goddp plan: mode={self.mode} fingerprint={self.fingerprint:016x} "
@@ -158,6 +167,9 @@ class GraphPlan:
             head += f" max_pieces={caps.max_pieces}"
         if caps.align_buckets:
             head += " (DDP's buckets set to the pieces)"
+        reused = [(p, leader) for p, leader in enumerate(same_as or ()) if p != leader]
+        if same_as is not None:
+            head += f" distinct pieces={len(same_as) - len(reused)} reused={len(reused)}"
         rows = [("bucket", "MiB", "piece", "params")]
         for bucket in self.buckets:
             names = list(bucket.param_names) or ["(none)"]
@@ -166,6 +178,11 @@ class GraphPlan:
             rows.extend(("", "", "", name) for name in names[1:])
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = [head]
+        if reused:
+            lines.append(
+                "reused compiled pieces (piece=the piece compiled for it): "
+                + " ".join(f"{p}={leader}" for p, leader in reused)
+            )
         for row in rows:
             lines.append("  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3])
         return "\n".join(lines)
@@ -240,6 +257,9 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
     inputs = _csr(_ints(raw["piece_input_offsets"], "q"), _ints(raw["piece_inputs"], "i"), num_pieces)
     outputs = _csr(_ints(raw["piece_output_offsets"], "q"), _ints(raw["piece_outputs"], "i"), num_pieces)
     nodes = exported.nodes
+    first_use_names = None
+    if mode == "ddp":
+        first_use_names = _first_use_names(exported, piece_of_node, bucket_param_lists, num_pieces)
     return GraphPlan(
         fingerprint=int(raw["fingerprint"]),
         mode=mode,
@@ -251,7 +271,25 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
         piece_outputs=[[nodes[i].name for i in outs] for outs in outputs],
         piece_input_indices=inputs,
         piece_output_indices=outputs,
+        first_use_param_names=first_use_names,
     )
+
+
+def _first_use_names(
+    exported: ExportedGraph, piece_of_node: list[int], bucket_params: list[list[int]], num_pieces: int
+) -> list[list[str]]:
+    """Per piece, the names of the bucketed parameters whose first use (the
+    first node referring to them, as ddp mode counts) is in that piece."""
+    pending = {i for ids in bucket_params for i in ids}
+    per_piece: list[list[str]] = [[] for _ in range(num_pieces)]
+    offsets, refs = exported.arrays["node_param_offsets"], exported.arrays["node_params"]
+    for node, piece in enumerate(piece_of_node):
+        for k in range(offsets[node], offsets[node + 1]):
+            p = refs[k]
+            if p in pending and piece >= 0:
+                per_piece[piece].append(exported.param_names[p])
+                pending.discard(p)
+    return per_piece
 
 
 def resolve_caps(
@@ -324,6 +362,7 @@ def plan_graph_module(
     max_pieces: int | None = None,
     param_names: Any = None,
     align_buckets: bool = False,
+    block_cuts: bool = False,
 ) -> GraphPlan:
     """Plans a Dynamo-captured GraphModule without compiling anything.
 
@@ -341,13 +380,15 @@ def plan_graph_module(
         parameter -> name; by default Dynamo's sources, then node names.
     align_buckets: ddp mode: one bucket per piece, holding exactly the
         parameters first used in that piece (docs/align.md).
+    block_cuts: ddp mode: cut at the boundaries of repeated module blocks,
+        as the backend does by default (goddp._blocks).
 
     Raises ValueError for a bad mode or max_pieces; the planner's errors
     (goddp._goddp.PlannerError) for an invalid graph or caps.
     """
     check_mode(mode)
-    check_ddp_mode_only(mode, check_max_pieces(max_pieces), align_buckets)
+    check_ddp_mode_only(mode, check_max_pieces(max_pieces), align_buckets, block_cuts)
     caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets)
-    exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored)
+    exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored, block_cuts=block_cuts)
     return decode_plan(call_planner(exported, mode, caps), exported, mode, caps)
 

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 # long job that recompiles often does not grow without limit.
 MAX_RECORDS = 1024
 
-TIMING_KEYS = ("export", "plan", "cut", "example_inputs", "compile", "stitch")
+TIMING_KEYS = ("export", "plan", "cut", "example_inputs", "identify", "compile", "stitch")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -25,6 +25,9 @@ class GraphRecord:
     mode: str
     caps: dict[str, Any]
     num_pieces: int = 1
+    distinct_pieces: int = 1
+    reused_pieces: int = 0
+    block_cuts: bool = False
     pieces: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     buckets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     timings: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
@@ -70,10 +73,18 @@ def last_plans() -> list[dict[str, Any]]:
     - caps: the settings planned with: bucket_cap_bytes,
       first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets.
     - num_pieces: how many pieces the graph was cut into (1: not cut).
-    - pieces: per piece: index, num_nodes, inputs, outputs, param_names.
+    - distinct_pieces: how many pieces were compiled; identical pieces
+      share one compile (goddp._blocks).
+    - reused_pieces: how many pieces run the compiled code of an identical
+      earlier piece.
+    - block_cuts: whether the graph was planned with block-aligned cuts.
+    - pieces: per piece (param_names in ddp mode are the parameters first
+      used in it; same_as is the piece whose compiled code it runs, itself
+      unless reused): index, num_nodes, inputs, outputs, param_names,
+      same_as.
     - buckets: per DDP bucket: index, bytes, param_names, piece, extended.
-    - timings: seconds spent in export, plan, cut, example_inputs, compile,
-      stitch.
+    - timings: seconds spent in export, plan, cut, example_inputs,
+      identify, compile, stitch.
     - fallback: None, or why the whole graph was compiled instead.
     - plan_check: None until the graph's first training call, and for
       graphs compiled with gradients disabled; then what the ranks of the

@@ -318,6 +318,47 @@ static void check_aligned(const goddp_graph *g) {
     goddp_string_free(msg);
 }
 
+/* node_block_ids (ABI 3): with each layer a block, a cap above the whole
+ * model still cuts at every layer, and the one aligned bucket spans all
+ * pieces; without block ids the same config gives one piece. */
+static void check_blocks(const goddp_graph *base) {
+    int32_t blocks[NUM_NODES];
+    for (int i = 0; i < NUM_NODES; i++) blocks[i] = -1;
+    for (int l = 0; l < LAYERS; l++) blocks[linear_node(l)] = blocks[relu_node(l)] = l;
+    goddp_graph g = *base;
+    goddp_config cfg = toy_config(GODDP_MODE_DDP);
+    cfg.bucket_cap_bytes = cfg.first_bucket_cap_bytes = 1 << 30;
+    cfg.align_buckets = 1;
+    goddp_plan *plan = NULL;
+    goddp_status st = goddp_plan_graph(&g, &cfg, &plan, NULL);
+    CHECK(st == GODDP_OK && plan != NULL && plan->num_partitions == 1, "no block ids: status %d, %" PRId64 " pieces",
+          st, plan ? plan->num_partitions : -1);
+    goddp_plan_free(plan);
+
+    g.node_block_ids = blocks;
+    plan = NULL;
+    st = goddp_plan_graph(&g, &cfg, &plan, NULL);
+    CHECK(st == GODDP_OK && plan != NULL, "block ids: status %d", st);
+    if (st == GODDP_OK && plan != NULL) {
+        CHECK(plan->num_partitions == LAYERS && plan->num_buckets == 1 && plan->bucket_partitions[0] == 0 &&
+                  plan->bucket_bytes[0] == LAYERS * (WEIGHT_BYTES + BIAS_BYTES),
+              "block ids: %" PRId64 " pieces, %" PRId64 " buckets", plan->num_partitions, plan->num_buckets);
+        for (int l = 0; l < LAYERS; l++) {
+            CHECK(plan->node_partitions[linear_node(l)] == l && plan->node_partitions[relu_node(l)] == l,
+                  "block ids: layer %d in piece %d", l, plan->node_partitions[linear_node(l)]);
+        }
+    }
+    goddp_plan_free(plan);
+
+    blocks[linear_node(1)] = -2;
+    char *msg = NULL;
+    plan = NULL;
+    st = goddp_plan_graph(&g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_ERR_INVALID_GRAPH && plan == NULL && msg != NULL && strstr(msg, "block id") != NULL,
+          "block id -2: status %d, message %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+}
+
 static void check_errors(const goddp_graph *g) {
     goddp_plan *plan = NULL;
     char *msg = NULL;
@@ -432,6 +473,7 @@ int main(void) {
     check_fingerprint_stable(&g, GODDP_MODE_DDP, fp_ddp);
     check_fingerprint_stable(&g, GODDP_MODE_TORCH, fp_torch);
     check_aligned(&g);
+    check_blocks(&g);
     check_errors(&g);
     check_max_procs();
     check_threads(&g, fp_ddp);

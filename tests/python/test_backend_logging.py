@@ -20,7 +20,7 @@ import goddp
 import goddp._backend
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TIMING_KEYS = {"export", "plan", "cut", "example_inputs", "compile", "stitch"}
+TIMING_KEYS = {"export", "plan", "cut", "example_inputs", "identify", "compile", "stitch"}
 
 
 class Trio(nn.Module):

@@ -47,7 +47,7 @@ def test_importing_goddp_switched_off_torch_ddp_optimizer():
 @pytest.mark.parametrize(
     "options, fragment",
     [
-        ({"bucket_cap": 25}, "valid keys: inner, inner_options, mode, bucket_cap_mb, first_bucket_cap_mb, max_pieces, align_buckets, strict"),
+        ({"bucket_cap": 25}, "valid keys: inner, inner_options, mode, bucket_cap_mb, first_bucket_cap_mb, max_pieces, align_buckets, block_cuts, strict"),
         ({"mode": "fast"}, "'ddp', 'torch'"),
         ({"inner": "no_such_backend"}, "valid choices:"),
         ({"inner": 3}, "'inductor', 'aot_eager', 'eager'"),
@@ -62,6 +62,8 @@ def test_importing_goddp_switched_off_torch_ddp_optimizer():
         ({"max_pieces": 4, "mode": "torch"}, "only to mode='ddp'"),
         ({"align_buckets": True, "mode": "torch"}, "only to mode='ddp'"),
         ({"align_buckets": "on"}, "True or False"),
+        ({"block_cuts": True, "mode": "torch"}, "only to mode='ddp'"),
+        ({"block_cuts": "yes"}, "True (cut at repeated module blocks), False (byte-driven cuts) or None"),
         ({"strict": 1}, "True or False"),
         ({"log_plan": "yes"}, "True or False"),
         ({"check_plans": None}, "True or False"),
@@ -88,6 +90,7 @@ def test_every_documented_key_is_accepted():
         "first_bucket_cap_mb": 0.5,
         "max_pieces": 3,
         "align_buckets": False,
+        "block_cuts": False,
         "strict": True,
         "log_plan": False,
         "check_plans": False,
@@ -105,6 +108,9 @@ def test_defaults():
     assert options.max_pieces is None
     assert options.align_buckets is None and options.aligns_buckets
     assert not parse_options({"mode": "torch"}).aligns_buckets
+    assert options.block_cuts is None and options.cuts_at_blocks
+    assert not parse_options({"mode": "torch"}).cuts_at_blocks
+    assert not parse_options({"block_cuts": False}).cuts_at_blocks
     assert (options.strict, options.log_plan, options.check_plans) == (False, True, True)
 
 

@@ -153,15 +153,39 @@ def test_constants_mirror_the_extension(ext):
     assert len(names) == 21
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
-    assert ext.abi_version() == ext.ABI_VERSION == 3
+    assert ext.abi_version() == ext.ABI_VERSION == 4
 
 
 def test_key_tuples_match_the_builders(ext):
-    assert set(ext.GRAPH_KEYS) == set(chain_graph(1))
+    # chain_graph leaves out the optional node_block_ids, as callers written
+    # before ABI 4 do.
+    assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids"}
     # toy_config leaves out the optional align_buckets, as callers written
     # before ABI 2 do.
     assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets"}
     assert len(ext.PLAN_KEYS) == 16
+
+
+def test_node_block_ids_cut_at_blocks(ext):
+    """node_block_ids (ABI 4, optional): with every layer a block, a cap
+    above the whole model still cuts at every layer; None or absent plans
+    as before; a wrong length is refused, naming the key."""
+    layers = 3
+    graph = chain_graph(layers)
+    cfg = toy_config(bucket_cap_bytes=1 << 40, first_bucket_cap_bytes=1 << 40, align_buckets=True)
+    plain = ext.plan_graph(graph, cfg)
+    assert plain["num_pieces"] == 1
+    assert ext.plan_graph({**graph, "node_block_ids": None}, cfg) == plain
+    first_compute = 2 * layers + 1
+    blocks = array("i", [-1]) * graph["num_nodes"]
+    for layer in range(layers):
+        blocks[first_compute + 2 * layer] = blocks[first_compute + 2 * layer + 1] = layer
+    plan = ext.plan_graph({**graph, "node_block_ids": blocks}, cfg)
+    assert plan["num_pieces"] == layers and plan["num_buckets"] == 1
+    pieces = array("i", plan["node_pieces"]).tolist()
+    assert pieces[first_compute:-1] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="node_block_ids"):
+        ext.plan_graph({**graph, "node_block_ids": blocks[1:]}, cfg)
 
 
 def test_exceptions_are_runtime_errors(ext):
