@@ -15,7 +15,7 @@ from bench import variants  # noqa: E402
 COLORS = {
     "compute_only": "#9e9e9e", "eager_ddp": "#6d8fb3", "compiled": "#3b5b92", "regional": "#8e5bb5",
     "torch_ddpopt": "#1f3a5f", "goddp_torch": "#e07b39", "goddp_ddp": "#2e9e5b",
-    "goddp_ddp_traced": "#7fc99b",
+    "goddp_ddp_traced": "#7fc99b", "goddp_bytes": "#b3a12e",
 }
 
 

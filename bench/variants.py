@@ -38,6 +38,7 @@ class VariantSpec:
     # Timed inside goddp.trace (entered after warm-up, left after the
     # rounds): its ratio to the same variant untraced is the trace's overhead.
     traced: bool = False
+    goddp_options: tuple = ()  # extra goddp options as (key, value) pairs
 
 
 SPECS = {s.name: s for s in (
@@ -49,13 +50,15 @@ SPECS = {s.name: s for s in (
     VariantSpec("goddp_torch", "goddp torch mode", "goddp", goddp_mode="torch"),
     VariantSpec("goddp_ddp", "goddp ddp mode", "goddp", goddp_mode="ddp"),
     VariantSpec("goddp_ddp_traced", "goddp ddp mode, traced", "goddp", goddp_mode="ddp", traced=True),
+    VariantSpec("goddp_bytes", "goddp ddp mode, byte cuts", "goddp", goddp_mode="ddp",
+                goddp_options=(("block_cuts", False),)),
 )}
 # Each traced variant is compared with this untraced twin.
 TRACED_TWIN = {"goddp_ddp_traced": "goddp_ddp"}
 ALL = list(SPECS)
 BASELINE = "torch_ddpopt"
 # Variants that apply only to models built from repeated blocks of our own.
-NEEDS_BLOCKS = ("regional",)
+NEEDS_BLOCKS = ("regional", "goddp_bytes")
 
 
 def regional_compile(model: torch.nn.Module, backend) -> int:
@@ -160,7 +163,8 @@ def make_variant(spec: VariantSpec, base_model: torch.nn.Module, inner: str,
         # goddp accepts a callable inner compiler: counting its calls shows
         # how many pieces were really compiled.
         backend = CountingBackend(inner)
-        runner = torch.compile(ddp, backend="goddp", options={"inner": backend, "mode": spec.goddp_mode})
+        options = {"inner": backend, "mode": spec.goddp_mode, **dict(spec.goddp_options)}
+        runner = torch.compile(ddp, backend="goddp", options=options)
     else:
         raise ValueError(spec.kind)
     return Variant(spec, ddp, runner, optimizer, backend)
