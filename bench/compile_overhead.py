@@ -16,6 +16,11 @@ Tools:
   goddp_ddp     goddp, ddp mode
   regional      (--e2e only) each repeated block compiled alone, eager DDP
   goddp_bytes   (--e2e only) goddp, ddp mode, block-aligned cuts off
+  goddp_each    (--e2e only) goddp with block cuts, but every piece compiled
+                on its own (no shared callable): what Inductor's own caches
+                give for identical pieces
+  goddp_canon   (--e2e only) as goddp_each, node names made canonical first
+                (v0, v1, ...) so that identical pieces are identical code
 
 "dynamo" in the phase list is the first call's wall time minus everything
 the splitter reports, i.e. Dynamo's tracing plus one real forward.
@@ -50,7 +55,7 @@ TOOLS = ("unsplit", "torch", "goddp_torch", "goddp_ddp")
 # Tools of the end-to-end compile only: regional compilation (each block
 # compiled alone, eager DDP) needs a model of blocks and a real compiler;
 # goddp_bytes is goddp's ddp mode with block-aligned cuts turned off.
-E2E_TOOLS = ("regional", "goddp_bytes")
+E2E_TOOLS = ("regional", "goddp_bytes", "goddp_each", "goddp_canon")
 TRIVIAL = "bench_trivial"
 LAYER_WIDTH = 192  # 148 KiB per layer: 8 layers fill DDPOptimizer's 1 MiB minimum cap
 
@@ -94,7 +99,32 @@ def _child(args) -> dict:
             os.unlink(store_file.name)
 
 
+def _canonical_names(gm):
+    """Renames every node of gm v0, v1, ... (placeholders too), so that
+    pieces that differ only in names become the same code."""
+    for i, node in enumerate(gm.graph.nodes):
+        if node.op == "placeholder":
+            node.target = f"v{i}"
+        if node.op != "output":
+            node.name = f"v{i}"
+    gm.recompile()
+    return gm
+
+
 def _compiled(torch, ddp, tool: str, inner: str):
+    if tool in ("goddp_each", "goddp_canon"):
+        # Bench-only: turn goddp's reuse of one callable off, to measure
+        # what the inner compiler's caches give instead.
+        import goddp._backend as backend
+        from torch._dynamo.backends.registry import lookup_backend
+
+        backend.group_pieces = lambda signatures: list(range(len(signatures)))
+        named = lookup_backend(inner)
+
+        def each(gm, example_inputs):
+            return named(_canonical_names(gm) if tool == "goddp_canon" else gm, example_inputs)
+
+        return torch.compile(ddp, backend="goddp", options={"inner": each, "mode": "ddp"})
     if tool == "goddp_bytes":
         return torch.compile(ddp, backend="goddp", options={"inner": inner, "mode": "ddp", "block_cuts": False})
     if tool.startswith("goddp"):
