@@ -371,6 +371,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="JSON output (parent: all results; child: one record)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     ap.add_argument("--repeat", type=int, default=1, help="runs per (tool, size), interleaved; medians reported")
+    ap.add_argument("--core", type=int, default=0, help="CPU core the measured processes are pinned to")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tool", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -380,7 +381,7 @@ def main(argv=None) -> int:
         args.layers = args.layers[0] if args.layers else None
         Path(args.out).write_text(json.dumps(_child(args)))
         return 0
-    res = run(args.nodes, args.tools, args.e2e, args.repeat, args.timeout,
+    res = run(args.nodes, args.tools, args.e2e, args.repeat, args.timeout, core=args.core,
               layer_counts=args.layers, caches=args.caches)
     print(report(res))
     if args.out:
