@@ -331,8 +331,8 @@ static void check_blocks(const goddp_graph *base) {
     cfg.align_buckets = 1;
     goddp_plan *plan = NULL;
     goddp_status st = goddp_plan_graph(&g, &cfg, &plan, NULL);
-    CHECK(st == GODDP_OK && plan != NULL && plan->num_partitions == 1, "no block ids: status %d, %" PRId64 " pieces",
-          st, plan ? plan->num_partitions : -1);
+    CHECK(st == GODDP_OK && plan != NULL && plan->num_pieces == 1, "no block ids: status %d, %" PRId64 " pieces",
+          st, plan ? plan->num_pieces : -1);
     goddp_plan_free(plan);
 
     g.node_block_ids = blocks;
@@ -340,12 +340,12 @@ static void check_blocks(const goddp_graph *base) {
     st = goddp_plan_graph(&g, &cfg, &plan, NULL);
     CHECK(st == GODDP_OK && plan != NULL, "block ids: status %d", st);
     if (st == GODDP_OK && plan != NULL) {
-        CHECK(plan->num_partitions == LAYERS && plan->num_buckets == 1 && plan->bucket_partitions[0] == 0 &&
+        CHECK(plan->num_pieces == LAYERS && plan->num_buckets == 1 && plan->bucket_pieces[0] == 0 &&
                   plan->bucket_bytes[0] == LAYERS * (WEIGHT_BYTES + BIAS_BYTES),
-              "block ids: %" PRId64 " pieces, %" PRId64 " buckets", plan->num_partitions, plan->num_buckets);
+              "block ids: %" PRId64 " pieces, %" PRId64 " buckets", plan->num_pieces, plan->num_buckets);
         for (int l = 0; l < LAYERS; l++) {
-            CHECK(plan->node_partitions[linear_node(l)] == l && plan->node_partitions[relu_node(l)] == l,
-                  "block ids: layer %d in piece %d", l, plan->node_partitions[linear_node(l)]);
+            CHECK(plan->node_pieces[linear_node(l)] == l && plan->node_pieces[relu_node(l)] == l,
+                  "block ids: layer %d in piece %d", l, plan->node_pieces[linear_node(l)]);
         }
     }
     goddp_plan_free(plan);
