@@ -174,6 +174,15 @@ def _compile_once(args, torch, ddp, wl, inner: str, probes) -> dict:
     return rec
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children
+    (Inductor runs the C++ compiler as child processes)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _e2e(args, torch, DDP, models, probes) -> dict:
     name, size = args.e2e.split(":")
     wl = models.build(name, size, **({"n_layer": args.layers} if args.layers else {}))
@@ -181,20 +190,26 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
     plans0 = len(probes.goddp_plans())
     compiled = _compiled(torch, ddp, args.tool, "inductor")
     with torch._dynamo.config.patch(optimize_ddp=args.tool == "torch"), stats.RssSampler() as rss:
+        c0 = _cpu_seconds()
         t0 = time.perf_counter()
         loss = wl.loss(compiled(*wl.inputs))
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
-        steady = []
+        c1 = _cpu_seconds()
+        steady, steady_cpu = [], []
         for _ in range(3):
-            s = time.perf_counter()
+            s, cs = time.perf_counter(), _cpu_seconds()
             wl.loss(compiled(*wl.inputs)).backward()
             steady.append(time.perf_counter() - s)
+            steady_cpu.append(_cpu_seconds() - cs)
     rec = {"tool": args.tool, "model": args.e2e, "layers": args.layers,
            "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
            "steady_step_s": stats.median(steady), "peak_rss_delta_mib": rss.peak_delta_mib}
     rec["compile_s"] = rec["first_forward_s"] + rec["first_backward_s"] - rec["steady_step_s"]
+    # CPU seconds (this process and the compilers it ran): on a shared
+    # machine far less noisy than wall time, which waits for other jobs.
+    rec["compile_cpu_s"] = (c1 - c0) - stats.median(steady_cpu)
     plans = probes.goddp_plans()[plans0:]
     if plans:
         p = probes.summarize_goddp_plan(plans[-1])
@@ -257,7 +272,8 @@ def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, tim
         log(f"[compile e2e {i + 1}/{len(e2e_jobs)}, {time.perf_counter() - t_start:.0f}s] {tool} {model}"
             + (f" {layers} layers" if layers else "") + ": "
             + (rec["error"].splitlines()[-1] if "error" in rec else
-               f"compile {rec['compile_s']:.1f}s (fwd {rec['first_forward_s']:.1f}s, "
+               f"compile {rec['compile_s']:.1f}s, CPU {rec.get('compile_cpu_s', float('nan')):.1f}s "
+               f"(fwd {rec['first_forward_s']:.1f}s, "
                f"bwd {rec['first_backward_s']:.1f}s), steady step {rec['steady_step_s'] * 1e3:.0f}ms, "
                f"pieces {rec.get('pieces')} ({rec.get('distinct_pieces')} distinct)"))
     end_to_end = [_median_e2e(recs) for recs in e2e_runs.values()]
@@ -269,9 +285,12 @@ def _median_e2e(recs: list[dict]) -> dict:
     if not ok:
         return recs[-1]
     out = dict(ok[0])
-    for key in ("compile_s", "first_forward_s", "first_backward_s", "steady_step_s", "peak_rss_delta_mib"):
-        out[key] = stats.median(r[key] for r in ok)
+    for key in ("compile_s", "compile_cpu_s", "first_forward_s", "first_backward_s", "steady_step_s",
+                "peak_rss_delta_mib"):
+        if all(key in r for r in ok):
+            out[key] = stats.median(r[key] for r in ok)
     out["compile_runs_s"] = [r["compile_s"] for r in ok]
+    out["compile_cpu_runs_s"] = [r["compile_cpu_s"] for r in ok if "compile_cpu_s" in r]
     out["failed_runs"] = len(recs) - len(ok)
     return out
 
@@ -329,16 +348,20 @@ def e2e_report(res: dict) -> str:
     for r in res["e2e"]:
         where = f"{r['tool']} {r.get('model')}" + (f" {r['layers']}L" if r.get("layers") else "")
         if "error" in r:
-            rows.append([where, "FAILED: " + r["error"].splitlines()[-1][:60], "", "", "", "", ""])
+            rows.append([where, "FAILED: " + r["error"].splitlines()[-1][:60], "", "", "", "", "", ""])
             continue
         runs = r.get("compile_runs_s") or []
         spread = f" [{stats.fmt_s(min(runs))}-{stats.fmt_s(max(runs))}]" if len(runs) > 1 else ""
         pieces = r.get("pieces")
-        rows.append([where, stats.fmt_s(r["compile_s"]) + spread, stats.fmt_s(r["first_forward_s"]),
+        cpu_runs = r.get("compile_cpu_runs_s") or []
+        cpu = stats.fmt_s(r["compile_cpu_s"]) if "compile_cpu_s" in r else "-"
+        if len(cpu_runs) > 1:
+            cpu += f" [{stats.fmt_s(min(cpu_runs))}-{stats.fmt_s(max(cpu_runs))}]"
+        rows.append([where, stats.fmt_s(r["compile_s"]) + spread, cpu, stats.fmt_s(r["first_forward_s"]),
                      stats.fmt_s(r["first_backward_s"]), stats.fmt_s(r["steady_step_s"]),
                      "-" if pieces is None else f"{pieces} ({r.get('distinct_pieces') or '?'} distinct)",
                      f"{r['peak_rss_delta_mib']:.0f}"])
-    out = [stats.table(["tool model depth", "compile", "1st fwd", "1st bwd", "steady step", "pieces", "RSS+ MiB"],
+    out = [stats.table(["tool model depth", "compile (wall)", "compile (CPU)", "1st fwd", "1st bwd", "steady step", "pieces", "RSS+ MiB"],
                        rows, title=f"== end-to-end inductor compile (1 rank, {caches}, {res.get('repeat', 1)} runs each) ==")]
     by_case: dict[tuple, dict] = {}
     for r in res["e2e"]:
@@ -351,7 +374,10 @@ def e2e_report(res: dict) -> str:
                 key = "unsplit" if base == "compiled_unsplit" else base
                 if g in tools and key in tools and tools[key]["compile_s"] > 0:
                     q = tools[g]["compile_s"] / tools[key]["compile_s"]
-                    out.append(f"{where}: {g} compile / {key} = {q:.2f}")
+                    line = f"{where}: {g} compile / {key} = {q:.2f} (wall)"
+                    if tools[g].get("compile_cpu_s") and tools[key].get("compile_cpu_s"):
+                        line += f", {tools[g]['compile_cpu_s'] / tools[key]['compile_cpu_s']:.2f} (CPU)"
+                    out.append(line)
     return "\n".join(out)
 
 

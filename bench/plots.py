@@ -203,13 +203,15 @@ def compile_vs_depth(results: list[dict], path: Path) -> None:
     for tool, recs in tools.items():
         recs = sorted(recs, key=lambda r: r["layers"])
         xs = [r["layers"] for r in recs]
-        ys = [r["compile_s"] for r in recs]
-        lo = [y - min(r.get("compile_runs_s") or [y]) for y, r in zip(ys, recs)]
-        hi = [max(r.get("compile_runs_s") or [y]) - y for y, r in zip(ys, recs)]
+        key = "compile_cpu_s" if all("compile_cpu_s" in r for r in recs) else "compile_s"
+        runs = "compile_cpu_runs_s" if key == "compile_cpu_s" else "compile_runs_s"
+        ys = [r[key] for r in recs]
+        lo = [y - min(r.get(runs) or [y]) for y, r in zip(ys, recs)]
+        hi = [max(r.get(runs) or [y]) - y for y, r in zip(ys, recs)]
         ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=labels.get(tool, tool),
                     color=colors.get(tool, "#444444"))
     ax.set_xlabel("layers")
-    ax.set_ylabel("compile time (s): first step minus a steady step")
+    ax.set_ylabel("compile CPU time (s): first step minus a steady step")
     ax.set_xticks(sorted({r["layers"] for recs in tools.values() for r in recs}))
     ax.set_ylim(bottom=0)
     ax.set_title(f"{results[0].get('model')}: compile time against depth (1 rank)", fontsize=9)
