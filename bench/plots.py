@@ -206,8 +206,8 @@ def compile_vs_depth(results: list[dict], path: Path) -> None:
         key = "compile_cpu_s" if all("compile_cpu_s" in r for r in recs) else "compile_s"
         runs = "compile_cpu_runs_s" if key == "compile_cpu_s" else "compile_runs_s"
         ys = [r[key] for r in recs]
-        lo = [y - min(r.get(runs) or [y]) for y, r in zip(ys, recs)]
-        hi = [max(r.get(runs) or [y]) - y for y, r in zip(ys, recs)]
+        lo = [max(0.0, y - min(r.get(runs) or [y])) for y, r in zip(ys, recs)]
+        hi = [max(0.0, max(r.get(runs) or [y]) - y) for y, r in zip(ys, recs)]
         ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=labels.get(tool, tool),
                     color=colors.get(tool, "#444444"))
     ax.set_xlabel("layers")
