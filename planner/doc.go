@@ -101,6 +101,24 @@
 // cap joins the next DDP bucket (it is ready already, so overlap does not
 // suffer).
 //
+// # Declaration order
+//
+// With AlignBuckets and Config.BucketOrder OrderDeclaration (DDP with
+// find_unused_parameters=True and no static_graph, which never rebuilds its
+// buckets), the aligned buckets are meant for DDP's construction-time
+// bucketing, which walks its parameter list (Param.DDPPosition, required
+// for every counted parameter) first-declared first against the caps and
+// then lists the buckets last-declared first. Each counted parameter is
+// labelled with the piece of its first use (an unused one with the label
+// of the parameter declared before it); where the labels in declaration
+// order go back to an earlier piece, every piece they jump across is merged
+// into one, the fewest merges that make the labels non-decreasing. Then
+// bucket k holds the parameters of piece N-1-k and Plan.DDPCaps lists the
+// buckets' bytes forward-first piece first, the order DDP walks them.
+// Plan.Alignment says AlignDeclaration, or AlignDeclarationMerged with
+// Plan.MergedCuts > 0. Under OrderReady, Plan.DDPCaps are the aligned
+// buckets' bytes in DDP order (AlignReady).
+//
 // # Where real DDP buckets can differ from ModeDDP's
 //
 //   - The ready order is a prediction. Within one node the real order
@@ -117,7 +135,9 @@
 //     by first parameter so that every rank agrees.
 //   - With find_unused_parameters=True and no static_graph, DDP never
 //     rebuilds its buckets and keeps its initial ones, built in parameter
-//     declaration order; ModeDDP does not model that case.
+//     declaration order. The predicted buckets ignore that; with
+//     AlignBuckets and BucketOrder OrderDeclaration the plan aligns those
+//     buckets instead (see "Declaration order").
 //   - Parameters that no compute node uses belong to no bucket here, while
 //     DDP still buckets them.
 //   - Each Dynamo frame is planned alone, while DDP buckets the whole
