@@ -11,22 +11,29 @@ import (
 // In that case DDP keeps the buckets it made at construction (or when goddp
 // rebuilds its reducer). It fills them walking its parameter list in
 // declaration order, first declared first, against the cap list (per-bucket
-// caps included, torch >= 2.9), and then reverses the bucket list, so that
-// its bucket 0 holds the last-declared parameters and is allreduced first.
-// Caps therefore make those buckets close exactly at piece boundaries when
-// each piece's parameters form one run of the declaration order and the
-// runs follow the pieces in forward order: the caps are then the pieces'
-// byte totals, forward-first piece first.
+// caps included, torch >= 2.9), and then reverses the bucket list: its
+// bucket 0 holds the last-declared parameters. It launches the allreduces
+// strictly in that order, so a bucket starts once it and every bucket
+// before it are complete: walking the declaration order from its end, at
+// the end of backward of the smallest piece seen so far (the suffix minimum
+// of the pieces of first use). Caps may cut the declaration order anywhere,
+// so each bucket can start at the suffix minimum of its first parameter,
+// and no choice of caps can start buckets at any other piece ends.
 //
-// Where the declaration order interleaves the parameters of several pieces,
-// no caps can do that: the smallest change that restores it is to merge
-// every range of pieces that one run of declaration order jumps back across
-// (declaredPieceRuns). The merged cuts are dropped; the rest stay. The other
-// answer, keeping DDP's own caps and cutting where its declaration-order
-// buckets become ready, leaves the buckets DDP chose (one 25 MiB bucket plus
-// a 1 MiB one by default), which for models below a few hundred MiB means
-// one allreduce at the end of backward; merging keeps every cut the orders
-// agree on. The README gives the measurements.
+// The planner therefore cuts the declaration order wherever the suffix
+// minimum changes (one bucket per distinct value) and keeps the cuts at the
+// start of exactly those pieces: each bucket then starts as soon as that
+// piece's backward ends, and every kept piece completes one bucket. A piece
+// whose end no bucket can start at (the declaration order puts a parameter
+// of an earlier piece after it) gives up its cut. Where the declaration
+// order follows the forward order, the suffix minima are all the pieces and
+// every cut stays (AlignDeclaration); otherwise the fewest cuts go that any
+// caps would need (AlignDeclarationMerged). A classifier head declared
+// before the body joins the first layer's bucket and loses only its own cut.
+//
+// The other answer, keeping DDP's own caps (25 MiB, 1 MiB for the
+// first-declared bucket by default) and cutting where those buckets start,
+// leaves fewer and later launch points; the README gives the measurements.
 
 // BucketOrder says in which order DDP fills the buckets it reduces with.
 type BucketOrder int32
@@ -119,87 +126,62 @@ func declarationOrder(g *Graph) []int32 {
 	return order
 }
 
-// declaredPieces labels each parameter of order with a piece: the piece of
-// its first use, or, for one no compute node uses (DDP marks its gradient
-// ready as backward starts, so any bucket suits it), the label of the
-// parameter declared before it (of the first used one for a leading run).
-func declaredPieces(order, firstUse, part []int32) []int32 {
+// declaredPieces labels each parameter of order with the piece of its
+// first use; one that no compute node uses gets the last piece (DDP marks
+// its gradient ready as backward starts, so it never holds a bucket back).
+func declaredPieces(order, firstUse, part []int32, numPieces int) []int32 {
 	label := make([]int32, len(order))
-	prev := int32(-1)
 	for k, p := range order {
+		label[k] = int32(numPieces - 1)
 		if f := firstUse[p]; f >= 0 {
-			prev = part[f]
+			label[k] = part[f]
 		}
-		label[k] = prev
-	}
-	lead := 0
-	for lead < len(label) && label[lead] < 0 {
-		lead++
-	}
-	fill := int32(0)
-	if lead < len(label) {
-		fill = label[lead]
-	}
-	for k := 0; k < lead; k++ {
-		label[k] = fill
 	}
 	return label
 }
 
-// mergedBoundaries reports, for each boundary b between pieces b and b+1
-// (numPieces-1 of them), whether it must go so that the declaration-order
-// labels become non-decreasing: a label q met after a larger label m forces
-// boundaries q..m-1 out. The result is the finest such merging.
-func mergedBoundaries(label []int32, numPieces int) []bool {
-	drop := make([]bool, max(numPieces-1, 0))
-	// extend[q]: the largest label met before some later label q; the
-	// boundaries q..extend[q]-1 must go.
-	extend := make([]int32, numPieces)
-	for q := range extend {
-		extend[q] = int32(q)
-	}
-	running := int32(-1)
-	for _, q := range label {
-		if q < running {
-			extend[q] = max(extend[q], running)
-		}
-		running = max(running, q)
-	}
-	reach := int32(-1)
-	for q := 0; q < numPieces-1; q++ {
-		reach = max(reach, extend[q])
-		if reach > int32(q) {
-			drop[q] = true
+// suffixMinima returns, for each position k of label, min(label[k:]): the
+// piece at whose backward end a DDP bucket starting at k can launch.
+func suffixMinima(label []int32) []int32 {
+	m := make([]int32, len(label))
+	for k := len(label) - 1; k >= 0; k-- {
+		m[k] = label[k]
+		if k+1 < len(label) {
+			m[k] = min(m[k], m[k+1])
 		}
 	}
-	return drop
+	return m
 }
 
-// declarationAlign makes one bucket per piece for DDP's declaration-order
-// bucketing, merging pieces where that order interleaves them. cuts are
-// the final cuts (ascending first nodes of every piece but the first);
+// declarationAlign makes the buckets for DDP's declaration-order bucketing
+// and the cuts that suit them (see the top of this file). cuts are the
+// final cuts (ascending first nodes of every piece but the first);
 // extended[q] says whether a predicted bucket completed by piece q was
 // Extended. It returns the cuts kept, the buckets in DDP order, the caps in
-// the order DDP walks them (declaration order: forward-first piece first)
-// and how many cuts it dropped.
+// the order DDP walks them (declaration order) and how many cuts went.
 func declarationAlign(g *Graph, firstUse []int32, cuts []int, extended []bool) (kept []int, buckets []Bucket, caps []int64, dropped int) {
+	numPieces := len(cuts) + 1
 	order := declarationOrder(g)
 	part := piecesFromCuts(g.Ops, cuts)
-	label := declaredPieces(order, firstUse, part)
-	drop := mergedBoundaries(label, len(cuts)+1)
+	launch := suffixMinima(declaredPieces(order, firstUse, part, numPieces))
 
-	// newPiece[q]: the piece that old piece q belongs to after merging.
-	newPiece := make([]int32, len(cuts)+1)
-	mergedExt := make([]bool, len(cuts)+1)
-	kept = make([]int, 0, len(cuts))
+	// A piece keeps its cut (and stays a piece) if some bucket launches at
+	// its end; newPiece renumbers the pieces after the others merge into
+	// the piece before them.
+	launches := make([]bool, numPieces)
+	for _, q := range launch {
+		launches[q] = true
+	}
+	newPiece := make([]int32, numPieces)
+	mergedExt := make([]bool, numPieces)
 	for q := range newPiece {
 		if q > 0 {
 			newPiece[q] = newPiece[q-1]
-			if drop[q-1] {
-				dropped++
-			} else {
+			if launches[q] {
 				newPiece[q]++
 				kept = append(kept, cuts[q-1])
+			} else {
+				dropped++
 			}
 		}
 		if q < len(extended) && extended[q] {
@@ -207,9 +189,9 @@ func declarationAlign(g *Graph, firstUse []int32, cuts []int, extended []bool) (
 		}
 	}
 
-	// One run of declaration order per piece, forward-first piece first.
+	// One bucket per run of equal launch piece, first-declared first.
 	for lo := 0; lo < len(order); {
-		piece := newPiece[label[lo]]
+		piece := newPiece[launch[lo]]
 		first := &g.Params[order[lo]]
 		b := Bucket{
 			NodeBegin: len(g.Ops),
@@ -219,7 +201,7 @@ func declarationAlign(g *Graph, firstUse []int32, cuts []int, extended []bool) (
 			Device:    first.Device,
 		}
 		hi := lo
-		for ; hi < len(order) && newPiece[label[hi]] == piece; hi++ {
+		for ; hi < len(order) && launch[hi] == launch[lo]; hi++ {
 			p := order[hi]
 			b.Bytes += g.Params[p].Bytes // bounded by the total that firstUses checked
 			if f := int(firstUse[p]); f >= 0 {

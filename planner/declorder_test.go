@@ -61,36 +61,26 @@ func countedParams(g *Graph) []int32 {
 	return out
 }
 
-// minimalMerge is a brute-force reference for mergedBoundaries: the fewest
-// boundaries (between pieces b and b+1) whose removal makes the
-// declaration-order piece labels non-decreasing.
-func minimalMerge(label []int32, numPieces int) int {
-	nb := numPieces - 1
-	best := nb
-	for mask := 0; mask < 1<<nb; mask++ {
-		group := make([]int32, numPieces)
-		for q := 1; q < numPieces; q++ {
-			group[q] = group[q-1]
-			if mask&(1<<(q-1)) == 0 {
-				group[q]++
+// mostLaunchPoints is a brute-force reference: over every way of cutting
+// the declaration order into contiguous buckets (what caps can do), the
+// most distinct pieces at whose backward end DDP, launching its buckets in
+// order, starts one. label is each declared parameter's piece.
+func mostLaunchPoints(label []int32) int {
+	n := len(label)
+	best := 0
+	for mask := 0; mask < 1<<max(n-1, 0); mask++ {
+		// Bucket starts: position 0 and every k with bit k-1 set. DDP order
+		// runs from the last bucket; each launches at the smallest piece
+		// seen so far.
+		seen := map[int32]bool{}
+		running := int32(1 << 30)
+		for k := n - 1; k >= 0; k-- {
+			running = min(running, label[k])
+			if k == 0 || mask&(1<<(k-1)) != 0 {
+				seen[running] = true
 			}
 		}
-		ok := true
-		for k := 1; k < len(label); k++ {
-			if group[label[k]] < group[label[k-1]] {
-				ok = false
-				break
-			}
-		}
-		dropped := 0
-		for b := 0; b < nb; b++ {
-			if mask&(1<<b) != 0 {
-				dropped++
-			}
-		}
-		if ok && dropped < best {
-			best = dropped
-		}
+		best = max(best, len(seen))
 	}
 	return best
 }
@@ -98,8 +88,9 @@ func minimalMerge(label []int32, numPieces int) int {
 // checkDeclarationAligned checks a plan made under OrderDeclaration with
 // AlignBuckets against the ready-order plan of the same graph: DDP's
 // construction-time bucketing with the plan's DDPCaps yields exactly the
-// plan's buckets; bucket k holds the parameters first used in piece N-1-k;
-// the cuts are the ready-order plan's minus the fewest needed.
+// plan's buckets; launching them in DDP order, bucket k starts exactly when
+// backward finishes piece N-1-k, so every piece starts one; the cuts are
+// the ready-order plan's, minus the fewest any caps would need to drop.
 func checkDeclarationAligned(t *testing.T, g *Graph, ready, decl *Plan) {
 	t.Helper()
 	if len(decl.Buckets) == 0 {
@@ -112,6 +103,8 @@ func checkDeclarationAligned(t *testing.T, g *Graph, ready, decl *Plan) {
 	if len(got) != len(decl.Buckets) {
 		t.Fatalf("DDP would build %d buckets with caps %v; the plan has %d", len(got), decl.DDPCaps, len(decl.Buckets))
 	}
+	firstUse, _ := firstUses(g)
+	running := int32(1 << 30)
 	for k, b := range decl.Buckets {
 		if len(b.Params) != len(got[k]) {
 			t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
@@ -120,18 +113,17 @@ func checkDeclarationAligned(t *testing.T, g *Graph, ready, decl *Plan) {
 			if !got[k][p] {
 				t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
 			}
-		}
-		if b.Piece != decl.NumPieces-1-k {
-			t.Fatalf("bucket %d completed by piece %d, want %d", k, b.Piece, decl.NumPieces-1-k)
-		}
-	}
-	for q, firstUsed := range firstUsePieces(g, decl) {
-		bucket := decl.Buckets[decl.NumPieces-1-q]
-		for p := range firstUsed {
-			if !slices.Contains(bucket.Params, p) {
-				t.Fatalf("parameter %d first used in piece %d is not in its bucket %v", p, q, bucket.Params)
+			if f := firstUse[p]; f >= 0 {
+				running = min(running, decl.NodePiece[f])
 			}
 		}
+		want := decl.NumPieces - 1 - k
+		if b.Piece != want || (running != int32(want) && running != 1<<30) {
+			t.Fatalf("bucket %d: piece %d, launches after piece %d; want both %d", k, b.Piece, running, want)
+		}
+	}
+	if len(decl.Buckets) != decl.NumPieces {
+		t.Fatalf("%d buckets for %d pieces", len(decl.Buckets), decl.NumPieces)
 	}
 	// Every kept cut is a ready-order cut, and no more were dropped than needed.
 	readyCuts := cutsOf(ready)
@@ -144,11 +136,11 @@ func checkDeclarationAligned(t *testing.T, g *Graph, ready, decl *Plan) {
 	if decl.MergedCuts != len(readyCuts)-len(declCuts) {
 		t.Fatalf("MergedCuts %d, but %d of %d cuts went", decl.MergedCuts, len(readyCuts)-len(declCuts), len(readyCuts))
 	}
-	if ready.NumPieces <= 13 {
-		firstUse, _ := firstUses(g)
-		label := declaredPieces(declarationOrder(g), firstUse, ready.NodePiece)
-		if want := minimalMerge(label, ready.NumPieces); decl.MergedCuts != want {
-			t.Fatalf("dropped %d cuts; %d suffice", decl.MergedCuts, want)
+	order := declarationOrder(g)
+	if len(order) <= 12 {
+		label := declaredPieces(order, firstUse, ready.NodePiece, ready.NumPieces)
+		if want := mostLaunchPoints(label); decl.NumPieces != want {
+			t.Fatalf("%d pieces start a bucket; caps can make %d", decl.NumPieces, want)
 		}
 	}
 	wantAlign := AlignDeclaration
@@ -217,34 +209,44 @@ func TestDeclarationOrderMatchingForwardKeepsEveryCut(t *testing.T) {
 	}
 }
 
-// TestDeclarationOrderHeadFirstMergesOnlyWhatItMust: the output layer
-// declared first (a classifier head defined before the body) forces every
-// piece between the head's and the first layer's into one; the cuts
-// before that stay.
-func TestDeclarationOrderHeadFirstMergesOnlyWhatItMust(t *testing.T) {
-	b := linearStack(f32, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 256, 0})
-	g := b.graph()
-	counted := countedParams(g)
-	// fc3 declared before fc2: one inversion between two adjacent layers.
-	perm := []int32{counted[0], counted[1], counted[4], counted[5], counted[2], counted[3], counted[6], counted[7]}
-	setDDPPositions(g, perm)
-	cfg := Config{BucketCapBytes: 200_000, FirstBucketCapBytes: 200_000, AlignBuckets: true}
-	ready, err := Build(g, cfg)
-	if err != nil {
-		t.Fatal(err)
+// TestDeclarationOrderInterleavedMergesOnlyWhatItMust: fc3 declared
+// before fc2 lets no bucket start when fc3's piece ends, so that one cut
+// goes; a head (fc4) declared first joins fc1's bucket and costs only its
+// own cut. The cuts before stay.
+func TestDeclarationOrderInterleavedMergesOnlyWhatItMust(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		order []int // layers in declaration order
+	}{
+		{"fc3 before fc2", []int{0, 2, 1, 3}},
+		{"head first", []int{3, 0, 1, 2}},
+	} {
+		b := linearStack(f32, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 256, 0})
+		g := b.graph()
+		counted := countedParams(g)
+		var perm []int32
+		for _, l := range tc.order {
+			perm = append(perm, counted[2*l], counted[2*l+1])
+		}
+		setDDPPositions(g, perm)
+		cfg := Config{BucketCapBytes: 200_000, FirstBucketCapBytes: 200_000, AlignBuckets: true}
+		ready, err := Build(g, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.BucketOrder = OrderDeclaration
+		decl, err := Build(g, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ready.NumPieces != 4 {
+			t.Fatalf("%s: ready-order plan has %d pieces, want one per layer", tc.name, ready.NumPieces)
+		}
+		if decl.Alignment != AlignDeclarationMerged || decl.MergedCuts != 1 || decl.NumPieces != 3 {
+			t.Fatalf("%s: alignment %v, %d merged, %d pieces; want one cut merged", tc.name, decl.Alignment, decl.MergedCuts, decl.NumPieces)
+		}
+		checkDeclarationAligned(t, g, ready, decl)
 	}
-	cfg.BucketOrder = OrderDeclaration
-	decl, err := Build(g, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ready.NumPieces != 4 {
-		t.Fatalf("ready-order plan has %d pieces, want one per layer", ready.NumPieces)
-	}
-	if decl.Alignment != AlignDeclarationMerged || decl.MergedCuts != 1 || decl.NumPieces != 3 {
-		t.Fatalf("alignment %v, %d merged, %d pieces; want the fc2|fc3 cut merged only", decl.Alignment, decl.MergedCuts, decl.NumPieces)
-	}
-	checkDeclarationAligned(t, g, ready, decl)
 }
 
 // TestDeclarationOrderRandomPlans: random graphs, random declaration

@@ -105,19 +105,21 @@
 //
 // With AlignBuckets and Config.BucketOrder OrderDeclaration (DDP with
 // find_unused_parameters=True and no static_graph, which never rebuilds its
-// buckets), the aligned buckets are meant for DDP's construction-time
+// buckets), the buckets and caps are meant for DDP's construction-time
 // bucketing, which walks its parameter list (Param.DDPPosition, required
 // for every counted parameter) first-declared first against the caps and
-// then lists the buckets last-declared first. Each counted parameter is
-// labelled with the piece of its first use (an unused one with the label
-// of the parameter declared before it); where the labels in declaration
-// order go back to an earlier piece, every piece they jump across is merged
-// into one, the fewest merges that make the labels non-decreasing. Then
-// bucket k holds the parameters of piece N-1-k and Plan.DDPCaps lists the
-// buckets' bytes forward-first piece first, the order DDP walks them.
-// Plan.Alignment says AlignDeclaration, or AlignDeclarationMerged with
-// Plan.MergedCuts > 0. Under OrderReady, Plan.DDPCaps are the aligned
-// buckets' bytes in DDP order (AlignReady).
+// lists the buckets last-declared first. DDP launches buckets in that
+// order, so a bucket starting at declaration position k can launch when
+// backward finishes the piece min(label[k:]), label being each declared
+// parameter's piece of first use (the last piece for an unused one). The
+// plan cuts the declaration order where that suffix minimum changes, one
+// bucket per distinct value, and keeps the cut at the start of exactly those
+// pieces; the other cuts go (no caps could start a bucket at their end).
+// Then bucket k completes, and can launch, when piece N-1-k's backward
+// ends; Plan.DDPCaps lists the buckets' bytes first-declared first, the
+// order DDP walks them. Plan.Alignment says AlignDeclaration, or
+// AlignDeclarationMerged with Plan.MergedCuts > 0. Under OrderReady,
+// Plan.DDPCaps are the aligned buckets' bytes in DDP order (AlignReady).
 //
 // # Where real DDP buckets can differ from ModeDDP's
 //
