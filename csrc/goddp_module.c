@@ -182,6 +182,7 @@ enum graph_array {
     PARAM_FLAGS,
     PARAM_NAME_OFFSETS,
     PARAM_NAMES,
+    PARAM_DDP_POSITIONS, /* optional (ABI 4): absent or None means NULL */
     NUM_GRAPH_ARRAYS
 };
 
@@ -204,6 +205,7 @@ static const struct {
     [PARAM_FLAGS] = {"param_flags", 4, "uint32, e.g. array('I')"},
     [PARAM_NAME_OFFSETS] = {"param_name_offsets", 8, "int64, e.g. array('q')"},
     [PARAM_NAMES] = {"param_names", 1, "UTF-8 bytes"},
+    [PARAM_DDP_POSITIONS] = {"param_ddp_positions", 4, "int32, e.g. array('i')"},
 };
 
 static const char *const graph_keys[] = {
@@ -211,14 +213,17 @@ static const char *const graph_keys[] = {
     "node_param_refs",    "node_user_offsets", "node_users",      "num_params",          "param_bytes",
     "param_storage_bytes", "param_dtypes",     "param_devices",   "param_flags",         "param_name_offsets",
     "param_names",
+    "param_ddp_positions", /* optional (ABI 4) */
 };
 #define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
+#define NUM_REQUIRED_GRAPH_KEYS (NUM_GRAPH_KEYS - 1)
 
 /* The required keys first, then the optional ones (added in later ABI
  * versions; callers written before them keep working). */
 static const char *const config_keys[] = {
     "mode", "bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "max_pieces",
     "align_buckets", /* optional, default 0 (ABI 2) */
+    "bucket_order",  /* optional, default 0 = GODDP_ORDER_READY (ABI 4) */
 };
 #define NUM_CONFIG_KEYS (sizeof config_keys / sizeof config_keys[0])
 #define NUM_REQUIRED_CONFIG_KEYS 5
@@ -228,6 +233,7 @@ static const char *const plan_keys[] = {
     "num_buckets",          "bucket_bytes",         "bucket_pieces",        "bucket_node_begin",
     "bucket_node_end",      "bucket_extended",      "bucket_param_offsets", "bucket_params",
     "piece_input_offsets",  "piece_inputs",         "piece_output_offsets", "piece_outputs",
+    "alignment",            "ddp_caps",             "merged_cuts",
 };
 #define NUM_PLAN_KEYS (sizeof plan_keys / sizeof plan_keys[0])
 
@@ -329,7 +335,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         PyErr_Format(PyExc_TypeError, "graph must be a dict, not %.100s", Py_TYPE(graph)->tp_name);
         return -1;
     }
-    if (check_keys(graph, "graph", graph_keys, NUM_GRAPH_KEYS, NUM_GRAPH_KEYS) < 0) return -1;
+    if (check_keys(graph, "graph", graph_keys, NUM_GRAPH_KEYS, NUM_REQUIRED_GRAPH_KEYS) < 0) return -1;
 
     int64_t num_nodes, num_params;
     if (get_int64(graph, "graph", "num_nodes", &num_nodes) < 0) return -1;
@@ -344,8 +350,13 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         return -1;
     }
     for (int a = 0; a < NUM_GRAPH_ARRAYS; a++) {
+        if (a == PARAM_DDP_POSITIONS) {
+            PyObject *positions = PyDict_GetItemString(graph, graph_arrays[a].name); /* borrowed */
+            if (positions == NULL || positions == Py_None) continue;
+        }
         if (get_graph_view(graph, gv, (enum graph_array)a) < 0) return -1;
     }
+    if (gv->held[PARAM_DDP_POSITIONS] && check_len(gv, PARAM_DDP_POSITIONS, num_params, "num_params") < 0) return -1;
 
     if (check_len(gv, NODE_OPS, num_nodes, "num_nodes") < 0 ||
         check_len(gv, NODE_MODULE_IDS, num_nodes, "num_nodes") < 0 ||
@@ -388,6 +399,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
     g->param_flags = gv->views[PARAM_FLAGS].buf;
     g->param_name_offsets = gv->views[PARAM_NAME_OFFSETS].buf;
     g->param_names = gv->views[PARAM_NAMES].buf;
+    g->param_ddp_positions = gv->held[PARAM_DDP_POSITIONS] ? gv->views[PARAM_DDP_POSITIONS].buf : NULL;
     return 0;
 }
 
@@ -423,6 +435,17 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps)
         int64_t align;
         if (get_int64(config, "config", "align_buckets", &align) < 0) return -1;
         cfg->align_buckets = align != 0;
+    }
+    /* Optional: an enum goddp_bucket_order; the planner judges its value. */
+    cfg->bucket_order = 0;
+    if (PyDict_GetItemString(config, "bucket_order") != NULL) { /* borrowed; cannot raise */
+        int64_t order;
+        if (get_int64(config, "config", "bucket_order", &order) < 0) return -1;
+        if (order < INT32_MIN || order > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "config['bucket_order'] is %lld; must fit in int32", (long long)order);
+            return -1;
+        }
+        cfg->bucket_order = (int32_t)order;
     }
 
     PyObject *seq_obj = PyDict_GetItemString(config, "bucket_caps_bytes");
@@ -515,7 +538,10 @@ static PyObject *plan_to_dict(const goddp_plan *p) {
                   sizeof(int32_t)) < 0 ||
         set_bytes(d, "piece_output_offsets", p->piece_output_offsets, np + 1, sizeof(int64_t)) < 0 ||
         set_bytes(d, "piece_outputs", p->piece_outputs, csr_total(p->piece_output_offsets, np),
-                  sizeof(int32_t)) < 0) {
+                  sizeof(int32_t)) < 0 ||
+        set_int(d, "alignment", PyLong_FromLong((long)p->alignment)) < 0 ||
+        set_bytes(d, "ddp_caps", p->ddp_caps, p->num_ddp_caps, sizeof(int64_t)) < 0 ||
+        set_int(d, "merged_cuts", PyLong_FromLongLong(p->merged_cuts)) < 0) {
         goto fail;
     }
     return d;
@@ -531,7 +557,9 @@ PyDoc_STRVAR(plan_graph_doc,
              "plan_graph(graph, config) -> dict\n\n"
              "Plans a forward graph. graph and config are dicts whose keys are exactly the\n"
              "field names of goddp_graph and goddp_config (csrc/goddp.h), except that\n"
-             "config['align_buckets'] (bool or int) is optional and defaults to 0; arrays are buffers\n"
+             "config['align_buckets'] (bool or int) and config['bucket_order'] are optional and\n"
+             "default to 0, and graph['param_ddp_positions'] is optional (absent or None: NULL);\n"
+             "arrays are buffers\n"
              "of native integers (int32: array('i'), int64: array('q'), uint8: bytes,\n"
              "uint32: array('I')). The result's keys are the field names of goddp_plan;\n"
              "arrays come back as bytes of native values. The GIL is released while Go\n"
