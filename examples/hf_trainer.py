@@ -18,8 +18,10 @@ lists a fixed set of names, and rejects any other ("'GODDP' is not a valid
 DynamoBackend") before training starts.
 
 The Trainer turns on DDP's ``find_unused_parameters`` unless gradient
-checkpointing is on, and DDP then never rebuilds its buckets; pass
-``ddp_find_unused_parameters=False`` when every parameter is used.
+checkpointing is on. DDP then never rebuilds its buckets and keeps the ones
+it filled in declaration order; goddp gives it per-bucket caps for that
+order, so those buckets are goddp's pieces (``goddp.last_plans()[i]
+["alignment"] == "declaration-order caps"``).
 
 The model is built from a config in code: nothing is downloaded.
 """

@@ -8,7 +8,7 @@ the flat reply into a GraphPlan that names nodes, pieces and parameters.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -25,6 +25,17 @@ DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 
 MODE_CODES = {"ddp": _native.MODE_DDP, "torch": _native.MODE_TORCH}
+# enum goddp_bucket_order: the order DDP fills the buckets it reduces with;
+# "declaration" when it never rebuilds them (find_unused_parameters=True
+# without static_graph; planner/declorder.go).
+BUCKET_ORDER_CODES = {"ready": 0, "declaration": 1}
+# enum goddp_alignment: how a plan's buckets relate to DDP's.
+ALIGNMENT_NAMES = {
+    0: "none",
+    1: "ready-order caps",
+    2: "declaration-order caps",
+    3: "declaration-order caps, pieces merged",
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,8 @@ class PlanSettings:
     # ddp mode: one bucket per piece with its exact byte total, to be
     # installed as DDP's per-bucket caps (docs/align.md).
     align_buckets: bool = False
+    # "ready" or "declaration" (BUCKET_ORDER_CODES).
+    bucket_order: str = "ready"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +61,7 @@ class PlanSettings:
             "bucket_caps_bytes": list(self.bucket_caps_bytes),
             "max_pieces": self.max_pieces,
             "align_buckets": self.align_buckets,
+            "bucket_order": self.bucket_order,
         }
 
 
@@ -93,6 +107,13 @@ class GraphPlan:
     caps: the PlanSettings used (caps, max_pieces, align_buckets).
     piece_inputs / piece_outputs: per piece, the names of the nodes that cross
         into / out of it (the planner's crossing values, ascending node order).
+    alignment: how the buckets relate to DDP's (ALIGNMENT_NAMES): "none"
+        (predicted), "ready-order caps" (for DDP's rebuild),
+        "declaration-order caps" (for the buckets DDP keeps under
+        find_unused_parameters=True), or "declaration-order caps, pieces
+        merged" (merged_cuts cuts dropped where no bucket could start).
+    ddp_caps: with alignment, the per-bucket caps (bytes) to give DDP, in
+        the order DDP walks them.
     """
 
     fingerprint: int
@@ -103,6 +124,9 @@ class GraphPlan:
     caps: PlanSettings
     piece_inputs: list[list[str]] = field(default_factory=list)
     piece_outputs: list[list[str]] = field(default_factory=list)
+    alignment: str = "none"
+    ddp_caps: list[int] = field(default_factory=list)
+    merged_cuts: int = 0
     # Index form of the crossing values, for the cutter (not public API).
     piece_input_indices: list[list[int]] = field(default_factory=list, repr=False)
     piece_output_indices: list[list[int]] = field(default_factory=list, repr=False)
@@ -141,6 +165,9 @@ class GraphPlan:
             "caps": self.caps.to_dict(),
             "buckets": [b.to_dict() for b in self.buckets],
             "pieces": pieces,
+            "alignment": self.alignment,
+            "ddp_caps": list(self.ddp_caps),
+            "merged_cuts": self.merged_cuts,
         }
 
     def table(self) -> str:
@@ -157,7 +184,8 @@ class GraphPlan:
         if caps.max_pieces is not None:
             head += f" max_pieces={caps.max_pieces}"
         if caps.align_buckets:
-            head += " (DDP's buckets set to the pieces)"
+            head += f" (DDP's buckets set to the pieces: {self.alignment}"
+            head += f", {self.merged_cuts} cuts merged)" if self.merged_cuts else ")"
         rows = [("bucket", "MiB", "piece", "params")]
         for bucket in self.buckets:
             names = list(bucket.param_names) or ["(none)"]
@@ -180,6 +208,7 @@ def native_config(mode: str, caps: PlanSettings) -> dict[str, Any]:
         "bucket_caps_bytes": [int(c) for c in caps.bucket_caps_bytes],
         "max_pieces": int(caps.max_pieces or 0),
         "align_buckets": int(caps.align_buckets),
+        "bucket_order": BUCKET_ORDER_CODES[caps.bucket_order],
     }
 
 
@@ -251,6 +280,9 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
         piece_outputs=[[nodes[i].name for i in outs] for outs in outputs],
         piece_input_indices=inputs,
         piece_output_indices=outputs,
+        alignment=ALIGNMENT_NAMES.get(int(raw.get("alignment", 0)), "unknown"),
+        ddp_caps=_ints(raw.get("ddp_caps"), "q"),
+        merged_cuts=int(raw.get("merged_cuts", 0)),
     )
 
 
@@ -324,6 +356,7 @@ def plan_graph_module(
     max_pieces: int | None = None,
     param_names: Any = None,
     align_buckets: bool = False,
+    declaration_order: Iterable[str] | None = None,
 ) -> GraphPlan:
     """Plans a Dynamo-captured GraphModule without compiling anything.
 
@@ -341,6 +374,11 @@ def plan_graph_module(
         parameter -> name; by default Dynamo's sources, then node names.
     align_buckets: ddp mode: one bucket per piece, holding exactly the
         parameters first used in that piece (docs/align.md).
+    declaration_order: the names of DDP's parameters in DDP's own order
+        (``goddp._declaration.ddp_parameter_names(ddp)``) when DDP never
+        rebuilds its buckets (find_unused_parameters=True without
+        static_graph): with align_buckets, the plan then aligns DDP's
+        declaration-order buckets (GraphPlan.alignment, ddp_caps).
 
     Raises ValueError for a bad mode or max_pieces; the planner's errors
     (goddp._goddp.PlannerError) for an invalid graph or caps.
@@ -349,5 +387,10 @@ def plan_graph_module(
     check_ddp_mode_only(mode, check_max_pieces(max_pieces), align_buckets)
     caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets)
     exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored)
+    if declaration_order is not None:
+        from goddp._declaration import with_ddp_positions
+
+        caps = replace(caps, bucket_order="declaration")
+        exported = with_ddp_positions(exported, list(declaration_order))
     return decode_plan(call_planner(exported, mode, caps), exported, mode, caps)
 

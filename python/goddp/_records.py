@@ -35,6 +35,10 @@ class GraphRecord:
     # after the record was added (goddp._agreement).
     ddp_buckets: dict[str, Any] | None = None
     inner: str
+    alignment: str = "none"
+    ddp_caps: list[int] = dataclasses.field(default_factory=list)
+    merged_cuts: int = 0
+    frame: dict[str, Any] | None = None
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -88,6 +92,15 @@ def last_plans() -> list[dict[str, Any]]:
       failed. Until the first training call it holds this rank's proposal;
       then the decision of every rank of the DDP module's group.
     - inner: the inner compiler's name.
+    - alignment: which caps set DDP's buckets to the pieces: "none",
+      "ready-order caps" (DDP rebuilds its buckets), "declaration-order
+      caps" (find_unused_parameters=True: DDP keeps declaration-order
+      buckets) or "declaration-order caps, pieces merged".
+    - ddp_caps: the per-bucket caps given to DDP, in the order DDP walks
+      them; merged_cuts: the cuts dropped because no bucket could start
+      there.
+    - frame: where the graph came from (goddp._frames.FrameInfo): frame,
+      compile_id, graph_break (Dynamo's reason) and break_at.
     """
     with _lock:
         return [r.to_dict() for r in _records]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
+import goddp
 from goddp._align import install_bucket_caps
 from models import SquareStack
 
@@ -62,3 +63,65 @@ def test_caps_set_the_buckets_ddp_keeps_under_find_unused_parameters():
     assert _bucket_sizes(ddp) == caps[::-1]
     layers = [sorted({name.split(".")[1] for name in bucket}) for bucket in seen]
     assert layers == [["5"], ["2", "3", "4"], ["0", "1"]]
+
+
+class HeadFirst(nn.Module):
+    """A stack whose last layer is declared first, as a classifier head
+    defined before the body: declaration and forward order disagree."""
+
+    def __init__(self, depth: int = 6) -> None:
+        super().__init__()
+        self.head = nn.Linear(WIDTH, WIDTH)
+        self.body = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(depth - 1))
+
+    def forward(self, x):
+        for layer in self.body:
+            x = torch.relu(layer(x))
+        return self.head(x)
+
+
+def _train_both(build, steps: int = 3, **ddp_kwargs):
+    """Eager DDP and goddp-compiled DDP from the same weights; asserts equal
+    gradients every step and returns the compiled DDP module."""
+    torch.manual_seed(0)
+    base = build()
+    eager, ddp = DDP(build(), **ddp_kwargs), DDP(build(), **ddp_kwargs)
+    eager.module.load_state_dict(base.state_dict())
+    ddp.module.load_state_dict(base.state_dict())
+    compiled = torch.compile(
+        ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False, "strict": True}
+    )
+    for step in range(steps):
+        x = torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(100 * dist.get_rank() + step))
+        eager.zero_grad()
+        ddp.zero_grad()
+        eager(x).square().sum().backward()
+        compiled(x).square().sum().backward()
+        for a, b in zip(eager.parameters(), ddp.parameters()):
+            assert torch.equal(a.grad, b.grad)
+    return ddp
+
+
+def test_goddp_aligns_find_unused_ddp_in_declaration_order():
+    ddp = _train_both(lambda: SquareStack(WIDTH, 6), bucket_cap_mb=0.125, find_unused_parameters=True)
+    (plan,) = goddp.last_plans()
+    assert plan["ddp_buckets"]["aligned"] is True, plan["ddp_buckets"]
+    assert plan["alignment"] == "declaration-order caps"
+    assert plan["num_pieces"] >= 3 and plan["merged_cuts"] == 0
+    assert _bucket_sizes(ddp) == [b["bytes"] for b in plan["buckets"]]
+    # DDP walks the caps first-declared first: the reverse of DDP order.
+    assert plan["ddp_caps"] == [b["bytes"] for b in plan["buckets"]][::-1]
+
+
+def test_goddp_cuts_only_where_a_declaration_order_bucket_can_start():
+    """The head, declared first but used last, shares the first layer's
+    bucket (the last DDP launches); no bucket can start when the head's own
+    piece ends, so that one cut goes and every other stays."""
+    ddp = _train_both(HeadFirst, bucket_cap_mb=0.06, find_unused_parameters=True)
+    (plan,) = goddp.last_plans()
+    assert plan["ddp_buckets"]["aligned"] is True, plan["ddp_buckets"]
+    assert plan["alignment"] == "declaration-order caps, pieces merged"
+    assert plan["merged_cuts"] == 1 and plan["num_pieces"] == 5
+    first_launched_last = plan["buckets"][-1]["param_names"]
+    assert {"head.weight", "body.0.weight"} <= set(first_launched_last)
+    assert _bucket_sizes(ddp) == [b["bytes"] for b in plan["buckets"]]

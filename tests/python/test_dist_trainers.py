@@ -11,7 +11,9 @@ Inside each rank (pytest under torchrun, 2 ranks, gloo, CPU):
 Each recipe trains a few steps eagerly and then with goddp, from the same
 weights and data; the logged losses must be equal (aot_eager runs eager's
 aten kernels, so bit for bit), goddp must have cut the model's graph into
-several pieces and set DDP's buckets to them, and DDP's own report of its
+several pieces and set DDP's buckets to them (the Trainer's default
+find_unused_parameters=True makes DDP keep declaration-order buckets, which
+goddp aligns with caps for that order), and DDP's own report of its
 buckets must list exactly the plan's bucket sizes.
 
 A plain pytest run launches this file under torchrun itself.
@@ -58,11 +60,12 @@ def _ddp_bucket_sizes(ddp) -> list[int]:
     return [int(s) for s in sizes.split(", ")]
 
 
-def _assert_planned_and_aligned(ddp) -> dict:
+def _assert_planned_and_aligned(ddp, alignment: str) -> dict:
     plan = _model_plan()
     assert plan["fallback"] is None, plan["fallback"]
     assert plan["num_pieces"] > 1, plan
     assert plan["ddp_buckets"]["aligned"] is True, plan["ddp_buckets"]
+    assert plan["alignment"] == alignment
     assert _ddp_bucket_sizes(ddp) == [b["bytes"] for b in plan["buckets"]]
     return plan
 
@@ -72,15 +75,17 @@ def test_hf_trainer_recipe(dist_group):
     hf = _example("hf_trainer")
     options = {"inner": "aot_eager", "bucket_cap_mb": 0.25, "strict": True, "log_plan": False}
     with tempfile.TemporaryDirectory() as out:
-        eager, _ = hf.train(compiled=False, steps=STEPS, output_dir=out, ddp_find_unused_parameters=False)
+        eager, _ = hf.train(compiled=False, steps=STEPS, output_dir=out)
         torch._dynamo.reset()
         goddp.clear_plans()
-        compiled, trainer = hf.train(
-            compiled=True, steps=STEPS, output_dir=out, options=options, ddp_find_unused_parameters=False
-        )
+        compiled, trainer = hf.train(compiled=True, steps=STEPS, output_dir=out, options=options)
     assert len(eager) == STEPS
     assert compiled == eager
-    _assert_planned_and_aligned(trainer.model_wrapped)
+    # The Trainer's default: DDP never rebuilds, goddp aligns its
+    # declaration-order buckets (GPT-2 declares its blocks in forward order).
+    ddp = trainer.model_wrapped
+    assert ddp.find_unused_parameters is True
+    _assert_planned_and_aligned(ddp, "declaration-order caps")
 
 
 def _ddp_keeper():
@@ -109,7 +114,7 @@ def test_lightning_recipe(dist_group):
     assert len(eager) == STEPS
     assert compiled == eager
     torch.testing.assert_close(goddp_params, eager_params, rtol=0, atol=0)
-    _assert_planned_and_aligned(keeper.ddp)
+    _assert_planned_and_aligned(keeper.ddp, "ready-order caps")
 
 
 def test_trainer_recipes_under_torchrun():
