@@ -72,7 +72,8 @@ def last_plans() -> list[dict[str, Any]]:
       planning failed.
     - mode: goddp's cutting mode, "ddp" or "torch".
     - caps: the settings planned with: bucket_cap_bytes,
-      first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets.
+      first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets,
+      bucket_order.
     - num_pieces: how many pieces the graph was cut into (1: not cut).
     - pieces: per piece: index, num_nodes, inputs, outputs, param_names.
     - buckets: per DDP bucket: index, bytes, param_names, piece, extended.
@@ -97,8 +98,8 @@ def last_plans() -> list[dict[str, Any]]:
       caps" (find_unused_parameters=True: DDP keeps declaration-order
       buckets) or "declaration-order caps, pieces merged".
     - ddp_caps: the per-bucket caps given to DDP, in the order DDP walks
-      them; merged_cuts: the cuts dropped because no bucket could start
-      there.
+      them ([] when not aligned).
+    - merged_cuts: the cuts dropped because no bucket could start there.
     - frame: where the graph came from (goddp._frames.FrameInfo): frame,
       compile_id, graph_break (Dynamo's reason) and break_at.
     """
