@@ -15,7 +15,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from goddp._align import install_bucket_caps
+from goddp._align import ALIGNED_CAPS_ATTR, install_bucket_caps
+from _dist_util import needs_two_ranks
 from models import SquareStack
 
 WIDTH = 128
@@ -125,3 +126,34 @@ def test_goddp_cuts_only_where_a_declaration_order_bucket_can_start():
     first_launched_last = plan["buckets"][-1]["param_names"]
     assert {"head.weight", "body.0.weight"} <= set(first_launched_last)
     assert _bucket_sizes(ddp) == [b["bytes"] for b in plan["buckets"]]
+
+
+class Declared(nn.Module):
+    """Six equal layers used in order l0..l5 but declared in `order`: ranks
+    that declare them differently pass DDP's shape check yet bucket
+    differently under find_unused_parameters=True."""
+
+    def __init__(self, order) -> None:
+        super().__init__()
+        for k in order:
+            self.add_module(f"l{k}", nn.Linear(WIDTH, WIDTH))
+
+    def forward(self, x):
+        for k in range(6):
+            x = torch.relu(getattr(self, f"l{k}")(x))
+        return x
+
+
+@needs_two_ranks
+def test_ranks_that_declare_differently_stop_before_any_allreduce():
+    """DDP's declaration-order buckets are computed on each rank and never
+    compared; caps that differ between ranks would pair different
+    allreduces. The positions reach the plan fingerprint, so every rank
+    raises PlanMismatchError before the first step instead."""
+    torch.manual_seed(0)
+    order = list(range(6)) if dist.get_rank() == 0 else [5, 0, 1, 2, 3, 4]
+    ddp = DDP(Declared(order), bucket_cap_mb=0.06, find_unused_parameters=True)
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
+    with pytest.raises(Exception, match="planned graph #[0-9]+ differently"):
+        compiled(torch.randn(4, WIDTH))
+    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
