@@ -154,6 +154,6 @@ def test_ranks_that_declare_differently_stop_before_any_allreduce():
     order = list(range(6)) if dist.get_rank() == 0 else [5, 0, 1, 2, 3, 4]
     ddp = DDP(Declared(order), bucket_cap_mb=0.06, find_unused_parameters=True)
     compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
-    with pytest.raises(Exception, match="planned graph #[0-9]+ differently"):
+    with pytest.raises(Exception, match="planned .* differently"):
         compiled(torch.randn(4, WIDTH))
     assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
