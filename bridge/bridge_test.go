@@ -81,7 +81,7 @@ func toyConfig(mode planner.Mode) *rawConfig {
 }
 
 func TestABIVersion(t *testing.T) {
-	assert.Equal(t, 4, callABIVersion(), "goddp_abi_version() vs GODDP_ABI_VERSION")
+	assert.Equal(t, 5, callABIVersion(), "goddp_abi_version() vs GODDP_ABI_VERSION")
 }
 
 func TestStatusMapping(t *testing.T) {
@@ -157,6 +157,9 @@ func TestConvertGraph(t *testing.T) {
 		{Name: "layers.1.bias", Bytes: 4000, StorageBytes: 4000, DType: 7, Ignored: true},
 		{Name: "layers.2.weight", Bytes: 12345, StorageBytes: 23456, DType: 7, Device: 3, RequiresGrad: true},
 		{Name: "layers.2.bïas", Bytes: 4000, StorageBytes: 4000, DType: 7, RequiresGrad: true},
+	}
+	for i := range want {
+		want[i].DDPPosition = -1 // param_ddp_positions is NULL
 	}
 	assert.Equal(t, want, g.Params)
 	assert.Nil(t, g.BlockIDs, "no node_block_ids: no block information")
@@ -312,6 +315,46 @@ func TestAlignBucketsThroughC(t *testing.T) {
 	res := callPlanGraph(toyGraph(1000), cfg, false)
 	assert.Equal(t, statusInvalidConfig, res.Status, "torch mode with align_buckets")
 	assert.Contains(t, res.Msg, "AlignBuckets")
+}
+
+// TestDeclarationOrderThroughC: bucket_order and param_ddp_positions cross
+// the ABI, and alignment, ddp_caps and merged_cuts come back. Declared in
+// forward order, the toy graph keeps its three pieces and the caps list
+// them forward-first; with layer 2 declared first, it joins layer 0's
+// bucket and its own cut goes. Without positions, declaration order is
+// refused with a message.
+func TestDeclarationOrderThroughC(t *testing.T) {
+	cfg := toyConfig(planner.ModeDDP)
+	cfg.BucketCapBytes, cfg.FirstBucketCapBytes = 4_000_000, 4_000
+	cfg.AlignBuckets, cfg.BucketOrder = 1, int32(planner.OrderDeclaration)
+
+	g := toyGraph(1000)
+	g.ParamDDPPositions = []int32{0, 1, 2, 3, 4, 5}
+	res := callPlanGraph(g, cfg, false)
+	require.Equal(t, statusOK, res.Status, res.Msg)
+	assert.Equal(t, planner.AlignDeclaration, res.Plan.Alignment)
+	assert.Equal(t, 3, res.Plan.NumPieces)
+	assert.Equal(t, []int64{4_004_000, 4_004_000, 4_004_000}, res.Plan.DDPCaps)
+	assert.Equal(t, 0, res.Plan.MergedCuts)
+
+	g.ParamDDPPositions = []int32{2, 3, 4, 5, 0, 1} // layer 2 (used last) declared first
+	res = callPlanGraph(g, cfg, false)
+	require.Equal(t, statusOK, res.Status, res.Msg)
+	assert.Equal(t, planner.AlignDeclarationMerged, res.Plan.Alignment)
+	assert.Equal(t, 2, res.Plan.NumPieces)
+	assert.Equal(t, 1, res.Plan.MergedCuts)
+	assert.Equal(t, []int64{2 * 4_004_000, 4_004_000}, res.Plan.DDPCaps)
+
+	g.ParamDDPPositions = nil
+	res = callPlanGraph(g, cfg, false)
+	assert.Equal(t, statusInvalidGraph, res.Status)
+	assert.Contains(t, res.Msg, "has no DDP position")
+
+	cfg.BucketOrder = 0
+	res = callPlanGraph(g, cfg, false)
+	require.Equal(t, statusOK, res.Status, res.Msg)
+	assert.Equal(t, planner.AlignReady, res.Plan.Alignment)
+	assert.Equal(t, []int64{4_004_000, 4_004_000, 4_004_000}, res.Plan.DDPCaps)
 }
 
 // equalLists compares lists of lists treating nil and empty alike: the C

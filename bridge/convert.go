@@ -151,6 +151,13 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 	}
 	// One string for all names; each Param.Name is a substring of it.
 	names := string(nameBytes)
+	// Optional (ABI 5): NULL means no parameter has a DDP position.
+	var positions []int32
+	if g.param_ddp_positions != nil {
+		if err := viewInto(&positions)(unsafe.Pointer(g.param_ddp_positions), np, "param_ddp_positions"); err != nil {
+			return nil, err
+		}
+	}
 
 	const knownFlags = C.GODDP_PARAM_REQUIRES_GRAD | C.GODDP_PARAM_DDP_IGNORED
 	out.Params = make([]planner.Param, np)
@@ -171,6 +178,10 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 			Device:       devices[i],
 			RequiresGrad: flags[i]&C.GODDP_PARAM_REQUIRES_GRAD != 0,
 			Ignored:      flags[i]&C.GODDP_PARAM_DDP_IGNORED != 0,
+			DDPPosition:  -1,
+		}
+		if positions != nil {
+			out.Params[i].DDPPosition = positions[i]
 		}
 	}
 	return &out, nil
@@ -197,6 +208,7 @@ func configFromC(c *C.goddp_config) (planner.Config, error) {
 		BucketCapsBytes:     caps,
 		MaxPieces:           int(maxPieces),
 		AlignBuckets:        c.align_buckets != 0,
+		BucketOrder:         planner.BucketOrder(c.bucket_order),
 	}, nil
 }
 
@@ -325,6 +337,15 @@ func planToC(p *planner.Plan) (_ *C.goddp_plan, err error) {
 		return nil, err
 	}
 	cp.piece_output_offsets, cp.piece_outputs = (*C.int64_t)(offs), (*C.int32_t)(vals)
+
+	cp.alignment = C.int32_t(p.Alignment)
+	cp.merged_cuts = C.int64_t(p.MergedCuts)
+	ptr, caps, err := cAlloc[int64](len(p.DDPCaps))
+	if err != nil {
+		return nil, err
+	}
+	cp.ddp_caps, cp.num_ddp_caps = (*C.int64_t)(ptr), C.int64_t(len(p.DDPCaps))
+	copy(caps, p.DDPCaps)
 	return cp, nil
 }
 
@@ -347,6 +368,7 @@ func freePlan(cp *C.goddp_plan) {
 		unsafe.Pointer(cp.piece_inputs),
 		unsafe.Pointer(cp.piece_output_offsets),
 		unsafe.Pointer(cp.piece_outputs),
+		unsafe.Pointer(cp.ddp_caps),
 	} {
 		C.free(p)
 	}

@@ -52,6 +52,7 @@ type rawGraph struct {
 	ParamNameOffsets  []int64
 	ParamNames        []byte
 	NodeBlockIDs      []int32 // optional: nil means NULL, no block information
+	ParamDDPPositions []int32 // nil: NULL
 }
 
 // rawConfig mirrors goddp_config the same way.
@@ -63,6 +64,7 @@ type rawConfig struct {
 	BucketCapsBytes     []int64
 	MaxPieces           int64
 	AlignBuckets        int32
+	BucketOrder         int32
 }
 
 // cArena owns C copies of test inputs until release.
@@ -113,6 +115,7 @@ func (a *cArena) graph(g *rawGraph) *C.goddp_graph {
 	cg.param_flags = (*C.uint32_t)(cArenaCopy(a, g.ParamFlags))
 	cg.param_name_offsets = (*C.int64_t)(cArenaCopy(a, g.ParamNameOffsets))
 	cg.param_names = (*C.char)(cArenaCopy(a, g.ParamNames))
+	cg.param_ddp_positions = (*C.int32_t)(cArenaCopy(a, g.ParamDDPPositions))
 	return cg
 }
 
@@ -129,6 +132,7 @@ func (a *cArena) config(c *rawConfig) *C.goddp_config {
 	cc.bucket_caps_bytes = (*C.int64_t)(cArenaCopy(a, c.BucketCapsBytes))
 	cc.max_pieces = C.int64_t(c.MaxPieces)
 	cc.align_buckets = C.int32_t(c.AlignBuckets)
+	cc.bucket_order = C.int32_t(c.BucketOrder)
 	return cc
 }
 
@@ -217,6 +221,9 @@ func planFromCPlan(cp *C.goddp_plan) *planner.Plan {
 		NumPieces:    int(cp.num_pieces),
 		PieceInputs:  csr(cp.piece_input_offsets, cp.piece_inputs, int64(cp.num_pieces)),
 		PieceOutputs: csr(cp.piece_output_offsets, cp.piece_outputs, int64(cp.num_pieces)),
+		Alignment:    planner.Alignment(cp.alignment),
+		DDPCaps:      int64s(cp.ddp_caps, int64(cp.num_ddp_caps)),
+		MergedCuts:   int(cp.merged_cuts),
 	}
 	bytes := int64s(cp.bucket_bytes, nb)
 	parts := int32s(cp.bucket_pieces, nb)

@@ -50,8 +50,10 @@ extern "C" {
 /* Bumped on any incompatible change to the structs or functions below.
  * 2: goddp_config.align_buckets.
  * 3: "partition" renamed "piece" in every field name (one word from Go to Python).
- * 4: goddp_graph.node_block_ids (optional, at the end of the struct). */
-#define GODDP_ABI_VERSION 4
+ * 4: goddp_graph.node_block_ids (optional, at the end of the struct).
+ * 5: goddp_graph.param_ddp_positions, goddp_config.bucket_order,
+ *    goddp_plan.alignment, num_ddp_caps, ddp_caps and merged_cuts. */
+#define GODDP_ABI_VERSION 5
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -80,6 +82,22 @@ enum goddp_ref {
 enum goddp_mode {
     GODDP_MODE_DDP = 0,  /* match the buckets DDP builds after its rebuild (default) */
     GODDP_MODE_TORCH = 1 /* reproduce torch's DDPOptimizer, quirks included */
+};
+
+/* The order in which DDP fills the buckets it reduces with
+ * (goddp_config.bucket_order). */
+enum goddp_bucket_order {
+    GODDP_ORDER_READY = 0,      /* DDP rebuilds its buckets from gradient-ready order (the default) */
+    GODDP_ORDER_DECLARATION = 1 /* find_unused_parameters=True without static_graph: DDP never rebuilds
+                                 * and keeps buckets filled in declaration order */
+};
+
+/* How a plan's buckets relate to DDP's (goddp_plan.alignment). */
+enum goddp_alignment {
+    GODDP_ALIGN_NONE = 0,                /* the buckets DDP is predicted to build */
+    GODDP_ALIGN_READY = 1,               /* one per piece; ddp_caps align DDP's rebuild */
+    GODDP_ALIGN_DECLARATION = 2,         /* one per piece; ddp_caps align DDP's declaration-order buckets */
+    GODDP_ALIGN_DECLARATION_MERGED = 3   /* the same after merging pieces the declaration order interleaves */
 };
 
 typedef enum goddp_status {
@@ -122,6 +140,12 @@ typedef struct goddp_graph {
      * and each bucket spans consecutive pieces (see planner/blocks.go).
      * torch mode ignores it. Values below -1 are GODDP_ERR_INVALID_GRAPH. */
     const int32_t *node_block_ids;      /* [num_nodes] or NULL */
+
+    /* NULL, or [num_params]: each parameter's index in DDP's own parameter
+     * list (declaration order), -1 where DDP does not reduce it. Read only
+     * with config.bucket_order == GODDP_ORDER_DECLARATION, which requires
+     * it (one distinct position per counted parameter). */
+    const int32_t *param_ddp_positions;
 } goddp_graph;
 
 typedef struct goddp_config {
@@ -143,6 +167,12 @@ typedef struct goddp_config {
      * GODDP_ERR_INVALID_CONFIG. A single piece without counted parameters
      * has no bucket. */
     int32_t align_buckets;
+    /* enum goddp_bucket_order (ddp mode; nonzero in torch mode is
+     * GODDP_ERR_INVALID_CONFIG). With GODDP_ORDER_DECLARATION and
+     * align_buckets, the buckets and ddp_caps are made for DDP's
+     * declaration-order bucketing, which needs
+     * goddp_graph.param_ddp_positions. */
+    int32_t bucket_order;
 } goddp_config;
 
 /* One plan. Every array is malloc'd by the library and freed by goddp_plan_free. */
@@ -173,6 +203,15 @@ typedef struct goddp_plan {
     int32_t *piece_inputs;
     int64_t *piece_output_offsets;      /* [num_pieces + 1] */
     int32_t *piece_outputs;
+
+    /* enum goddp_alignment: GODDP_ALIGN_NONE unless config.align_buckets. */
+    int32_t alignment;
+    /* With alignment: the per-bucket caps to give DDP, in the order DDP
+     * walks them (DDP order for GODDP_ALIGN_READY, forward-first piece
+     * first for the declaration cases). */
+    int64_t num_ddp_caps;
+    int64_t *ddp_caps;                  /* [num_ddp_caps] */
+    int64_t merged_cuts;                /* cuts GODDP_ALIGN_DECLARATION_MERGED dropped */
 } goddp_plan;
 
 /* GODDP_ABI_VERSION of the library actually loaded. */

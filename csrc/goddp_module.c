@@ -183,6 +183,7 @@ enum graph_array {
     PARAM_NAME_OFFSETS,
     PARAM_NAMES,
     NODE_BLOCK_IDS, /* optional (ABI 4) */
+    PARAM_DDP_POSITIONS, /* optional (ABI 5): absent or None means NULL */
     NUM_GRAPH_ARRAYS
 };
 
@@ -206,6 +207,7 @@ static const struct {
     [PARAM_NAME_OFFSETS] = {"param_name_offsets", 8, "int64, e.g. array('q')"},
     [PARAM_NAMES] = {"param_names", 1, "UTF-8 bytes"},
     [NODE_BLOCK_IDS] = {"node_block_ids", 4, "int32, e.g. array('i')"},
+    [PARAM_DDP_POSITIONS] = {"param_ddp_positions", 4, "int32, e.g. array('i')"},
 };
 
 static const char *const graph_keys[] = {
@@ -214,15 +216,17 @@ static const char *const graph_keys[] = {
     "param_storage_bytes", "param_dtypes",     "param_devices",   "param_flags",         "param_name_offsets",
     "param_names",
     "node_block_ids", /* optional: absent or None means no block information (ABI 4) */
+    "param_ddp_positions", /* optional (ABI 5): absent or None means NULL */
 };
 #define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
-#define NUM_REQUIRED_GRAPH_KEYS (NUM_GRAPH_KEYS - 1)
+#define NUM_REQUIRED_GRAPH_KEYS (NUM_GRAPH_KEYS - 2) /* the optional ones come last */
 
 /* The required keys first, then the optional ones (added in later ABI
  * versions; callers written before them keep working). */
 static const char *const config_keys[] = {
     "mode", "bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "max_pieces",
     "align_buckets", /* optional, default 0 (ABI 2) */
+    "bucket_order",  /* optional, default 0 = GODDP_ORDER_READY (ABI 5) */
 };
 #define NUM_CONFIG_KEYS (sizeof config_keys / sizeof config_keys[0])
 #define NUM_REQUIRED_CONFIG_KEYS 5
@@ -232,6 +236,7 @@ static const char *const plan_keys[] = {
     "num_buckets",          "bucket_bytes",         "bucket_pieces",        "bucket_node_begin",
     "bucket_node_end",      "bucket_extended",      "bucket_param_offsets", "bucket_params",
     "piece_input_offsets",  "piece_inputs",         "piece_output_offsets", "piece_outputs",
+    "alignment",            "ddp_caps",             "merged_cuts",
 };
 #define NUM_PLAN_KEYS (sizeof plan_keys / sizeof plan_keys[0])
 
@@ -348,13 +353,15 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         return -1;
     }
     for (int a = 0; a < NUM_GRAPH_ARRAYS; a++) {
-        if (a == NODE_BLOCK_IDS) {
-            PyObject *blocks = PyDict_GetItemString(graph, graph_arrays[a].name);
-            if (blocks == NULL || blocks == Py_None) continue;
+        if (a == NODE_BLOCK_IDS || a == PARAM_DDP_POSITIONS) {
+            /* Optional arrays: absent or None means NULL. */
+            PyObject *optional = PyDict_GetItemString(graph, graph_arrays[a].name); /* borrowed */
+            if (optional == NULL || optional == Py_None) continue;
         }
         if (get_graph_view(graph, gv, (enum graph_array)a) < 0) return -1;
     }
     if (gv->held[NODE_BLOCK_IDS] && check_len(gv, NODE_BLOCK_IDS, num_nodes, "num_nodes") < 0) return -1;
+    if (gv->held[PARAM_DDP_POSITIONS] && check_len(gv, PARAM_DDP_POSITIONS, num_params, "num_params") < 0) return -1;
 
     if (check_len(gv, NODE_OPS, num_nodes, "num_nodes") < 0 ||
         check_len(gv, NODE_MODULE_IDS, num_nodes, "num_nodes") < 0 ||
@@ -398,6 +405,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
     g->param_name_offsets = gv->views[PARAM_NAME_OFFSETS].buf;
     g->param_names = gv->views[PARAM_NAMES].buf;
     g->node_block_ids = gv->held[NODE_BLOCK_IDS] ? gv->views[NODE_BLOCK_IDS].buf : NULL;
+    g->param_ddp_positions = gv->held[PARAM_DDP_POSITIONS] ? gv->views[PARAM_DDP_POSITIONS].buf : NULL;
     return 0;
 }
 
@@ -433,6 +441,17 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps)
         int64_t align;
         if (get_int64(config, "config", "align_buckets", &align) < 0) return -1;
         cfg->align_buckets = align != 0;
+    }
+    /* Optional: an enum goddp_bucket_order; the planner judges its value. */
+    cfg->bucket_order = 0;
+    if (PyDict_GetItemString(config, "bucket_order") != NULL) { /* borrowed; cannot raise */
+        int64_t order;
+        if (get_int64(config, "config", "bucket_order", &order) < 0) return -1;
+        if (order < INT32_MIN || order > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "config['bucket_order'] is %lld; must fit in int32", (long long)order);
+            return -1;
+        }
+        cfg->bucket_order = (int32_t)order;
     }
 
     PyObject *seq_obj = PyDict_GetItemString(config, "bucket_caps_bytes");
@@ -525,7 +544,10 @@ static PyObject *plan_to_dict(const goddp_plan *p) {
                   sizeof(int32_t)) < 0 ||
         set_bytes(d, "piece_output_offsets", p->piece_output_offsets, np + 1, sizeof(int64_t)) < 0 ||
         set_bytes(d, "piece_outputs", p->piece_outputs, csr_total(p->piece_output_offsets, np),
-                  sizeof(int32_t)) < 0) {
+                  sizeof(int32_t)) < 0 ||
+        set_int(d, "alignment", PyLong_FromLong((long)p->alignment)) < 0 ||
+        set_bytes(d, "ddp_caps", p->ddp_caps, p->num_ddp_caps, sizeof(int64_t)) < 0 ||
+        set_int(d, "merged_cuts", PyLong_FromLongLong(p->merged_cuts)) < 0) {
         goto fail;
     }
     return d;
@@ -541,7 +563,9 @@ PyDoc_STRVAR(plan_graph_doc,
              "plan_graph(graph, config) -> dict\n\n"
              "Plans a forward graph. graph and config are dicts whose keys are exactly the\n"
              "field names of goddp_graph and goddp_config (csrc/goddp.h), except that\n"
-             "config['align_buckets'] (bool or int) is optional and defaults to 0; arrays are buffers\n"
+             "config['align_buckets'] (bool or int) and config['bucket_order'] are optional and\n"
+             "default to 0, and graph['param_ddp_positions'] is optional (absent or None: NULL);\n"
+             "arrays are buffers\n"
              "of native integers (int32: array('i'), int64: array('q'), uint8: bytes,\n"
              "uint32: array('I')). The result's keys are the field names of goddp_plan;\n"
              "arrays come back as bytes of native values. The GIL is released while Go\n"
@@ -705,6 +729,12 @@ static int add_constants(PyObject *m) {
         {"PARAM_DDP_IGNORED", GODDP_PARAM_DDP_IGNORED},
         {"MODE_DDP", GODDP_MODE_DDP},
         {"MODE_TORCH", GODDP_MODE_TORCH},
+        {"ORDER_READY", GODDP_ORDER_READY},
+        {"ORDER_DECLARATION", GODDP_ORDER_DECLARATION},
+        {"ALIGN_NONE", GODDP_ALIGN_NONE},
+        {"ALIGN_READY", GODDP_ALIGN_READY},
+        {"ALIGN_DECLARATION", GODDP_ALIGN_DECLARATION},
+        {"ALIGN_DECLARATION_MERGED", GODDP_ALIGN_DECLARATION_MERGED},
         {"OK", GODDP_OK},
         {"ERR_INVALID_CONFIG", GODDP_ERR_INVALID_CONFIG},
         {"ERR_INVALID_GRAPH", GODDP_ERR_INVALID_GRAPH},

@@ -91,3 +91,32 @@ func alignedBuckets(g *Graph, ready, firstUse, part []int32, numPieces int, pred
 	}
 	return out
 }
+
+// align replaces the predicted buckets by one bucket per piece, made for
+// the order in which DDP fills the buckets it reduces with
+// (Config.BucketOrder), and records the caps that give DDP exactly those
+// buckets. Under OrderDeclaration it may merge pieces (declorder.go).
+func (w *ddpWalk) align(pl *Plan, cuts []int) {
+	if w.cfg.BucketOrder == OrderDeclaration && pl.NumPieces > 0 {
+		extended := make([]bool, pl.NumPieces)
+		for k := range pl.Buckets {
+			if pl.Buckets[k].Extended {
+				extended[pl.Buckets[k].Piece] = true
+			}
+		}
+		kept, buckets, caps, dropped := declarationAlign(w.g, w.firstUse, cuts, extended)
+		pl.NodePiece = piecesFromCuts(w.g.Ops, kept)
+		pl.NumPieces = len(kept) + 1
+		pl.Buckets, pl.DDPCaps, pl.MergedCuts = buckets, caps, dropped
+		pl.Alignment = AlignDeclaration
+		if dropped > 0 {
+			pl.Alignment = AlignDeclarationMerged
+		}
+		return
+	}
+	pl.Buckets = alignedBuckets(w.g, w.ready, w.firstUse, pl.NodePiece, pl.NumPieces, pl.Buckets)
+	pl.Alignment = AlignReady
+	for k := range pl.Buckets {
+		pl.DDPCaps = append(pl.DDPCaps, pl.Buckets[k].Bytes)
+	}
+}

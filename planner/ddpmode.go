@@ -284,7 +284,7 @@ func (w *ddpWalk) plan(cuts []int) *Plan {
 		}
 	}
 	if w.cfg.AlignBuckets {
-		pl.Buckets = alignedBuckets(w.g, w.ready, w.firstUse, part, numPieces, pl.Buckets)
+		w.align(pl, cuts)
 	}
 	return pl
 }

@@ -101,6 +101,26 @@
 // cap joins the next DDP bucket (it is ready already, so overlap does not
 // suffer).
 //
+// # Declaration order
+//
+// With AlignBuckets and Config.BucketOrder OrderDeclaration (DDP with
+// find_unused_parameters=True and no static_graph, which never rebuilds its
+// buckets), the buckets and caps are meant for DDP's construction-time
+// bucketing, which walks its parameter list (Param.DDPPosition, required
+// for every counted parameter) first-declared first against the caps and
+// lists the buckets last-declared first. DDP launches buckets in that
+// order, so a bucket starting at declaration position k can launch when
+// backward finishes the piece min(label[k:]), label being each declared
+// parameter's piece of first use (the last piece for an unused one). The
+// plan cuts the declaration order where that suffix minimum changes, one
+// bucket per distinct value, and keeps the cut at the start of exactly those
+// pieces; the other cuts go (no caps could start a bucket at their end).
+// Then bucket k completes, and can launch, when piece N-1-k's backward
+// ends; Plan.DDPCaps lists the buckets' bytes first-declared first, the
+// order DDP walks them. Plan.Alignment says AlignDeclaration, or
+// AlignDeclarationMerged with Plan.MergedCuts > 0. Under OrderReady,
+// Plan.DDPCaps are the aligned buckets' bytes in DDP order (AlignReady).
+//
 // # Where real DDP buckets can differ from ModeDDP's
 //
 //   - The ready order is a prediction. Within one node the real order
@@ -117,7 +137,9 @@
 //     by first parameter so that every rank agrees.
 //   - With find_unused_parameters=True and no static_graph, DDP never
 //     rebuilds its buckets and keeps its initial ones, built in parameter
-//     declaration order; ModeDDP does not model that case.
+//     declaration order. The predicted buckets ignore that; with
+//     AlignBuckets and BucketOrder OrderDeclaration the plan aligns those
+//     buckets instead (see "Declaration order").
 //   - Parameters that no compute node uses belong to no bucket here, while
 //     DDP still buckets them.
 //   - Each Dynamo frame is planned alone, while DDP buckets the whole

@@ -28,6 +28,14 @@ func fingerprint(g *Graph, cfg *Config, pl *Plan) uint64 {
 	}
 	e.i64(int64(cfg.MaxPieces))
 	e.bool(cfg.AlignBuckets)
+	if cfg.BucketOrder != OrderReady {
+		// Encoded only when set, so that ready-order plans keep their
+		// fingerprints (and golden files) from before the field existed.
+		e.i32(int32(cfg.BucketOrder))
+		for p := range g.Params {
+			e.i32(g.Params[p].DDPPosition)
+		}
+	}
 
 	e.i64(int64(len(g.Ops)))
 	for _, op := range g.Ops {

@@ -40,6 +40,10 @@ type Param struct {
 	Device       int32  // opaque code
 	RequiresGrad bool
 	Ignored      bool // excluded from DDP (_ddp_ignored)
+	// DDPPosition is the parameter's index in DDP's own parameter list
+	// (declaration order), -1 if DDP does not reduce it. Read only under
+	// Config.BucketOrder == OrderDeclaration.
+	DDPPosition int32
 }
 
 // Graph is a forward FX graph in flat form. Nodes are in topological order.
@@ -77,4 +81,10 @@ type Config struct {
 	// parameters first used in it, meant to be handed to DDP as per-bucket
 	// caps. Needs every counted parameter to share one (DType, Device).
 	AlignBuckets bool
+
+	// BucketOrder (ModeDDP) says whether DDP rebuilds its buckets in
+	// gradient-ready order (OrderReady) or keeps declaration-order ones
+	// (OrderDeclaration, see declorder.go); with AlignBuckets it decides
+	// which caps align them.
+	BucketOrder BucketOrder
 }

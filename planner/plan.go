@@ -22,6 +22,14 @@ type Plan struct {
 	Buckets      []Bucket  // DDP order: bucket 0 holds the gradients ready first
 	PieceInputs  [][]int32 // per piece: nodes from outside it that it reads, ascending
 	PieceOutputs [][]int32 // per piece: its nodes read by later pieces or the output, ascending
+
+	// Alignment says how the buckets relate to DDP's (AlignNone unless
+	// Config.AlignBuckets); DDPCaps are then the per-bucket caps to give
+	// DDP, in the order DDP walks them; MergedCuts counts the cuts that
+	// AlignDeclarationMerged dropped.
+	Alignment  Alignment
+	DDPCaps    []int64
+	MergedCuts int
 }
 
 // ErrorCode classifies a Build failure. The values match goddp_status in
@@ -56,6 +64,9 @@ func Build(g *Graph, cfg Config) (*Plan, error) {
 		return nil, err
 	}
 	if err := validateGraph(g); err != nil {
+		return nil, err
+	}
+	if err := validateDeclaration(g, &cfg); err != nil {
 		return nil, err
 	}
 	lastUser := lastUsers(g)

@@ -34,7 +34,16 @@ func validateConfig(cfg *Config) error {
 	if cfg.MaxPieces < 0 {
 		return errorf(ErrInvalidConfig, "planner: MaxPieces must be >= 0 (0 means no limit), got %d", cfg.MaxPieces)
 	}
+	switch cfg.BucketOrder {
+	case OrderReady, OrderDeclaration:
+	default:
+		return errorf(ErrInvalidConfig, "planner: unknown bucket order %d (valid: %d = OrderReady, %d = OrderDeclaration)",
+			cfg.BucketOrder, OrderReady, OrderDeclaration)
+	}
 	if cfg.Mode == ModeTorch {
+		if cfg.BucketOrder != OrderReady {
+			return errorf(ErrInvalidConfig, "planner: BucketOrder is not supported in ModeTorch, which reproduces torch's DDPOptimizer exactly; use ModeDDP")
+		}
 		// ModeTorch is a faithful reproduction of torch's DDPOptimizer, which
 		// has neither option; accepting them silently would misreport what
 		// the plan reproduces.

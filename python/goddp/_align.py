@@ -51,8 +51,6 @@ def _settings_blocker(ddp: Any) -> str | None:
         return "this torch's DDP has no per-bucket caps (needs torch >= 2.9)"
     if getattr(ddp, "_use_python_reducer", False):
         return "DDP uses the Python reducer, which has no per-bucket caps"
-    if ddp.find_unused_parameters:
-        return "find_unused_parameters=True: DDP never rebuilds its buckets"
     if ddp.static_graph:
         return "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp"
     if getattr(ddp, "mixed_precision", None) is not None:

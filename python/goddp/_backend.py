@@ -37,13 +37,15 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import fx
 
-from goddp import _ddp_optimizer
+from goddp import _ddp_optimizer, _native
 from goddp._agreement import GatedCall, TrainingGate, gate_for_training
 from goddp._align import alignment_blocker, coverage_blocker
 from goddp._blocks import group_pieces, piece_signature
 from goddp._cut import cut_graph
+from goddp._declaration import bucket_order, ddp_parameter_names, with_ddp_positions
 from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
 from goddp._export import ExportedGraph, export_graph
+from goddp._frames import frame_info
 from goddp._options import Options, parse_options
 from goddp._pieces import PieceCompileError, compile_pieces, log_pieces, piece_example_inputs
 from goddp._plan import GraphPlan, PlanSettings, call_planner, decode_plan
@@ -102,7 +104,11 @@ def plan_and_align(
     reason = alignment_blocker(ddp) if options.aligns_buckets else ALIGNMENT_OFF
     if reason is not None:
         return plan_with(caps), reason
-    aligned = dataclasses.replace(caps, align_buckets=True)
+    # A DDP that never rebuilds its buckets keeps declaration-order ones:
+    # the planner needs each parameter's place in DDP's list for them.
+    aligned = dataclasses.replace(caps, align_buckets=True, bucket_order=bucket_order(ddp))
+    if aligned.bucket_order == "declaration":
+        exported = with_ddp_positions(exported, ddp_parameter_names(ddp))
     plan = plan_with(aligned)
     reason = coverage_blocker(ddp, [b.param_names for b in plan.buckets])
     if reason is not None:
@@ -163,19 +169,24 @@ class _DDPGraphCompile:
         self.caps = caps_for(self.settings, options)
         # Why DDP's buckets stay DDP's; None while this rank proposes the pieces.
         self.not_aligned: str | None = ALIGNMENT_OFF
+        self.frame = frame_info(gm)
         self.record = GraphRecord(
             mode=options.mode,
             block_cuts=options.cuts_at_blocks,
             caps=self.caps.to_dict(),
             graph={"num_nodes": len(gm.graph.nodes), "num_params": None},
             inner=_inner_name(options.inner),
+            frame=self.frame.to_dict(),
         )
 
     def run(self) -> Callable[..., Any]:
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("goddp: original graph:\n%s", self.gm.graph)
         try:
-            exported, plan, alignment = self.plan()
+            exported = self.export()
+            if not _holds_ddp_parameters(exported):
+                return self.parameter_free()
+            plan, alignment = self.plan(exported)
         except Exception as exc:
             if self.options.strict:
                 raise
@@ -186,15 +197,13 @@ class _DDPGraphCompile:
         try:
             pieces, piece_inputs = self.cut(exported, plan)
         except Exception as exc:
-            if self.options.log_plan:
-                logger.info("%s", plan.table())
+            self.log_table(plan)
             if self.options.strict:
                 raise
             return self.whole_graph(f"cutting the graph along the plan failed ({_describe(exc)})", exc)
         log_pieces(pieces)
         same_as = self.identify(pieces, piece_inputs)
-        if self.options.log_plan:
-            logger.info("%s", plan.table(same_as))
+        self.log_table(plan, same_as)
         try:
             with self.record.timed("compile"):
                 compiled = compile_pieces(self.inner, pieces, piece_inputs, same_as)
@@ -204,7 +213,7 @@ class _DDPGraphCompile:
             return self.whole_graph(f"{failed} ({_describe(failed.__cause__)})", failed.__cause__)
         return self.stitch(pieces, compiled, plan)
 
-    def plan(self) -> tuple[ExportedGraph, GraphPlan, PlanSettings | str]:
+    def export(self) -> ExportedGraph:
         with self.record.timed("export"):
             exported = export_graph(
                 self.gm,
@@ -213,9 +222,28 @@ class _DDPGraphCompile:
                 block_cuts=self.options.cuts_at_blocks,
             )
         self.record.graph["num_params"] = len(exported.params)
+        return exported
+
+    def plan(self, exported: ExportedGraph) -> tuple[GraphPlan, PlanSettings | str]:
         with self.record.timed("plan"):
-            plan, alignment = plan_and_align(self.ddp, exported, self.options, self.caps)
-        return exported, plan, alignment
+            return plan_and_align(self.ddp, exported, self.options, self.caps)
+
+    def parameter_free(self) -> Callable[..., Any]:
+        """A graph that uses no parameter DDP reduces (what a trainer's
+        graph break leaves behind, e.g. after Lightning's self.log): nothing
+        to cut or align, nothing for the ranks to agree on, so no plan, no
+        plan check (whose per-graph sequence would drift where ranks compile
+        different small frames), no note and no warning; one INFO line
+        names the frame."""
+        self.record.ddp_buckets = {"aligned": False, "reason": "no parameters in this graph"}
+        logger.info("goddp: %s holds no parameters of DDP: compiled whole, not planned", self.frame.describe())
+        try:
+            with self.record.timed("compile"):
+                # No training gate: every rank sees the same graph holds no
+                # parameters, so every rank leaves it out of the agreement.
+                return self.inner(self.gm, self.example_inputs)
+        finally:
+            add_record(self.record)
 
     def note_plan(self, plan: GraphPlan, alignment: PlanSettings | str) -> None:
         """Records the plan; logs its table unless the graph is cut (then
@@ -228,8 +256,13 @@ class _DDPGraphCompile:
         self.not_aligned = reason
         record.caps = self.caps.to_dict()
         record.ddp_buckets = {"aligned": self.caps.align_buckets, "reason": reason}
+        record.alignment = plan.alignment if self.caps.align_buckets else "none"
+        record.ddp_caps = list(plan.ddp_caps) if self.caps.align_buckets else []
+        record.merged_cuts = plan.merged_cuts
         if reason is not None and self.options.aligns_buckets:
             note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {reason}")
+        if self.caps.align_buckets and self.caps.bucket_order == "declaration":
+            note_once(self.ddp, _declaration_note(plan))
         plan_dict = plan.to_dict()
         record.fingerprint = plan.fingerprint
         record.num_pieces = plan.num_pieces
@@ -238,8 +271,14 @@ class _DDPGraphCompile:
         record.distinct_pieces = plan.num_pieces
         for piece in record.pieces:
             piece["same_as"] = piece["index"]
-        if self.options.log_plan and plan.num_pieces <= 1:
-            logger.info("%s", plan.table())
+        if plan.num_pieces <= 1:
+            self.log_table(plan)
+
+    def log_table(self, plan: GraphPlan, same_as: list[int] | None = None) -> None:
+        """The plan table at INFO (log_plan), with the frame the graph came
+        from: a trainer's graph breaks make several graphs per step."""
+        if self.options.log_plan:
+            logger.info("%s\n(%s)", plan.table(same_as), self.frame.describe())
 
     def identify(self, pieces: list[Any], piece_inputs: list[list[Any]]) -> list[int]:
         """Per piece, the piece whose compiled callable it will run: an
@@ -266,7 +305,7 @@ class _DDPGraphCompile:
     def stitch(self, pieces: list[Any], compiled: list[Callable[..., Any]], plan: GraphPlan) -> Callable[..., Any]:
         with self.record.timed("stitch"):
             stitched = StitchedPieces(self.gm, pieces, compiled)
-            caps = [b.bytes for b in plan.buckets] if self.caps.align_buckets else None
+            caps = plan.ddp_caps if self.caps.align_buckets else None
             stitched.before_first_call = self.training_gate(caps, self.not_aligned)
         add_record(self.record)
         return stitched
@@ -301,6 +340,27 @@ class _DDPGraphCompile:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
 
         return gate_for_training(self.ddp, statement, report)
+
+
+def _holds_ddp_parameters(exported: ExportedGraph) -> bool:
+    """Whether the graph uses a parameter whose gradient DDP reduces."""
+    required, ignored = _native.PARAM_REQUIRES_GRAD, _native.PARAM_DDP_IGNORED
+    return any(f & required and not f & ignored for f in exported.arrays["param_flags"])
+
+
+def _declaration_note(plan: GraphPlan) -> str:
+    """The INFO line that says how goddp aligned a DDP module that never
+    rebuilds its buckets."""
+    text = (
+        "goddp: find_unused_parameters=True: DDP never rebuilds its buckets and keeps the ones it "
+        f"fills in declaration order, so goddp gives it caps for that order ({plan.alignment})"
+    )
+    if plan.merged_cuts:
+        text += (
+            f"; no bucket could start at {plan.merged_cuts} of the cuts, so those pieces were merged "
+            f"({plan.num_pieces} pieces remain)"
+        )
+    return text
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:

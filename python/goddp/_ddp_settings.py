@@ -125,10 +125,10 @@ def note_ddp_settings(ddp: Any, settings: DDPSettings, options: Options) -> None
         _noted_modules.add(ddp)
     except TypeError:
         pass
-    if settings.find_unused_parameters and not settings.static_graph and options.mode == "ddp":
+    if settings.find_unused_parameters and not settings.static_graph and options.mode == "ddp" and not options.aligns_buckets:
         logger.info(
             "goddp: this DDP module has find_unused_parameters=True and static_graph=False, so DDP "
             "never rebuilds its buckets: they stay in parameter declaration order while goddp's "
-            "ddp-mode cuts follow gradient-ready order. Cuts still overlap communication, but "
-            "buckets may not close exactly at them."
+            "cuts follow gradient-ready order, and align_buckets is off. Cuts still overlap "
+            "communication, but buckets may not close exactly at them."
         )

@@ -8,7 +8,7 @@ the flat reply into a GraphPlan that names nodes, pieces and parameters.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -25,6 +25,17 @@ DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 
 MODE_CODES = {"ddp": _native.MODE_DDP, "torch": _native.MODE_TORCH}
+# enum goddp_bucket_order: the order DDP fills the buckets it reduces with;
+# "declaration" when it never rebuilds them (find_unused_parameters=True
+# without static_graph; planner/declorder.go).
+BUCKET_ORDER_CODES = {"ready": _native.ORDER_READY, "declaration": _native.ORDER_DECLARATION}
+# enum goddp_alignment: how a plan's buckets relate to DDP's.
+ALIGNMENT_NAMES = {
+    _native.ALIGN_NONE: "none",
+    _native.ALIGN_READY: "ready-order caps",
+    _native.ALIGN_DECLARATION: "declaration-order caps",
+    _native.ALIGN_DECLARATION_MERGED: "declaration-order caps, pieces merged",
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,8 @@ class PlanSettings:
     # ddp mode: one bucket per piece with its exact byte total, to be
     # installed as DDP's per-bucket caps (docs/align.md).
     align_buckets: bool = False
+    # "ready" or "declaration" (BUCKET_ORDER_CODES).
+    bucket_order: str = "ready"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +61,7 @@ class PlanSettings:
             "bucket_caps_bytes": list(self.bucket_caps_bytes),
             "max_pieces": self.max_pieces,
             "align_buckets": self.align_buckets,
+            "bucket_order": self.bucket_order,
         }
 
 
@@ -93,6 +107,13 @@ class GraphPlan:
     caps: the PlanSettings used (caps, max_pieces, align_buckets).
     piece_inputs / piece_outputs: per piece, the names of the nodes that cross
         into / out of it (the planner's crossing values, ascending node order).
+    alignment: how the buckets relate to DDP's (ALIGNMENT_NAMES): "none"
+        (predicted), "ready-order caps" (for DDP's rebuild),
+        "declaration-order caps" (for the buckets DDP keeps under
+        find_unused_parameters=True), or "declaration-order caps, pieces
+        merged" (merged_cuts cuts dropped where no bucket could start).
+    ddp_caps: with alignment, the per-bucket caps (bytes) to give DDP, in
+        the order DDP walks them.
     """
 
     fingerprint: int
@@ -103,6 +124,9 @@ class GraphPlan:
     caps: PlanSettings
     piece_inputs: list[list[str]] = field(default_factory=list)
     piece_outputs: list[list[str]] = field(default_factory=list)
+    alignment: str = "none"
+    ddp_caps: list[int] = field(default_factory=list)
+    merged_cuts: int = 0
     # Index form of the crossing values, for the cutter (not public API).
     piece_input_indices: list[list[int]] = field(default_factory=list, repr=False)
     piece_output_indices: list[list[int]] = field(default_factory=list, repr=False)
@@ -148,6 +172,9 @@ class GraphPlan:
             "caps": self.caps.to_dict(),
             "buckets": [b.to_dict() for b in self.buckets],
             "pieces": pieces,
+            "alignment": self.alignment,
+            "ddp_caps": list(self.ddp_caps),
+            "merged_cuts": self.merged_cuts,
         }
 
     def table(self, same_as: Sequence[int] | None = None) -> str:
@@ -166,7 +193,8 @@ class GraphPlan:
         if caps.max_pieces is not None:
             head += f" max_pieces={caps.max_pieces}"
         if caps.align_buckets:
-            head += " (DDP's buckets set to the pieces)"
+            head += f" (DDP's buckets set to the pieces: {self.alignment}"
+            head += f", {self.merged_cuts} cuts merged)" if self.merged_cuts else ")"
         reused = [(p, leader) for p, leader in enumerate(same_as or ()) if p != leader]
         if same_as is not None:
             head += f" distinct pieces={len(same_as) - len(reused)} reused={len(reused)}"
@@ -197,6 +225,7 @@ def native_config(mode: str, caps: PlanSettings) -> dict[str, Any]:
         "bucket_caps_bytes": [int(c) for c in caps.bucket_caps_bytes],
         "max_pieces": int(caps.max_pieces or 0),
         "align_buckets": int(caps.align_buckets),
+        "bucket_order": BUCKET_ORDER_CODES[caps.bucket_order],
     }
 
 
@@ -272,6 +301,9 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
         piece_input_indices=inputs,
         piece_output_indices=outputs,
         first_use_param_names=first_use_names,
+        alignment=ALIGNMENT_NAMES.get(int(raw.get("alignment", 0)), "unknown"),
+        ddp_caps=_ints(raw.get("ddp_caps"), "q"),
+        merged_cuts=int(raw.get("merged_cuts", 0)),
     )
 
 
@@ -363,6 +395,7 @@ def plan_graph_module(
     param_names: Any = None,
     align_buckets: bool = False,
     block_cuts: bool = False,
+    declaration_order: Iterable[str] | None = None,
 ) -> GraphPlan:
     """Plans a Dynamo-captured GraphModule without compiling anything.
 
@@ -382,6 +415,11 @@ def plan_graph_module(
         parameters first used in that piece (docs/align.md).
     block_cuts: ddp mode: cut at the boundaries of repeated module blocks,
         as the backend does by default (goddp._blocks).
+    declaration_order: the names of DDP's parameters in DDP's own order
+        (``goddp._declaration.ddp_parameter_names(ddp)``) when DDP never
+        rebuilds its buckets (find_unused_parameters=True without
+        static_graph): with align_buckets, the plan then aligns DDP's
+        declaration-order buckets (GraphPlan.alignment, ddp_caps).
 
     Raises ValueError for a bad mode or max_pieces; the planner's errors
     (goddp._goddp.PlannerError) for an invalid graph or caps.
@@ -390,5 +428,10 @@ def plan_graph_module(
     check_ddp_mode_only(mode, check_max_pieces(max_pieces), align_buckets, block_cuts)
     caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets)
     exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored, block_cuts=block_cuts)
+    if declaration_order is not None:
+        from goddp._declaration import with_ddp_positions
+
+        caps = replace(caps, bucket_order="declaration")
+        exported = with_ddp_positions(exported, list(declaration_order))
     return decode_plan(call_planner(exported, mode, caps), exported, mode, caps)
 

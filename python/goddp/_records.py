@@ -38,6 +38,10 @@ class GraphRecord:
     # after the record was added (goddp._agreement).
     ddp_buckets: dict[str, Any] | None = None
     inner: str
+    alignment: str = "none"
+    ddp_caps: list[int] = dataclasses.field(default_factory=list)
+    merged_cuts: int = 0
+    frame: dict[str, Any] | None = None
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -71,7 +75,8 @@ def last_plans() -> list[dict[str, Any]]:
       planning failed.
     - mode: goddp's cutting mode, "ddp" or "torch".
     - caps: the settings planned with: bucket_cap_bytes,
-      first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets.
+      first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets,
+      bucket_order.
     - num_pieces: how many pieces the graph was cut into (1: not cut).
     - distinct_pieces: how many pieces were compiled; identical pieces
       share one compile (goddp._blocks).
@@ -99,6 +104,15 @@ def last_plans() -> list[dict[str, Any]]:
       failed. Until the first training call it holds this rank's proposal;
       then the decision of every rank of the DDP module's group.
     - inner: the inner compiler's name.
+    - alignment: which caps set DDP's buckets to the pieces: "none",
+      "ready-order caps" (DDP rebuilds its buckets), "declaration-order
+      caps" (find_unused_parameters=True: DDP keeps declaration-order
+      buckets) or "declaration-order caps, pieces merged".
+    - ddp_caps: the per-bucket caps given to DDP, in the order DDP walks
+      them ([] when not aligned).
+    - merged_cuts: the cuts dropped because no bucket could start there.
+    - frame: where the graph came from (goddp._frames.FrameInfo): frame,
+      compile_id, graph_break (Dynamo's reason) and break_at.
     """
     with _lock:
         return [r.to_dict() for r in _records]

@@ -150,20 +150,18 @@ def csr(offsets: bytes, values: bytes) -> list[list[int]]:
 
 def test_constants_mirror_the_extension(ext):
     names = [n for n in dir(_native) if n.isupper() and isinstance(getattr(_native, n), int)]
-    assert len(names) == 21
+    assert len(names) == 27
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
-    assert ext.abi_version() == ext.ABI_VERSION == 4
+    assert ext.abi_version() == ext.ABI_VERSION == 5
 
 
 def test_key_tuples_match_the_builders(ext):
-    # chain_graph leaves out the optional node_block_ids, as callers written
-    # before ABI 4 do.
-    assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids"}
-    # toy_config leaves out the optional align_buckets, as callers written
-    # before ABI 2 do.
-    assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets"}
-    assert len(ext.PLAN_KEYS) == 16
+    # chain_graph and toy_config leave out the optional keys, as callers
+    # written before ABI 2, 4 and 5 do.
+    assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"}
+    assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order"}
+    assert len(ext.PLAN_KEYS) == 19
 
 
 def test_node_block_ids_cut_at_blocks(ext):
@@ -253,7 +251,9 @@ def test_load_is_cached_across_threads():
 def test_toy_graph_plan(ext, mode):
     plan = _native.plan_graph(chain_graph(3), toy_config(mode))
     assert set(plan) == set(ext.PLAN_KEYS)
-    assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(("num_", "fingerprint")))
+    scalars = ("num_", "fingerprint", "alignment", "merged_cuts")
+    assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(scalars))
+    assert all(isinstance(plan[k], int) for k in ext.PLAN_KEYS if k.startswith(scalars))
     assert plan["num_nodes"] == 14
     assert plan["num_pieces"] == 3
     assert plan["num_buckets"] == 3
@@ -329,6 +329,44 @@ def test_align_buckets_refusals(ext):
         ext.plan_graph(chain_graph(2), toy_config(align_buckets="yes"))
     with pytest.raises(TypeError, match=r"config\['align_buckets'\] must be an int"):
         ext.plan_graph(chain_graph(2), toy_config(align_buckets=None))
+
+
+def test_declaration_order_crosses_the_extension(ext):
+    """bucket_order and param_ddp_positions go in, alignment, ddp_caps and
+    merged_cuts come back: declared in forward order the caps list the
+    pieces forward-first; with the last layer declared first it joins the
+    first layer's bucket and its own cut goes; positions are optional only
+    outside declaration order."""
+    graph = chain_graph(3)
+    caps = dict(bucket_cap_bytes=WEIGHT_BYTES, first_bucket_cap_bytes=BIAS_BYTES, align_buckets=True)
+    ready = ext.plan_graph(graph, toy_config(**caps))
+    assert (ready["alignment"], ready["merged_cuts"]) == (1, 0)
+    assert unpack(ready["ddp_caps"], "q") == unpack(ready["bucket_bytes"], "q")
+
+    graph["param_ddp_positions"] = array("i", range(6))
+    plan = ext.plan_graph(graph, toy_config(bucket_order=1, **caps))
+    assert (plan["alignment"], plan["merged_cuts"], plan["num_pieces"]) == (2, 0, 3)
+    assert plan["node_pieces"] == ready["node_pieces"]
+    assert unpack(plan["ddp_caps"], "q") == unpack(plan["bucket_bytes"], "q")[::-1]
+
+    graph["param_ddp_positions"] = array("i", [2, 3, 4, 5, 0, 1])  # layer 2 declared first
+    plan = ext.plan_graph(graph, toy_config(bucket_order=1, **caps))
+    assert (plan["alignment"], plan["merged_cuts"], plan["num_pieces"]) == (3, 1, 2)
+    assert unpack(plan["ddp_caps"], "q") == [2 * (WEIGHT_BYTES + BIAS_BYTES), WEIGHT_BYTES + BIAS_BYTES]
+
+    graph["param_ddp_positions"] = None
+    with pytest.raises(ext.PlannerError, match="has no DDP position") as info:
+        ext.plan_graph(graph, toy_config(bucket_order=1, **caps))
+    assert info.value.code == _native.ERR_INVALID_GRAPH
+    assert ext.plan_graph(graph, toy_config(**caps)) == ready
+    graph["param_ddp_positions"] = array("i", range(5))
+    with pytest.raises(ValueError, match="param_ddp_positions"):
+        ext.plan_graph(graph, toy_config(bucket_order=1, **caps))
+    graph["param_ddp_positions"] = array("d", range(6))
+    with pytest.raises(ValueError, match="param_ddp_positions"):
+        ext.plan_graph(graph, toy_config(bucket_order=1, **caps))
+    with pytest.raises(ext.PlannerError, match="unknown bucket order 9"):
+        ext.plan_graph(chain_graph(3), toy_config(bucket_order=9, **caps))
 
 
 def test_fingerprint_depends_on_the_caps(ext):

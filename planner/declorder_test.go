@@ -1,0 +1,335 @@
+package planner
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// naiveInitialBuckets is a plain reference for the buckets DDP builds at
+// construction (torch 2.15: _ddp_init_helper over
+// compute_bucket_assignment_by_size, one (dtype, device) key): walk the
+// parameters in declaration order, add each to the open bucket, close the
+// bucket once its bytes reach the current cap (the last cap repeating),
+// then list the buckets last-declared first. Each bucket is a set of
+// parameter indices.
+func naiveInitialBuckets(g *Graph, caps []int64) []map[int32]bool {
+	var order []int32
+	for p := range g.Params {
+		if g.Params[p].counted() {
+			order = append(order, int32(p))
+		}
+	}
+	slices.SortFunc(order, func(a, b int32) int { return int(g.Params[a].DDPPosition - g.Params[b].DDPPosition) })
+	var buckets []map[int32]bool
+	open, size, capIdx := map[int32]bool{}, int64(0), 0
+	for _, p := range order {
+		open[p] = true
+		size += g.Params[p].Bytes
+		if size >= caps[capIdx] {
+			buckets = append(buckets, open)
+			open, size = map[int32]bool{}, 0
+			capIdx = min(capIdx+1, len(caps)-1)
+		}
+	}
+	if len(open) > 0 {
+		buckets = append(buckets, open)
+	}
+	slices.Reverse(buckets)
+	return buckets
+}
+
+// setDDPPositions gives the counted parameters the DDP positions perm
+// lists (perm[k] is the parameter at position k) and -1 to the others.
+func setDDPPositions(g *Graph, perm []int32) {
+	for p := range g.Params {
+		g.Params[p].DDPPosition = -1
+	}
+	for k, p := range perm {
+		g.Params[p].DDPPosition = int32(k)
+	}
+}
+
+func countedParams(g *Graph) []int32 {
+	var out []int32
+	for p := range g.Params {
+		if g.Params[p].counted() {
+			out = append(out, int32(p))
+		}
+	}
+	return out
+}
+
+// mostLaunchPoints is a brute-force reference: over every way of cutting
+// the declaration order into contiguous buckets (what caps can do), the
+// most distinct pieces at whose backward end DDP, launching its buckets in
+// order, starts one. label is each declared parameter's piece.
+func mostLaunchPoints(label []int32) int {
+	n := len(label)
+	best := 0
+	for mask := 0; mask < 1<<max(n-1, 0); mask++ {
+		// Bucket starts: position 0 and every k with bit k-1 set. DDP order
+		// runs from the last bucket; each launches at the smallest piece
+		// seen so far.
+		seen := map[int32]bool{}
+		running := int32(1 << 30)
+		for k := n - 1; k >= 0; k-- {
+			running = min(running, label[k])
+			if k == 0 || mask&(1<<(k-1)) != 0 {
+				seen[running] = true
+			}
+		}
+		best = max(best, len(seen))
+	}
+	return best
+}
+
+// checkDeclarationAligned checks a plan made under OrderDeclaration with
+// AlignBuckets against the ready-order plan of the same graph: DDP's
+// construction-time bucketing with the plan's DDPCaps yields exactly the
+// plan's buckets; launching them in DDP order, bucket k starts exactly when
+// backward finishes piece N-1-k, so every piece starts one; the cuts are
+// the ready-order plan's, minus the fewest any caps would need to drop.
+func checkDeclarationAligned(t *testing.T, g *Graph, ready, decl *Plan) {
+	t.Helper()
+	if len(decl.Buckets) == 0 {
+		return
+	}
+	if len(decl.DDPCaps) != len(decl.Buckets) {
+		t.Fatalf("%d caps for %d buckets", len(decl.DDPCaps), len(decl.Buckets))
+	}
+	got := naiveInitialBuckets(g, decl.DDPCaps)
+	if len(got) != len(decl.Buckets) {
+		t.Fatalf("DDP would build %d buckets with caps %v; the plan has %d", len(got), decl.DDPCaps, len(decl.Buckets))
+	}
+	firstUse, _ := firstUses(g)
+	running := int32(1 << 30)
+	for k, b := range decl.Buckets {
+		if len(b.Params) != len(got[k]) {
+			t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
+		}
+		for _, p := range b.Params {
+			if !got[k][p] {
+				t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
+			}
+			if f := firstUse[p]; f >= 0 {
+				running = min(running, decl.NodePiece[f])
+			}
+		}
+		want := decl.NumPieces - 1 - k
+		if b.Piece != want || (running != int32(want) && running != 1<<30) {
+			t.Fatalf("bucket %d: piece %d, launches after piece %d; want both %d", k, b.Piece, running, want)
+		}
+	}
+	if len(decl.Buckets) != decl.NumPieces {
+		t.Fatalf("%d buckets for %d pieces", len(decl.Buckets), decl.NumPieces)
+	}
+	// Every kept cut is a ready-order cut, and no more were dropped than needed.
+	readyCuts := cutsOf(ready)
+	declCuts := cutsOf(decl)
+	for _, c := range declCuts {
+		if !slices.Contains(readyCuts, c) {
+			t.Fatalf("cut at node %d is not one of the ready-order cuts %v", c, readyCuts)
+		}
+	}
+	if decl.MergedCuts != len(readyCuts)-len(declCuts) {
+		t.Fatalf("MergedCuts %d, but %d of %d cuts went", decl.MergedCuts, len(readyCuts)-len(declCuts), len(readyCuts))
+	}
+	order := declarationOrder(g)
+	if len(order) <= 12 {
+		label := declaredPieces(order, firstUse, ready.NodePiece, ready.NumPieces)
+		if want := mostLaunchPoints(label); decl.NumPieces != want {
+			t.Fatalf("%d pieces start a bucket; caps can make %d", decl.NumPieces, want)
+		}
+	}
+	wantAlign := AlignDeclaration
+	if decl.MergedCuts > 0 {
+		wantAlign = AlignDeclarationMerged
+	}
+	if decl.Alignment != wantAlign {
+		t.Fatalf("alignment %v, want %v", decl.Alignment, wantAlign)
+	}
+}
+
+// cutsOf returns the first node of every piece but the first.
+func cutsOf(pl *Plan) []int {
+	var cuts []int
+	prev := int32(-1)
+	for i, q := range pl.NodePiece {
+		if q < 0 {
+			continue
+		}
+		if prev >= 0 && q != prev {
+			cuts = append(cuts, i)
+		}
+		prev = q
+	}
+	return cuts
+}
+
+// TestDeclarationOrderMatchingForwardKeepsEveryCut: a linear stack
+// declared in forward order (every nn.Sequential, GPT-2's blocks) keeps
+// the ready-order cuts, and its caps are the pieces' bytes, forward-first
+// piece first.
+func TestDeclarationOrderMatchingForwardKeepsEveryCut(t *testing.T) {
+	g := linearStack(f32, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 10, 0}).graph()
+	setDDPPositions(g, countedParams(g))
+	cfg := Config{BucketCapBytes: 200_000, FirstBucketCapBytes: 200_000, AlignBuckets: true}
+	ready, err := Build(g, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.BucketOrder = OrderDeclaration
+	decl, err := Build(g, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ready.NumPieces < 3 {
+		t.Fatalf("want a plan with several pieces, got %d", ready.NumPieces)
+	}
+	if decl.Alignment != AlignDeclaration || decl.MergedCuts != 0 {
+		t.Fatalf("alignment %v, %d cuts merged; want declaration-order caps without merging", decl.Alignment, decl.MergedCuts)
+	}
+	if !slices.Equal(decl.NodePiece, ready.NodePiece) {
+		t.Fatalf("pieces changed: %v, ready-order %v", decl.NodePiece, ready.NodePiece)
+	}
+	// Forward-first piece first: the reverse of the ready-order caps.
+	want := slices.Clone(ready.DDPCaps)
+	slices.Reverse(want)
+	if !slices.Equal(decl.DDPCaps, want) {
+		t.Fatalf("caps %v, want %v", decl.DDPCaps, want)
+	}
+	if ready.Alignment != AlignReady {
+		t.Fatalf("ready-order plan: alignment %v", ready.Alignment)
+	}
+	checkDeclarationAligned(t, g, ready, decl)
+	if decl.Fingerprint == ready.Fingerprint {
+		t.Fatal("the bucket order does not reach the fingerprint")
+	}
+}
+
+// TestDeclarationOrderInterleavedMergesOnlyWhatItMust: fc3 declared
+// before fc2 lets no bucket start when fc3's piece ends, so that one cut
+// goes; a head (fc4) declared first joins fc1's bucket and costs only its
+// own cut. The cuts before stay.
+func TestDeclarationOrderInterleavedMergesOnlyWhatItMust(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		order []int // layers in declaration order
+	}{
+		{"fc3 before fc2", []int{0, 2, 1, 3}},
+		{"head first", []int{3, 0, 1, 2}},
+	} {
+		b := linearStack(f32, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 256, 0})
+		g := b.graph()
+		counted := countedParams(g)
+		var perm []int32
+		for _, l := range tc.order {
+			perm = append(perm, counted[2*l], counted[2*l+1])
+		}
+		setDDPPositions(g, perm)
+		cfg := Config{BucketCapBytes: 200_000, FirstBucketCapBytes: 200_000, AlignBuckets: true}
+		ready, err := Build(g, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.BucketOrder = OrderDeclaration
+		decl, err := Build(g, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ready.NumPieces != 4 {
+			t.Fatalf("%s: ready-order plan has %d pieces, want one per layer", tc.name, ready.NumPieces)
+		}
+		if decl.Alignment != AlignDeclarationMerged || decl.MergedCuts != 1 || decl.NumPieces != 3 {
+			t.Fatalf("%s: alignment %v, %d merged, %d pieces; want one cut merged", tc.name, decl.Alignment, decl.MergedCuts, decl.NumPieces)
+		}
+		checkDeclarationAligned(t, g, ready, decl)
+	}
+}
+
+// TestDeclarationOrderRandomPlans: random graphs, random declaration
+// orders (and, one time in four, the forward order), unused parameters
+// included.
+func TestDeclarationOrderRandomPlans(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 7))
+	checked := 0
+	forRandomFuzzInputs(t, rng, 1500, 300, func(data []byte) {
+		data[0] = 0x02 // ModeDDP, AlignBuckets, one key, no corruption
+		g, cfg := decodeFuzzInput(data)
+		counted := countedParams(g)
+		for _, p := range counted {
+			if g.Params[p].Bytes == 0 {
+				// Zero-byte parameters are the documented exception to exact
+				// alignment (doc.go, "Aligned buckets").
+				return
+			}
+		}
+		perm := slices.Clone(counted)
+		if rng.IntN(4) > 0 {
+			rng.Shuffle(len(perm), func(i, j int) { perm[i], perm[j] = perm[j], perm[i] })
+		}
+		setDDPPositions(g, perm)
+		ready, err := Build(g, cfg)
+		if err != nil {
+			t.Fatalf("ready order: %v", err)
+		}
+		cfg.BucketOrder = OrderDeclaration
+		decl, err := Build(g, cfg)
+		if err != nil {
+			t.Fatalf("declaration order: %v", err)
+		}
+		again, err := Build(g, cfg)
+		if err != nil || again.Fingerprint != decl.Fingerprint {
+			t.Fatalf("not deterministic: %v", err)
+		}
+		checkDeclarationAligned(t, g, ready, decl)
+		if decl.MergedCuts > 0 {
+			checked++
+		}
+	})
+	if checked == 0 && !testing.Short() {
+		t.Fatal("no random case needed a merge: the generator does not exercise merging")
+	}
+}
+
+// TestDeclarationOrderValidation: bad positions and bad configs are
+// reported, naming what is wrong.
+func TestDeclarationOrderValidation(t *testing.T) {
+	base := func() *Graph {
+		g := linearStack(f32, linearLayer{8, 8, 0}, linearLayer{8, 8, 0}).graph()
+		setDDPPositions(g, countedParams(g))
+		return g
+	}
+	cfg := Config{BucketCapBytes: 100, FirstBucketCapBytes: 100, AlignBuckets: true, BucketOrder: OrderDeclaration}
+	cases := []struct {
+		name  string
+		edit  func(*Graph, *Config)
+		code  ErrorCode
+		words string
+	}{
+		{"missing position", func(g *Graph, _ *Config) { g.Params[1].DDPPosition = -1 }, ErrInvalidGraph, "has no DDP position"},
+		{"shared position", func(g *Graph, _ *Config) { g.Params[1].DDPPosition = g.Params[0].DDPPosition }, ErrInvalidGraph, "share DDP position"},
+		{"negative position", func(g *Graph, _ *Config) { g.Params[1].DDPPosition = -5 }, ErrInvalidGraph, "DDP position -5"},
+		{"unknown order", func(_ *Graph, c *Config) { c.BucketOrder = 7 }, ErrInvalidConfig, "valid: 0 = OrderReady, 1 = OrderDeclaration"},
+		{"torch mode", func(_ *Graph, c *Config) { c.Mode, c.AlignBuckets = ModeTorch, false }, ErrInvalidConfig, "BucketOrder is not supported in ModeTorch"},
+	}
+	for _, tc := range cases {
+		g, c := base(), cfg
+		tc.edit(g, &c)
+		_, err := Build(g, c)
+		e, ok := err.(*Error)
+		if !ok || e.Code != tc.code || !contains(e.Msg, tc.words) {
+			t.Errorf("%s: got %v, want code %d mentioning %q", tc.name, err, tc.code, tc.words)
+		}
+	}
+	// Positions are not read under the ready order.
+	g := base()
+	g.Params[0].DDPPosition = -1
+	if _, err := Build(g, Config{BucketCapBytes: 100, FirstBucketCapBytes: 100}); err != nil {
+		t.Fatalf("ready order read the positions: %v", err)
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
