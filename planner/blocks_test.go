@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -168,21 +166,7 @@ func TestBlockPlanGolden(t *testing.T) {
 				t.Error(v)
 			}
 			tc.check(t, b, pl)
-			got := render(g, b.names, tc.cfg, pl)
-			path := filepath.Join("testdata", tc.name+".golden")
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test ./planner -update to create it)", err)
-			}
-			if got != string(want) {
-				t.Errorf("plan differs from %s (run go test ./planner -update if intended):\n%s", path, diffLines(string(want), got))
-			}
+			checkGolden(t, tc.name, render(g, b.names, tc.cfg, pl))
 		})
 	}
 }

@@ -368,22 +368,28 @@ func TestPlanGolden(t *testing.T) {
 			}
 			tc.check(t, b, pl)
 
-			got := render(g, b.names, tc.cfg, pl)
-			path := filepath.Join("testdata", tc.name+".golden")
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test ./planner -update to create it)", err)
-			}
-			if got != string(want) {
-				t.Errorf("plan differs from %s (run go test ./planner -update if intended):\n%s", path, diffLines(string(want), got))
-			}
+			checkGolden(t, tc.name, render(g, b.names, tc.cfg, pl))
 		})
+	}
+}
+
+// checkGolden compares a rendered plan with testdata/<name>.golden, or
+// rewrites the file under -update.
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./planner -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("plan differs from %s (run go test ./planner -update if intended):\n%s", path, diffLines(string(want), got))
 	}
 }
 
