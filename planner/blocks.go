@@ -89,6 +89,10 @@ func planBlocks(g *Graph, cfg *Config, lastUser []int32, runs []int) (*Plan, err
 	pl := &Plan{NodePiece: b.part, NumPieces: b.pieces}
 	if cfg.AlignBuckets {
 		pl.Buckets = b.groupedBuckets()
+		pl.Alignment = AlignReady
+		for k := range pl.Buckets {
+			pl.DDPCaps = append(pl.DDPCaps, pl.Buckets[k].Bytes)
+		}
 		return pl, nil
 	}
 	pl.Buckets = predicted.Buckets

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // gptModel builds the graph Dynamo captures for a small GPT (tests/python/
@@ -539,4 +541,34 @@ func TestBlockIDsValidated(t *testing.T) {
 			t.Errorf("%s block ids: error %v, want ErrInvalidGraph naming the block ids", name, err)
 		}
 	}
+}
+
+// TestBlockPlanCapsForDDP: an aligned block plan hands DDP its buckets'
+// byte totals as caps (AlignReady), the same as the byte-driven walk does,
+// and under declaration order, where DDP never rebuilds, the plan is the
+// byte-driven one that declorder.go aligns rather than the block grouping.
+func TestBlockPlanCapsForDDP(t *testing.T) {
+	b, blocks := gptModel(4, 8)
+	g := b.graph()
+	g.BlockIDs = blocks
+	cfg := alignedCfg(ddpCfg(7000, 100))
+	pl, err := Build(g, cfg)
+	require.NoError(t, err)
+	require.Equal(t, AlignReady, pl.Alignment)
+	var bytes []int64
+	for _, bk := range pl.Buckets {
+		bytes = append(bytes, bk.Bytes)
+	}
+	require.Equal(t, bytes, pl.DDPCaps)
+
+	setDDPPositions(g, countedParams(g))
+	cfg.BucketOrder = OrderDeclaration
+	decl, err := Build(g, cfg)
+	require.NoError(t, err)
+	g.BlockIDs = nil
+	byteDriven, err := Build(g, cfg)
+	require.NoError(t, err)
+	require.Contains(t, []Alignment{AlignDeclaration, AlignDeclarationMerged}, decl.Alignment)
+	require.Equal(t, byteDriven.NodePiece, decl.NodePiece)
+	require.Equal(t, byteDriven.DDPCaps, decl.DDPCaps)
 }

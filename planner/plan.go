@@ -76,7 +76,10 @@ func Build(g *Graph, cfg Config) (*Plan, error) {
 	)
 	if cfg.Mode == ModeTorch {
 		pl, err = planTorch(g, &cfg, lastUser)
-	} else if runs := blockRuns(g); len(runs) >= 2 {
+	} else if runs := blockRuns(g); len(runs) >= 2 && cfg.BucketOrder != OrderDeclaration {
+		// Block grouping (blocks.go) is made for DDP's ready-order rebuild;
+		// under OrderDeclaration DDP never rebuilds, so those plans keep the
+		// byte-driven cuts that declorder.go aligns.
 		pl, err = planBlocks(g, &cfg, lastUser, runs)
 	} else {
 		pl, err = planDDP(g, &cfg, lastUser)
