@@ -140,6 +140,47 @@ def test_goddp_ddp_mode_buckets_overlap_and_outputs(group, tmp_path):
 
 
 @needs_two_ranks
+def test_find_unused_parameters_buckets_follow_declaration_order_plan(group):
+    """Under find_unused_parameters=True DDP keeps its declaration-order
+    buckets and goddp gives it caps for that order (goddp._declaration): the
+    buckets the trace sees launch, in launch order, are the plan's buckets,
+    whose reverse is the caps goddp handed DDP; gradients stay eager DDP's."""
+    plain = make_ddp(group, find_unused_parameters=True)
+    want = train(plain, plain, 7)
+
+    ddp = make_ddp(group, find_unused_parameters=True)
+    compiled = torch.compile(
+        ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False, "strict": True}
+    )
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    got = train(ddp, compiled, 2, optimizer=optimizer)  # compile and align
+    before = ddp_state(ddp)
+    with goddp.trace(compiled) as tr:
+        got += train(ddp, compiled, 3, first_step=2, optimizer=optimizer)
+    assert ddp_state(ddp) == before  # the fresh reducer keeps the aligned buckets
+    got += train(ddp, compiled, 2, first_step=5, optimizer=optimizer)
+    assert ddp_state(ddp) == before
+    assert_bitwise_equal(got, want)
+
+    plan = goddp.last_plans()[-1]
+    assert plan["caps"]["bucket_order"] == "declaration", plan["caps"]
+    assert plan["alignment"] == "declaration-order caps", plan
+    assert plan["ddp_buckets"]["aligned"] is True, plan["ddp_buckets"]
+    assert plan["num_pieces"] > 2 and plan["merged_cuts"] == 0, plan
+    want_bytes = [b["bytes"] for b in plan["buckets"]]
+    assert len(want_bytes) > 2
+    # DDP fills its caps first-declared first: the reverse of launch order.
+    assert plan["ddp_caps"] == want_bytes[::-1]
+    steps = tr.to_dict()["steps"]
+    assert len(steps) == 3
+    for step in steps:
+        launched = sorted(step["buckets"], key=lambda b: b["launch_s"])
+        assert [b["bytes"] for b in launched] == want_bytes, step
+        assert [sorted(b["param_names"]) for b in launched] == [sorted(b["param_names"]) for b in plan["buckets"]]
+        assert [b["index"] for b in launched] == list(range(len(want_bytes)))
+
+
+@needs_two_ranks
 @pytest.mark.parametrize("as_view", [False, True], ids=["copy", "bucket_view"])
 def test_gradients_bit_identical_and_ddp_restored(group, as_view):
     plain = make_ddp(group, gradient_as_bucket_view=as_view)
@@ -351,4 +392,4 @@ def test_trace_under_torchrun():
     """Plain pytest: run this file's cases under torchrun, 2 ranks."""
     if under_torchrun():
         pytest.skip("already inside torchrun")
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=14, timeout=540)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=15, timeout=540)
