@@ -141,10 +141,11 @@ typedef struct goddp_graph {
      * torch mode ignores it. Values below -1 are GODDP_ERR_INVALID_GRAPH. */
     const int32_t *node_block_ids;      /* [num_nodes] or NULL */
 
-    /* NULL, or [num_params]: each parameter's index in DDP's own parameter
-     * list (declaration order), -1 where DDP does not reduce it. Read only
-     * with config.bucket_order == GODDP_ORDER_DECLARATION, which requires
-     * it (one distinct position per counted parameter). */
+    /* Optional (ABI 5). NULL, or [num_params]: each parameter's index in
+     * DDP's own parameter list (declaration order), -1 where DDP does not
+     * reduce it. Read only with config.bucket_order ==
+     * GODDP_ORDER_DECLARATION, which requires it (one distinct position
+     * per counted parameter). */
     const int32_t *param_ddp_positions;
 } goddp_graph;
 
@@ -162,12 +163,14 @@ typedef struct goddp_config {
      * piece with their exact byte total; those totals are meant to be
      * passed to DDP as its per-bucket caps, so that DDP's bucket rebuild
      * closes each bucket exactly at a piece boundary whatever the gradient
-     * order inside a piece. Requires every counted parameter (requires
+     * order inside a piece. With block cuts (node_block_ids) a bucket
+     * spans consecutive pieces instead of one, still closing at a piece
+     * boundary (planner/blocks.go). Requires every counted parameter (requires
      * grad, not DDP-ignored) to share one dtype and device, else
      * GODDP_ERR_INVALID_CONFIG. A single piece without counted parameters
      * has no bucket. */
     int32_t align_buckets;
-    /* enum goddp_bucket_order (ddp mode; nonzero in torch mode is
+    /* ABI 5. enum goddp_bucket_order (ddp mode; nonzero in torch mode is
      * GODDP_ERR_INVALID_CONFIG). With GODDP_ORDER_DECLARATION and
      * align_buckets, the buckets and ddp_caps are made for DDP's
      * declaration-order bucketing, which needs
@@ -204,7 +207,8 @@ typedef struct goddp_plan {
     int64_t *piece_output_offsets;      /* [num_pieces + 1] */
     int32_t *piece_outputs;
 
-    /* enum goddp_alignment: GODDP_ALIGN_NONE unless config.align_buckets. */
+    /* ABI 5: alignment, num_ddp_caps, ddp_caps, merged_cuts.
+     * enum goddp_alignment: GODDP_ALIGN_NONE unless config.align_buckets. */
     int32_t alignment;
     /* With alignment: the per-bucket caps to give DDP, in the order DDP
      * walks them (DDP order for GODDP_ALIGN_READY, forward-first piece

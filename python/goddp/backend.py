@@ -8,7 +8,8 @@ callable that makes a configured backend.
   ``torch.compile(ddp_model, backend=goddp.backend(inner="aot_eager"))``.
   With no options it returns ``goddp_backend`` itself.
 
-Options (also accepted as ``torch.compile(..., backend="goddp", options={...})``):
+Options (also accepted as ``torch.compile(..., backend="goddp",
+options={...})``; goddp._options validates them):
 
 - ``inner``: compiler for each piece: "inductor" (default), "aot_eager",
   "eager", any registered Dynamo backend name, or a callable
@@ -19,12 +20,18 @@ Options (also accepted as ``torch.compile(..., backend="goddp", options={...})``
   parameter counted once, at its earliest use, numel*element size, DDP's
   first-bucket cap and per-bucket caps); "torch" reproduces torch's
   DDPOptimizer.
-- ``bucket_cap_mb`` / ``first_bucket_cap_mb``: numbers > 0 overriding the
-  DDP module's caps.
+- ``bucket_cap_mb`` / ``first_bucket_cap_mb``: numbers > 0 (MiB) or None,
+  overriding the DDP module's caps; when both are given the first may not
+  exceed the other.
 - ``max_pieces``: int >= 1 or None: at most this many pieces, whatever the
   bucket size (ddp mode only).
-- ``align_buckets`` (True in ddp mode): set DDP's own buckets to the pieces
-  (why and when: docs/align.md); ddp mode only.
+- ``align_buckets`` (True or False; True in ddp mode): make DDP's own
+  buckets close at the cuts (why and when: docs/align.md); ddp mode only.
+- ``block_cuts`` (True, False or None for the mode's default; True in ddp
+  mode): cut at the boundaries of repeated module blocks (transformer
+  layers) and compile identical pieces once, each DDP bucket spanning
+  several consecutive pieces; False: byte-driven cuts. True only in ddp
+  mode (max_pieces and align_buckets=True likewise raise in torch mode).
 - ``strict`` (False): raise instead of warning and compiling the whole
   graph when planning or a piece's compilation fails.
 - ``log_plan`` (True): log the bucket table at INFO on logger "goddp".
