@@ -75,13 +75,16 @@ gotest: ## Go vet, unit tests with the race detector, a short fuzz run
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime 20s ./planner
 
 pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo group)
-	$(PY) -m pytest -q tests/python
+	$(PYTEST_ENV) $(PY) -m pytest -q tests/python
 
 # The backend and distributed suites again under torchrun: two ranks, gloo, CPU.
 pytest-dist: install $(HOOKDIR)/.ext
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
 	    tests/python/test_backend_*.py tests/python/test_dist_*.py
 
+# Within `make test` the plain pytest step leaves the two-rank cases to
+# pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).
+test: PYTEST_ENV = GODDP_TESTS_TORCHRUN_LATER=1
 test: gotest ctest pytest pytest-dist ## Run every test: Go, C, Python, Python under torchrun
 
 demo: install ## 2-rank CPU training with goddp: plan table and step times vs eager DDP

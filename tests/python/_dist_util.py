@@ -83,12 +83,21 @@ def passed_counts(output: str) -> list[int]:
     return [int(m) for m in re.findall(r"(\d+) passed", output)]
 
 
+# Set by `make test` (Makefile), never by the library.
+TORCHRUN_LATER_ENV = "GODDP_TESTS_TORCHRUN_LATER"
+
+
 def assert_file_passes_under_torchrun(test_file: str, *, cases_per_rank: int, timeout: float) -> None:
     """For a plain pytest run: run test_file's two-rank cases under torchrun
     and require every rank to pass all of them. Inside torchrun those cases
     already ran in this process, so this skips."""
     if under_torchrun():
         pytest.skip("already inside torchrun: the cases above ran in this process")
+    if os.environ.get(TORCHRUN_LATER_ENV) == "1":
+        # `make test` runs every test_dist_*/test_backend_* file under
+        # torchrun in its pytest-dist step; launching them here too would
+        # run each two-rank case twice.
+        pytest.skip("make test runs this file's two-rank cases under torchrun in pytest-dist")
     returncode, output = run_file_under_torchrun(test_file, nproc=2, timeout=timeout)
     assert returncode == 0, output[-6000:]
     # Both ranks ran every case (the launching test itself skips inside torchrun).
