@@ -95,6 +95,13 @@ def rebuild_blocker(ddp: Any) -> str | None:
         # DDP's pre-forward has just handed the old reducer this step's
         # Join work handle, which cannot be read back to hand it on.
         return "the first training step runs inside a Join context, whose state lives in DDP's reducer"
+    if getattr(ddp, "_has_rebuilt_buckets", False):
+        # The module trained before its first compiled training call. A new
+        # reducer starts from DDP's initial buckets; if the ranks then
+        # disagreed, the ones that put DDP's settings back would hold those
+        # while the others kept the rebuilt buckets. Every rank of a DDP
+        # group rebuilds at the same step, so every rank declines alike.
+        return "DDP already rebuilt its buckets in an earlier training step (the model trained before this compiled call)"
     return None
 
 

@@ -126,6 +126,30 @@ def test_a_fallback_on_one_rank_keeps_ddp_buckets_on_every_rank(group, caplog):
     assert decisions[0] == decisions[1]
 
 
+@needs_two_ranks
+def test_no_rank_aligns_once_ddp_has_rebuilt_its_buckets(group):
+    """Eager DDP steps before the first compiled one: DDP has rebuilt its
+    buckets, so no rank may swap its reducer (a rank that fell back would
+    keep the rebuilt buckets while the others started from DDP's initial
+    ones). Both ranks decline alike and train like eager DDP."""
+    batches = [_batch(100 * rank() + s) for s in range(4)]
+    entry = ZOO["mlp"]
+    runs = []
+    for compile_it in (False, True):
+        torch._dynamo.reset()
+        goddp.clear_plans()
+        ddp = entry.wrap(entry.build(seed=0), process_group=group, bucket_cap_mb=entry.ddp_cap_mb)
+        losses = _train(ddp, ddp, batches[:2])
+        forward = torch.compile(ddp, backend="goddp", options={"inner": FailsOnRank(on_rank=1, call=2)}) if compile_it else ddp
+        runs += [ddp, losses + _train(ddp, forward, batches[2:])]
+    _assert_same_training(*runs)
+    (plan,) = goddp.last_plans()
+    assert plan["ddp_buckets"]["aligned"] is False
+    assert not hasattr(runs[2], ALIGNED_CAPS_ATTR)
+    if rank() == 0:
+        assert "already rebuilt its buckets" in plan["ddp_buckets"]["reason"], plan["ddp_buckets"]
+
+
 # --------------------------------------------------------------------------
 # Issue 7, situation 3: an uneven last batch recompiles on one rank only.
 
@@ -230,4 +254,4 @@ def test_a_rank_that_never_comes_is_named(group, monkeypatch):
 @pytest.mark.single_process
 def test_rank_safety_under_torchrun():
     """Plain pytest: run this file's two-rank cases under torchrun."""
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=5, timeout=480)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=6, timeout=480)
