@@ -164,6 +164,21 @@ def _replace_reducer(ddp: Any, config: Any) -> None:
         raise
 
 
+def carry_reducer_modes(ddp: Any) -> None:
+    """Sets on DDP's new reducer the modes the user (or DDP's lazy init) set
+    on the old one and DDP keeps no other record of: manual backward
+    finalization, optimizer-in-backward. Every rebuild of the reducer, by
+    goddp's alignment or by goddp.trace, calls this."""
+    reducer = ddp.reducer
+    if getattr(ddp, "_require_manual_backward_finalization", False):
+        reducer._set_manual_finalization_required(True)
+    if getattr(ddp, "_lazy_init_ran", False) and any(
+        hasattr(p, "_in_backward_optimizers") for p in ddp._module_parameters
+    ):
+        # DDP's lazy init (its first pre-forward) set this on the old reducer.
+        reducer._set_optimizer_in_backward()
+
+
 def _rebuild_reducer(ddp: Any, config: Any, parameters, expect_sparse_gradient, param_to_name_mapping) -> None:
     """A new reducer (with autograd hooks) for ddp under bucket settings
     config, carrying what the user set on the old one, in the state DDP's
@@ -184,13 +199,7 @@ def _rebuild_reducer(ddp: Any, config: Any, parameters, expect_sparse_gradient, 
     for hook, state in ddp._comm_hooks:
         ddp.logger._set_comm_hook_name(hook.__qualname__)
         dist._register_comm_hook(reducer, state, hook)
-    if getattr(ddp, "_require_manual_backward_finalization", False):
-        reducer._set_manual_finalization_required(True)
-    if getattr(ddp, "_lazy_init_ran", False) and any(
-        hasattr(p, "_in_backward_optimizers") for p in ddp._module_parameters
-    ):
-        # DDP's lazy init (its first pre-forward) set this on the old reducer.
-        reducer._set_optimizer_in_backward()
+    carry_reducer_modes(ddp)
     if ddp.require_backward_grad_sync:
         # DDP's pre-forward already told the old reducer that a forward began.
         reducer.prepare_for_forward()

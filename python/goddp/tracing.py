@@ -446,6 +446,9 @@ def rebuild_reducer(ddp: Any, hooks: list[tuple[Callable, Any]]) -> None:
         for hook, state in with_hooks:
             dist._register_comm_hook(ddp.reducer, state, hook)
             ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
+        from goddp._align import carry_reducer_modes
+
+        carry_reducer_modes(ddp)
 
     previous = list(ddp._comm_hooks)
     with _init_lock:

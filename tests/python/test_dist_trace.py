@@ -201,6 +201,27 @@ def test_gradients_bit_identical_and_ddp_restored(group, as_view):
 
 
 @needs_two_ranks
+def test_manual_backward_finalization_survives_the_trace(group):
+    """The trace's fresh reducers keep what the user set on DDP's (shared
+    with goddp's alignment: _align.carry_reducer_modes)."""
+    if not hasattr(torch.nn.parallel.DistributedDataParallel, "require_manual_backward_finalization"):
+        pytest.skip("this torch has no manual backward finalization")
+    ddp = make_ddp(group)
+    ddp.require_manual_backward_finalization = True
+
+    def step(seed):
+        ddp(*ENTRY.make_inputs(100 * rank() + seed)).float().pow(2).mean().backward()
+        ddp.finalize_backward()  # raises if the reducer lost the mode
+
+    step(0)
+    with goddp.trace(ddp) as tr:
+        step(1)
+        step(2)
+    step(3)
+    assert len(tr.to_dict()["steps"]) == 2
+
+
+@needs_two_ranks
 def test_user_hook_runs_once_per_bucket_and_stays(group):
     plain_calls, calls = [], []
     plain = make_ddp(group)
@@ -392,4 +413,4 @@ def test_trace_under_torchrun():
     """Plain pytest: run this file's cases under torchrun, 2 ranks."""
     if under_torchrun():
         pytest.skip("already inside torchrun")
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=15, timeout=540)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=16, timeout=540)
