@@ -14,8 +14,6 @@ apply).
 from __future__ import annotations
 
 import dataclasses
-import logging
-import weakref
 from typing import Any, Sequence
 
 import torch
@@ -23,7 +21,6 @@ import torch.distributed as dist
 
 from goddp._export import parameter_names
 
-logger = logging.getLogger("goddp")
 
 # Set on a DDP module once goddp has installed its caps: the caps, and DDP's
 # own bucket settings from before, which planning keeps reading.
