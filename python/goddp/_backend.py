@@ -40,7 +40,7 @@ from torch import fx
 from goddp import _ddp_optimizer, _native
 from goddp._agreement import GatedCall, TrainingGate, gate_for_training
 from goddp._align import alignment_blocker, coverage_blocker
-from goddp._blocks import group_pieces, piece_signature
+from goddp._blocks import edge_pieces, group_pieces, piece_signature
 from goddp._cut import cut_graph
 from goddp._declaration import bucket_order, ddp_parameter_names, with_ddp_positions
 from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
@@ -202,11 +202,11 @@ class _DDPGraphCompile:
                 raise
             return self.whole_graph(f"cutting the graph along the plan failed ({_describe(exc)})", exc)
         log_pieces(pieces)
-        same_as = self.identify(pieces, piece_inputs)
-        self.log_table(plan, same_as)
+        same_as, eager = self.identify(exported, plan, pieces, piece_inputs)
+        self.log_table(plan, same_as, eager)
         try:
             with self.record.timed("compile"):
-                compiled = compile_pieces(self.inner, pieces, piece_inputs, same_as)
+                compiled = compile_pieces(self.inner, pieces, piece_inputs, same_as, eager)
         except PieceCompileError as failed:
             if self.options.strict:
                 raise failed.__cause__ from None
@@ -271,29 +271,42 @@ class _DDPGraphCompile:
         record.distinct_pieces = plan.num_pieces
         for piece in record.pieces:
             piece["same_as"] = piece["index"]
+            piece["eager"] = False
         if plan.num_pieces <= 1:
             self.log_table(plan)
 
-    def log_table(self, plan: GraphPlan, same_as: list[int] | None = None) -> None:
+    def log_table(self, plan: GraphPlan, same_as: list[int] | None = None, eager: Sequence[int] = ()) -> None:
         """The plan table at INFO (log_plan), with the frame the graph came
         from: a trainer's graph breaks make several graphs per step."""
         if self.options.log_plan:
-            logger.info("%s\n(%s)", plan.table(same_as), self.frame.describe())
+            logger.info("%s\n(%s)", plan.table(same_as, eager), self.frame.describe())
 
-    def identify(self, pieces: list[Any], piece_inputs: list[list[Any]]) -> list[int]:
+    def identify(
+        self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Any], piece_inputs: list[list[Any]]
+    ) -> tuple[list[int], list[int]]:
         """Per piece, the piece whose compiled callable it will run: an
         earlier identical one (same code and input metadata, names aside;
-        goddp._blocks) with block cuts, else itself. Recorded."""
+        goddp._blocks) with block cuts, else itself; and the edge pieces
+        that run eagerly (option edges; goddp._blocks, "Edges"). Recorded."""
         with self.record.timed("identify"):
             if self.options.cuts_at_blocks:
                 same_as = group_pieces([piece_signature(p.gm, x) for p, x in zip(pieces, piece_inputs)])
             else:
                 same_as = list(range(len(pieces)))
+            eager = edge_pieces(
+                exported.nodes,
+                exported.arrays.get("node_block_ids"),
+                [plan.node_pieces[node.name] for node in exported.nodes],
+                self.options.edge_policy,
+            )
+        record = self.record
         distinct = sum(1 for p, leader in enumerate(same_as) if p == leader)
-        self.record.distinct_pieces, self.record.reused_pieces = distinct, len(pieces) - distinct
-        for piece in self.record.pieces:
+        record.distinct_pieces, record.reused_pieces = distinct, len(pieces) - distinct
+        record.eager_pieces = len(eager)
+        for piece in record.pieces:
             piece["same_as"] = same_as[piece["index"]]
-        return same_as
+            piece["eager"] = piece["index"] in eager
+        return same_as, eager
 
     def cut(self, exported: ExportedGraph, plan: GraphPlan) -> tuple[list[Any], list[list[Any]]]:
         with self.record.timed("cut"):

@@ -14,6 +14,9 @@ from typing import Any, Callable, Mapping
 
 MODES = ("ddp", "torch")
 
+# The values of option "edges" (Options.edges says what each does).
+EDGE_CHOICES = ("auto", "compile", "eager")
+
 # The inner compilers most users pick; any other registered Dynamo backend
 # name (or a callable) is accepted as well.
 COMMON_INNER = ("inductor", "aot_eager", "eager")
@@ -27,6 +30,7 @@ OPTION_KEYS = (
     "max_pieces",
     "align_buckets",
     "block_cuts",
+    "edges",
     "strict",
     "log_plan",
     "check_plans",
@@ -54,6 +58,13 @@ class Options:
         each DDP bucket spanning several consecutive pieces; on by default
         in ddp mode, off in torch mode. Without repeated blocks the cuts are
         byte-driven either way.
+    edges: with block cuts, what runs the pieces before the first block and
+        after the last (embeddings, final norm and head): "auto" (None
+        means it) runs each eagerly when it is no bigger than one block, as
+        regional compilation does, since compiling it would cost as much
+        as compiling a block and save little (goddp._blocks, "Edges");
+        "compile" compiles them with the inner compiler; "eager" runs them
+        eagerly whatever their size.
     strict: raise instead of warning and compiling the whole graph when
         planning or a piece's compilation fails.
     log_plan: log the bucket table at INFO on logger "goddp".
@@ -69,6 +80,7 @@ class Options:
     max_pieces: int | None = None
     align_buckets: bool | None = None  # None: on in ddp mode, off in torch mode
     block_cuts: bool | None = None  # None: on in ddp mode, off in torch mode
+    edges: str | None = None  # None: "auto" wherever block cuts apply
     strict: bool = False
     log_plan: bool = True
     check_plans: bool = True
@@ -86,6 +98,14 @@ class Options:
     @property
     def cuts_at_blocks(self) -> bool:
         return self.mode == "ddp" and self.block_cuts is not False
+
+    @property
+    def edge_policy(self) -> str:
+        """What runs the edge pieces (EDGE_CHOICES); "compile" where the
+        graph is not cut at blocks, so that there are no edges to treat."""
+        if not self.cuts_at_blocks:
+            return "compile"
+        return self.edges or "auto"
 
 
 def _is_number(value: Any) -> bool:
@@ -153,6 +173,15 @@ def check_max_pieces(max_pieces: Any) -> int | None:
     return max_pieces
 
 
+def check_align_buckets(align_buckets: Any) -> bool | None:
+    if align_buckets is not None and not isinstance(align_buckets, bool):
+        raise ValueError(
+            "goddp option 'align_buckets' must be True (DDP's buckets close at the cuts), False "
+            f"(DDP keeps its own) or None (the mode's default), got {align_buckets!r}"
+        )
+    return align_buckets
+
+
 def check_block_cuts(block_cuts: Any) -> bool | None:
     if block_cuts is not None and not isinstance(block_cuts, bool):
         raise ValueError(
@@ -162,12 +191,26 @@ def check_block_cuts(block_cuts: Any) -> bool | None:
     return block_cuts
 
 
+def check_edges(edges: Any) -> str | None:
+    if edges is not None and edges not in EDGE_CHOICES:
+        raise ValueError(
+            f"goddp option 'edges' must be one of {', '.join(repr(c) for c in EDGE_CHOICES)} "
+            f"or None (meaning 'auto'), got {edges!r}"
+        )
+    return edges
+
+
 def check_ddp_mode_only(
-    mode: str, max_pieces: int | None, align_buckets: bool | None, block_cuts: bool | None = None
+    mode: str,
+    max_pieces: int | None,
+    align_buckets: bool | None,
+    block_cuts: bool | None = None,
+    edges: str | None = None,
 ) -> None:
-    """max_pieces, align_buckets and block_cuts change what ddp mode plans;
-    torch mode reproduces torch's DDPOptimizer and has none of them. The one owner of this
-    rule on the Python side (goddp.plan_graph_module checks through it too)."""
+    """max_pieces, align_buckets, block_cuts and edges change what ddp mode
+    plans or compiles; torch mode reproduces torch's DDPOptimizer and has
+    none of them. The one owner of this rule on the Python side
+    (goddp.plan_graph_module checks through it too)."""
     if max_pieces is not None and mode != "ddp":
         raise ValueError(
             "goddp option 'max_pieces' applies only to mode='ddp' "
@@ -182,6 +225,11 @@ def check_ddp_mode_only(
         raise ValueError(
             "goddp option 'block_cuts' applies only to mode='ddp' "
             f"(mode='torch' reproduces torch's DDPOptimizer exactly), got mode={mode!r}"
+        )
+    if edges is not None and (mode != "ddp" or block_cuts is False):
+        raise ValueError(
+            "goddp option 'edges' applies only to graphs cut at repeated blocks (mode='ddp' with "
+            f"block_cuts on), got mode={mode!r}, block_cuts={block_cuts!r}"
         )
 
 
@@ -216,14 +264,18 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
             values[key] = _check_cap(key, raw[key])
     if "max_pieces" in raw:
         values["max_pieces"] = check_max_pieces(raw["max_pieces"])
-    for key in ("align_buckets", "strict", "log_plan", "check_plans"):
+    for key in ("strict", "log_plan", "check_plans"):
         if key in raw:
             values[key] = _check_bool(key, raw[key])
+    if "align_buckets" in raw:
+        values["align_buckets"] = check_align_buckets(raw["align_buckets"])
     if "block_cuts" in raw:
         values["block_cuts"] = check_block_cuts(raw["block_cuts"])
+    if "edges" in raw:
+        values["edges"] = check_edges(raw["edges"])
 
     options = Options(**values)
-    check_ddp_mode_only(options.mode, options.max_pieces, options.align_buckets, options.block_cuts)
+    check_ddp_mode_only(options.mode, options.max_pieces, options.align_buckets, options.block_cuts, options.edges)
     if (
         options.bucket_cap_mb is not None
         and options.first_bucket_cap_mb is not None

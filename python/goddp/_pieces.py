@@ -70,21 +70,33 @@ def compile_pieces(
     pieces: Sequence[Piece],
     piece_inputs: Sequence[Sequence[Any]],
     same_as: Sequence[int] | None = None,
+    eager: Sequence[int] = (),
 ) -> list[Callable[..., Any]]:
     """Compiles each piece with inner, in forward order; a piece whose
     same_as names an earlier piece reuses that piece's compiled callable
-    (goddp._blocks). Logs a line per piece compiled at INFO. Raises
+    (goddp._blocks), and a piece in eager runs its GraphModule as it is
+    (the edges; goddp._blocks, "Edges"). Logs a line per piece compiled or
+    left eager at INFO. Raises
     PieceCompileError naming the piece, with the inner compiler's exception
     as its cause; the settings below are restored either way."""
     if same_as is None:
         same_as = list(range(len(pieces)))
-    distinct = sum(1 for p, leader in enumerate(same_as) if p == leader)
+    distinct = sum(1 for p, leader in enumerate(same_as) if p == leader and p not in eager)
     compiled: list[Callable[..., Any]] = []
     start = time.perf_counter()
     with inductor_keeps_output_strides(), piece_metadata_tracking() as metadata:
         for piece, inputs, leader in zip(pieces, piece_inputs, same_as):
             if leader != piece.index:
                 compiled.append(compiled[leader])
+                continue
+            if piece.index in eager:
+                compiled.append(piece.gm.forward)
+                logger.info(
+                    "goddp: piece %d (%d nodes) runs eagerly: it lies outside the repeated blocks "
+                    "(option edges='compile' compiles it)",
+                    piece.index,
+                    len(piece.gm.graph.nodes),
+                )
                 continue
             piece_start = time.perf_counter()
             try:
@@ -94,7 +106,7 @@ def compile_pieces(
             metadata.after_compile(leader)
             uses = same_as.count(leader)
             logger.info(
-                "goddp: compiled piece %d (%d of %d distinct, %d nodes%s) in %.1fs, %.1fs so far",
+                "goddp: compiled piece %d (%d of %d to compile, %d nodes%s) in %.1fs, %.1fs so far",
                 piece.index,
                 len(metadata.compiled),
                 distinct,

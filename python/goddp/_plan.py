@@ -177,11 +177,12 @@ class GraphPlan:
             "merged_cuts": self.merged_cuts,
         }
 
-    def table(self, same_as: Sequence[int] | None = None) -> str:
+    def table(self, same_as: Sequence[int] | None = None, eager: Sequence[int] = ()) -> str:
         """A readable bucket table: one row per parameter, the bucket's index,
         size (MiB) and piece on its first row. same_as (per piece, the piece
         whose compiled code it reuses; itself if none) adds the counts of
-        distinct and reused pieces and a line naming the reused ones."""
+        distinct and reused pieces and a line naming the reused ones; eager
+        (the pieces run eagerly) adds a line naming them."""
         caps = self.caps
         head = (
             f"goddp plan: mode={self.mode} fingerprint={self.fingerprint:016x} "
@@ -210,6 +211,11 @@ class GraphPlan:
             lines.append(
                 "reused compiled pieces (piece=the piece compiled for it): "
                 + " ".join(f"{p}={leader}" for p, leader in reused)
+            )
+        if eager:
+            lines.append(
+                "eager pieces (edges outside the repeated blocks, not compiled; option edges): "
+                + " ".join(str(p) for p in eager)
             )
         for row in rows:
             lines.append("  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3])

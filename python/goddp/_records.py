@@ -27,6 +27,7 @@ class GraphRecord:
     num_pieces: int = 1
     distinct_pieces: int = 1
     reused_pieces: int = 0
+    eager_pieces: int = 0
     block_cuts: bool = False
     pieces: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     buckets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -78,15 +79,19 @@ def last_plans() -> list[dict[str, Any]]:
       first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets,
       bucket_order.
     - num_pieces: how many pieces the graph was cut into (1: not cut).
-    - distinct_pieces: how many pieces were compiled; identical pieces
-      share one compile (goddp._blocks).
+    - distinct_pieces: how many different pieces the graph has; identical
+      pieces share one compile (goddp._blocks).
     - reused_pieces: how many pieces run the compiled code of an identical
       earlier piece.
+    - eager_pieces: how many pieces run eagerly instead of through the
+      inner compiler: the edges of a graph cut at repeated blocks (option
+      edges; goddp._blocks, "Edges"). The inner compiler ran
+      distinct_pieces - eager_pieces times.
     - block_cuts: whether the graph was planned with block-aligned cuts.
     - pieces: per piece (param_names in ddp mode are the parameters first
       used in it; same_as is the piece whose compiled code it runs, itself
-      unless reused): index, num_nodes, inputs, outputs, param_names,
-      same_as.
+      unless reused; eager says whether it runs eagerly): index,
+      num_nodes, inputs, outputs, param_names, same_as, eager.
     - buckets: per DDP bucket: index, bytes, param_names, piece, extended.
     - timings: seconds spent in export, plan, cut, example_inputs,
       identify, compile, stitch.

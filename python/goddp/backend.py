@@ -25,13 +25,19 @@ options={...})``; goddp._options validates them):
   exceed the other.
 - ``max_pieces``: int >= 1 or None: at most this many pieces, whatever the
   bucket size (ddp mode only).
-- ``align_buckets`` (True or False; True in ddp mode): make DDP's own
-  buckets close at the cuts (why and when: docs/align.md); ddp mode only.
+- ``align_buckets`` (True, False or None for the mode's default; True in
+  ddp mode): make DDP's own buckets close at the cuts (why and when:
+  docs/align.md); ddp mode only.
 - ``block_cuts`` (True, False or None for the mode's default; True in ddp
   mode): cut at the boundaries of repeated module blocks (transformer
   layers) and compile identical pieces once, each DDP bucket spanning
   several consecutive pieces; False: byte-driven cuts. True only in ddp
   mode (max_pieces and align_buckets=True likewise raise in torch mode).
+- ``edges`` ("auto", "compile", "eager" or None for "auto"; only with
+  block cuts): what runs the pieces before the first repeated block and
+  after the last: "auto" runs each eagerly when it is no bigger than one
+  block, "compile" compiles them with inner, "eager" runs them eagerly
+  whatever their size (why: goddp._blocks, "Edges").
 - ``strict`` (False): raise instead of warning and compiling the whole
   graph when planning or a piece's compilation fails.
 - ``log_plan`` (True): log the bucket table at INFO on logger "goddp".

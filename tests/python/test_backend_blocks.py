@@ -63,17 +63,56 @@ def test_identical_blocks_compile_once_and_train_like_eager_ddp(dist_group, capl
 
     (plan,) = goddp.last_plans()
     # three blocks and the head; block 0 reads the graph input, which needs
-    # no gradient, so it differs from blocks 1 and 2, which are one graph
+    # no gradient, so it differs from blocks 1 and 2, which are one graph;
+    # the head (an edge, smaller than a block) runs eagerly
     assert plan["num_pieces"] == 4
     assert [p["same_as"] for p in plan["pieces"]] == [0, 1, 1, 3]
-    assert (plan["distinct_pieces"], plan["reused_pieces"]) == (3, 1)
-    assert len(counting.graphs) == 3, "the inner compiler ran once per distinct piece"
+    assert [p["eager"] for p in plan["pieces"]] == [False, False, False, True]
+    assert (plan["distinct_pieces"], plan["reused_pieces"], plan["eager_pieces"]) == (3, 1, 1)
+    assert len(counting.graphs) == 2, "the inner compiler ran once per distinct piece but the eager edge"
     # the progress lines and the plan table say so
-    progress = [r.getMessage() for r in caplog.records if "goddp: compiled piece" in r.getMessage()]
-    assert len(progress) == 3 and "used by 2 pieces" in progress[1], progress
-    assert any("distinct pieces=3 reused=1" in r.getMessage() and "2=1" in r.getMessage() for r in caplog.records)
+    messages = [r.getMessage() for r in caplog.records]
+    progress = [m for m in messages if "goddp: compiled piece" in m]
+    assert len(progress) == 2 and "used by 2 pieces" in progress[1], progress
+    assert any("goddp: piece 3" in m and "runs eagerly" in m for m in messages), messages
+    table = [m for m in messages if "distinct pieces=3 reused=1" in m]
+    assert table and "2=1" in table[0] and "eager pieces" in table[0], table
 
     # same losses and gradients as eager DDP, bit for bit (aot_eager)
+    for got, want in zip(losses, eager_losses):
+        assert torch.equal(got, want)
+    for (name, p), q in zip(ddp.module.named_parameters(), eager.module.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.parametrize("edges, eager_pieces", [("compile", []), ("eager", [3]), ("auto", [3])])
+def test_edges_option_decides_what_runs_the_head(dist_group, edges, eager_pieces):
+    entry, ddp, compiled, counting = compiled_blocks(dist_group, edges=edges)
+    train(entry, compiled, steps=1)
+    (plan,) = goddp.last_plans()
+    assert [p["index"] for p in plan["pieces"] if p["eager"]] == eager_pieces
+    assert plan["eager_pieces"] == len(eager_pieces)
+    assert len(counting.graphs) == plan["distinct_pieces"] - len(eager_pieces)
+    # whether the head is compiled changes no cut and no bucket
+    assert plan["num_pieces"] == 4 and plan["ddp_buckets"]["aligned"]
+
+
+def test_tied_edges_run_eagerly_and_train_like_eager_ddp(dist_group):
+    # The tied LM: the embedding (preamble) and the norm and tied projection
+    # (tail) are both edges, and share the embedding's weight.
+    entry = ZOO["tied"]
+    eager = entry.wrap(entry.build(seed=0), bucket_cap_mb=entry.ddp_cap_mb)
+    eager_losses, _ = train(entry, eager, seed_base=10 * dist_group.rank)
+    torch._dynamo.reset()
+    goddp.clear_plans()
+    ddp = entry.wrap(entry.build(seed=0), bucket_cap_mb=entry.ddp_cap_mb)
+    counting = CountingCompiler()
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": counting, "strict": True, "log_plan": False})
+    losses, _ = train(entry, compiled, seed_base=10 * dist_group.rank)
+    (plan,) = goddp.last_plans()
+    eager_pieces = [p["index"] for p in plan["pieces"] if p["eager"]]
+    assert eager_pieces == [0, plan["num_pieces"] - 1], plan["pieces"]
+    assert len(counting.graphs) == plan["distinct_pieces"] - 2
     for got, want in zip(losses, eager_losses):
         assert torch.equal(got, want)
     for (name, p), q in zip(ddp.module.named_parameters(), eager.module.parameters()):
@@ -173,10 +212,11 @@ def test_inductor_close_to_eager_ddp(dist_group):
     torch._dynamo.reset()
     goddp.clear_plans()
     ddp = entry.wrap(entry.build(seed=0), bucket_cap_mb=entry.ddp_cap_mb)
-    compiled = torch.compile(ddp, backend="goddp", options={"inner": "inductor", "strict": True, "log_plan": False})
+    options = {"inner": "inductor", "strict": True, "log_plan": False, "edges": "compile"}
+    compiled = torch.compile(ddp, backend="goddp", options=options)
     losses, _ = train(entry, compiled, steps=1, seed_base=10 * dist_group.rank)
     (plan,) = goddp.last_plans()
-    assert plan["reused_pieces"] == 1
+    assert plan["reused_pieces"] == 1 and plan["eager_pieces"] == 0
     assert torch.allclose(losses[0], eager_losses[0], rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(ddp.module.named_parameters(), eager.module.parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-5), name

@@ -47,7 +47,7 @@ def test_importing_goddp_switched_off_torch_ddp_optimizer():
 @pytest.mark.parametrize(
     "options, fragment",
     [
-        ({"bucket_cap": 25}, "valid keys: inner, inner_options, mode, bucket_cap_mb, first_bucket_cap_mb, max_pieces, align_buckets, block_cuts, strict"),
+        ({"bucket_cap": 25}, "valid keys: inner, inner_options, mode, bucket_cap_mb, first_bucket_cap_mb, max_pieces, align_buckets, block_cuts, edges, strict"),
         ({"mode": "fast"}, "'ddp', 'torch'"),
         ({"inner": "no_such_backend"}, "valid choices:"),
         ({"inner": 3}, "'inductor', 'aot_eager', 'eager'"),
@@ -61,9 +61,12 @@ def test_importing_goddp_switched_off_torch_ddp_optimizer():
         ({"max_pieces": True}, "int >= 1 or None"),
         ({"max_pieces": 4, "mode": "torch"}, "only to mode='ddp'"),
         ({"align_buckets": True, "mode": "torch"}, "only to mode='ddp'"),
-        ({"align_buckets": "on"}, "True or False"),
+        ({"align_buckets": "on"}, "True (DDP's buckets close at the cuts), False (DDP keeps its own) or None"),
         ({"block_cuts": True, "mode": "torch"}, "only to mode='ddp'"),
         ({"block_cuts": "yes"}, "True (cut at repeated module blocks), False (byte-driven cuts) or None"),
+        ({"edges": "fast"}, "one of 'auto', 'compile', 'eager' or None"),
+        ({"edges": "eager", "mode": "torch"}, "only to graphs cut at repeated blocks"),
+        ({"edges": "compile", "block_cuts": False}, "only to graphs cut at repeated blocks"),
         ({"strict": 1}, "True or False"),
         ({"log_plan": "yes"}, "True or False"),
         ({"check_plans": None}, "True or False"),
@@ -90,7 +93,8 @@ def test_every_documented_key_is_accepted():
         "first_bucket_cap_mb": 0.5,
         "max_pieces": 3,
         "align_buckets": False,
-        "block_cuts": False,
+        "block_cuts": True,
+        "edges": "compile",
         "strict": True,
         "log_plan": False,
         "check_plans": False,
@@ -111,6 +115,10 @@ def test_defaults():
     assert options.block_cuts is None and options.cuts_at_blocks
     assert not parse_options({"mode": "torch"}).cuts_at_blocks
     assert not parse_options({"block_cuts": False}).cuts_at_blocks
+    assert options.edges is None and options.edge_policy == "auto"
+    assert parse_options({"mode": "torch"}).edge_policy == "compile"
+    assert parse_options({"block_cuts": False}).edge_policy == "compile"
+    assert parse_options({"align_buckets": None}).aligns_buckets
     assert (options.strict, options.log_plan, options.check_plans) == (False, True, True)
 
 

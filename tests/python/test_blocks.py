@@ -4,11 +4,12 @@ pieces (goddp._blocks), without the planner."""
 from __future__ import annotations
 
 import operator
+from types import SimpleNamespace
 
 import torch
 from torch import fx, nn
 
-from goddp._blocks import backward_order, block_ids, group_pieces, piece_signature
+from goddp._blocks import backward_order, block_ids, edge_pieces, group_pieces, piece_signature
 from models import SquareStack, TiedEmbeddingLM, TransformerStack
 
 
@@ -141,3 +142,36 @@ def test_grouping_and_backward_order():
     assert backward_order(leaders) == [5, 1, 3, 0]
     # interleaved classes: A B B A compiles A's backward first
     assert backward_order(group_pieces([("a",), ("b",), ("b",), ("a",)])) == [0, 1]
+
+
+def _edge_case(layout):
+    """Nodes, block ids and pieces from a layout: per piece, a list of block
+    ids (-1: no block), one compute node each; a placeholder first."""
+    nodes, blocks, pieces = [SimpleNamespace(op="placeholder")], [-1], [-1]
+    for piece, members in enumerate(layout):
+        for block in members:
+            nodes.append(SimpleNamespace(op="call_function"))
+            blocks.append(block)
+            pieces.append(piece)
+    nodes.append(SimpleNamespace(op="output"))
+    return nodes, blocks + [-1], pieces + [-1]
+
+
+def test_edges_no_bigger_than_a_block_run_eagerly():
+    # preamble of 2 nodes, blocks of 3 (the second with a trailing node
+    # outside any block, joined to it), a tail of 4: the mean block holds 3
+    layout = [[-1, -1], [0, 0, 0], [1, 1, 1, -1], [-1, -1, -1, -1]]
+    nodes, blocks, pieces = _edge_case(layout)
+    assert edge_pieces(nodes, blocks, pieces, "auto") == [0]
+    assert edge_pieces(nodes, blocks, pieces, "eager") == [0, 3]
+    assert edge_pieces(nodes, blocks, pieces, "compile") == []
+    # an edge exactly one mean block big is still small enough
+    nodes, blocks, pieces = _edge_case([[0, 0, 0], [1, 1, 1], [-1, -1, -1]])
+    assert edge_pieces(nodes, blocks, pieces, "auto") == [2]
+
+
+def test_no_blocks_no_edges():
+    nodes, blocks, pieces = _edge_case([[-1], [-1, -1]])
+    for policy in ("auto", "eager", "compile"):
+        assert edge_pieces(nodes, blocks, pieces, policy) == []
+        assert edge_pieces(nodes, None, pieces, policy) == []
