@@ -16,6 +16,9 @@ Tools:
   goddp_ddp     goddp, ddp mode
   regional      (--e2e only) each repeated block compiled alone, eager DDP
   goddp_bytes   (--e2e only) goddp, ddp mode, block-aligned cuts off
+  goddp_compile_edges
+                (--e2e only) goddp, ddp mode, its edge pieces (before the
+                first block, after the last) compiled too (edges="compile")
   goddp_each    (--e2e only) goddp with block cuts, but every piece compiled
                 on its own (no shared callable): what Inductor's own caches
                 give for identical pieces
@@ -54,8 +57,9 @@ from bench import stats
 TOOLS = ("unsplit", "torch", "goddp_torch", "goddp_ddp")
 # Tools of the end-to-end compile only: regional compilation (each block
 # compiled alone, eager DDP) needs a model of blocks and a real compiler;
-# goddp_bytes is goddp's ddp mode with block-aligned cuts turned off.
-E2E_TOOLS = ("regional", "goddp_bytes", "goddp_each", "goddp_canon")
+# goddp_bytes is goddp's ddp mode with block-aligned cuts turned off, and
+# goddp_compile_edges with its edge pieces compiled.
+E2E_TOOLS = ("regional", "goddp_bytes", "goddp_compile_edges", "goddp_each", "goddp_canon")
 TRIVIAL = "bench_trivial"
 LAYER_WIDTH = 192  # 148 KiB per layer: 8 layers fill DDPOptimizer's 1 MiB minimum cap
 
@@ -127,6 +131,8 @@ def _compiled(torch, ddp, tool: str, inner: str):
         return torch.compile(ddp, backend="goddp", options={"inner": each, "mode": "ddp"})
     if tool == "goddp_bytes":
         return torch.compile(ddp, backend="goddp", options={"inner": inner, "mode": "ddp", "block_cuts": False})
+    if tool == "goddp_compile_edges":
+        return torch.compile(ddp, backend="goddp", options={"inner": inner, "mode": "ddp", "edges": "compile"})
     if tool.startswith("goddp"):
         return torch.compile(ddp, backend="goddp", options={"inner": inner, "mode": tool.split("_")[1]})
     if tool == "regional":

@@ -15,7 +15,7 @@ from bench import variants  # noqa: E402
 COLORS = {
     "compute_only": "#9e9e9e", "eager_ddp": "#6d8fb3", "compiled": "#3b5b92", "regional": "#8e5bb5",
     "torch_ddpopt": "#1f3a5f", "goddp_torch": "#e07b39", "goddp_ddp": "#2e9e5b",
-    "goddp_ddp_traced": "#7fc99b", "goddp_bytes": "#b3a12e",
+    "goddp_ddp_traced": "#7fc99b", "goddp_bytes": "#b3a12e", "goddp_compile_edges": "#c0504d",
 }
 
 
@@ -198,7 +198,7 @@ def compile_vs_depth(results: list[dict], path: Path) -> None:
     colors = {**COLORS, "unsplit": COLORS["compiled"], "torch": COLORS["torch_ddpopt"], "goddp_bytes": "#b3a12e"}
     labels = {"unsplit": "compiled, unsplit", "regional": "regional (blocks compiled), eager DDP",
               "torch": "torch DDPOptimizer", "goddp_ddp": "goddp (block cuts)", "goddp_bytes": "goddp (byte cuts)",
-              "goddp_torch": "goddp torch mode"}
+              "goddp_torch": "goddp torch mode", "goddp_compile_edges": "goddp (edges compiled)"}
     fig, ax = plt.subplots(figsize=(6, 4))
     for tool, recs in tools.items():
         recs = sorted(recs, key=lambda r: r["layers"])

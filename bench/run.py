@@ -55,11 +55,11 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
     common = {k: m[k] for k in ("rounds", "steps_per_round", "warmup", "profile_steps", "trace_steps",
                                 "link_sizes_mib", "link_reps", "interference_compute_s")}
 
-    def job(name, model, inner, overrides=None, job_rate=rate, var=None, cap=None, size=None):
+    def job(name, model, inner, overrides=None, job_rate=rate, var=None, cap=None, size=None, opt_in=False):
         default = [v for v in variants.ALL if model == "gpt" or v not in variants.NEEDS_BLOCKS]
         return dict(name=name, model=model, size=size or m["size"], overrides=overrides or {},
                     inner=inner, rate=job_rate, variants=var or default,
-                    bucket_cap_mb=cap, timeout_s=7200, **common)
+                    bucket_cap_mb=cap, timeout_s=7200, opt_in=opt_in, **common)
 
     jobs = []
     if mode == "tiny":
@@ -72,6 +72,10 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
         # only: one inductor compile costs about a minute per variant here.
         jobs.append(job("mlp-b256-aot", "mlp", "aot_eager", {"batch": 256}))
         jobs.append(job("gpt-quick-aot", "gpt", "aot_eager"))
+        # Named with --jobs only (about 10 minutes): the step time of the
+        # compile-time trade-offs of repeated blocks (README, "Repeated
+        # blocks"), with Inductor at the depth the compile table uses.
+        jobs.append(job("gpt-8l-ind", "gpt", "inductor", {"n_layer": 8}, opt_in=True))
     else:
         for model in ("mlp", "gpt", "conv"):
             for inner in ("aot_eager", "inductor"):
@@ -223,6 +227,8 @@ def main(argv=None) -> int:
             print(f"unknown job(s) {sorted(unknown)}; see --list", file=sys.stderr)
             return 2
         jobs = [j for j in jobs if j["name"] in args.jobs]
+    else:
+        jobs = [j for j in jobs if not j["opt_in"]]
     if args.rounds:
         for j in jobs:
             j["rounds"] = args.rounds

@@ -52,13 +52,15 @@ SPECS = {s.name: s for s in (
     VariantSpec("goddp_ddp_traced", "goddp ddp mode, traced", "goddp", goddp_mode="ddp", traced=True),
     VariantSpec("goddp_bytes", "goddp ddp mode, byte cuts", "goddp", goddp_mode="ddp",
                 goddp_options=(("block_cuts", False),)),
+    VariantSpec("goddp_compile_edges", "goddp ddp mode, edges compiled", "goddp", goddp_mode="ddp",
+                goddp_options=(("edges", "compile"),)),
 )}
 # Each traced variant is compared with this untraced twin.
 TRACED_TWIN = {"goddp_ddp_traced": "goddp_ddp"}
 ALL = list(SPECS)
 BASELINE = "torch_ddpopt"
 # Variants that apply only to models built from repeated blocks of our own.
-NEEDS_BLOCKS = ("regional", "goddp_bytes")
+NEEDS_BLOCKS = ("regional", "goddp_bytes", "goddp_compile_edges")
 
 
 def regional_compile(model: torch.nn.Module, backend) -> int:
