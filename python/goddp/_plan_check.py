@@ -17,6 +17,11 @@ Store keys, all under ``goddp/agree/<group name>/<model key>/``:
   two DDP modules of the same shapes in one run, never read each other's
   statements. It is the one key left behind: the next round counts on it.
 - ``<round>/<rank>``: that rank's statement (JSON).
+- ``<round>/outcome``: set once, atomically (``store.compare_set``), by the
+  first rank that either has every statement ("go") or gives up waiting
+  ("gave up: rank r"). Every rank reads it before deciding, so a rank that
+  arrives after another gave up stops too, instead of deciding alone and
+  then waiting in DDP's first allreduce for a rank that has left.
 - ``<round>/read``: how many ranks have read the round; the last reader
   deletes the round's keys.
 
@@ -233,10 +238,10 @@ def exchange(store: Any, key: str, group: Group, payload: str) -> dict[int, str]
     base = f"{key}/{(arrival - 1) // size}"
     store.set(f"{base}/{group.rank}", payload)
     keys = {r: f"{base}/{r}" for r in group.ranks}
-    _wait(store, keys, group)
+    _wait(store, keys, group, f"{base}/outcome")
     values = {r: _text(store.get(k)) for r, k in keys.items()}
     if int(store.add(f"{base}/read", 1)) == size:
-        for k in [*keys.values(), f"{base}/read"]:
+        for k in [*keys.values(), f"{base}/outcome", f"{base}/read"]:
             try:
                 store.delete_key(k)
             except Exception:  # a store without delete: the keys are small
@@ -248,21 +253,40 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
-def _wait(store: Any, keys: Mapping[int, str], group: Group) -> None:
+_GO = "go"
+
+
+def _settle(store: Any, outcome_key: str, mine: str) -> str:
+    """The round's outcome: mine if this rank sets it first, else the one
+    another rank set (compare_set sets a missing key when expected is "")."""
+    return _text(store.compare_set(outcome_key, "", mine))
+
+
+def _wait(store: Any, keys: Mapping[int, str], group: Group, outcome_key: str) -> None:
     started = time.monotonic()
     deadline = started + group.timeout_s
     while True:
         left = deadline - time.monotonic()
         try:
             store.wait(list(keys.values()), timedelta(seconds=max(0.001, min(PROGRESS_EVERY_S, left))))
-            return
+            missing: list[int] = []
         except RuntimeError:  # the store's timeout (DistStoreError is one)
-            pass
-        missing = _missing(store, keys)
+            missing = _missing(store, keys)
         waited = time.monotonic() - started
         if not missing:
-            return
+            outcome = _settle(store, outcome_key, _GO)
+            if outcome == _GO:
+                return
+            raise RanksMissingError(
+                f"goddp: rank {group.rank} reached the first training step of a DDP module (process group "
+                f"{group.name!r}, ranks {list(group.ranks)}) after the others had stopped waiting for it "
+                f"({outcome}); it stops too rather than train alone. Every rank of a DDP module must run its "
+                f"first training step within {group.timeout_s:.0f} s of the first (raise the limit with "
+                f"{TIMEOUT_ENV}=<seconds> or the process group's timeout)."
+            )
         if time.monotonic() >= deadline:
+            if _settle(store, outcome_key, f"gave up: rank {group.rank}") == _GO:
+                return  # the last rank came, and another rank saw every statement
             raise RanksMissingError(
                 f"goddp: rank {group.rank} waited {waited:.0f} s at the first training step of a DDP module "
                 f"(process group {group.name!r}, ranks {list(group.ranks)}) for rank(s) {missing}, which never "

@@ -108,7 +108,8 @@ def _play(store, key, ranks, payloads, timeout=30.0, arrive=None):
 
 
 def _remaining_keys(store, key, rounds, ranks):
-    names = [f"{key}/{n}/{r}" for n in range(rounds) for r in ranks] + [f"{key}/{n}/read" for n in range(rounds)]
+    names = [f"{key}/{n}/{r}" for n in range(rounds) for r in ranks]
+    names += [f"{key}/{n}/{last}" for n in range(rounds) for last in ("outcome", "read")]
     return [k for k in names if store.check([k])]
 
 
@@ -144,6 +145,18 @@ def test_a_rank_that_never_comes_is_named_after_the_bounded_wait():
         assert f"rank {rank} waited" in message and "for rank(s) [2]" in message
         assert plan_check.TIMEOUT_ENV in message
     assert elapsed < 20
+
+
+def test_a_rank_that_comes_after_the_others_gave_up_stops_too():
+    """Without the round's outcome the late rank would find every statement,
+    decide alone, and then wait in DDP's first allreduce for ranks that had
+    left."""
+    store = dist.HashStore()
+    early = _play(store, "k", (0, 1), {0: "x", 1: "y"}, timeout=0.5, arrive=(0,))
+    assert isinstance(early[0], RanksMissingError) and "for rank(s) [1]" in str(early[0])
+    late = _play(store, "k", (0, 1), {0: "x", 1: "y"}, timeout=30.0, arrive=(1,))
+    assert isinstance(late[1], RanksMissingError), late[1]
+    assert "after the others had stopped waiting for it (gave up: rank 0)" in str(late[1])
 
 
 def test_progress_is_logged_while_waiting(monkeypatch, caplog):

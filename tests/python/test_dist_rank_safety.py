@@ -236,7 +236,7 @@ class Stack(nn.Module):
 @needs_two_ranks
 def test_a_rank_that_never_comes_is_named(group, monkeypatch):
     """Here alone a wait is shortened (GODDP_PLAN_CHECK_TIMEOUT): rank 1
-    builds the DDP module but never trains it."""
+    builds the DDP module but trains it only after rank 0 gave up."""
     monkeypatch.setenv("GODDP_PLAN_CHECK_TIMEOUT", "3")
     torch._dynamo.reset()
     # a group of its own, so that no later case shares its store keys
@@ -248,6 +248,11 @@ def test_a_rank_that_never_comes_is_named(group, monkeypatch):
         for _ in range(2):  # and at every later call
             with pytest.raises(RuntimeError, match=r"for rank\(s\) \[1\], which never arrived"):
                 compiled(torch.randn(4, 48))
+    dist.barrier(group=group)
+    # rank 1 comes at last: it stops too, where it would have trained alone
+    if rank() == 1:
+        with pytest.raises(RuntimeError, match=r"after the others had stopped waiting for it \(gave up: rank 0\)"):
+            compiled(torch.randn(4, 48))
     dist.barrier(group=group)
 
 
