@@ -80,19 +80,16 @@ def _state_of(ddp: Any) -> _ModuleState:
 
 class TrainingGate:
     """Runs before a compiled graph's first training call (see module doc).
-    Raises when the DDP module cannot train on; ``done`` turns True once a
-    call got through."""
+    Raises when the DDP module cannot train on."""
 
     def __init__(self, ddp: Any, statement: Statement, report: Report) -> None:
         self._ddp = weakref.ref(ddp)
         self.statement = statement
         self._report = report
-        self.done = False
 
     def __call__(self) -> None:
         ddp = self._ddp()
         if ddp is None:
-            self.done = True
             return
         state = _state_of(ddp)
         if state.fatal is not None:
@@ -112,7 +109,6 @@ class TrainingGate:
             # The group's state is unknown from here on: stop every step.
             state.fatal = exc
             raise
-        self.done = True
 
     def _follow(self, decision: Decision) -> None:
         mine = self.statement.caps

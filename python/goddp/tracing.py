@@ -83,6 +83,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from goddp._export import parameter_names
+
 logger = logging.getLogger("goddp")
 
 __all__ = ["trace", "Trace", "TraceError", "step_stats", "verdict", "median_step", "plot_steps", "draw_launch_rows"]
@@ -738,8 +740,7 @@ class Trace:
         decision, seen = group.agree("enter", refusal or "ok")
         if decision != "go":
             raise TraceError(_refused_message("enter", decision, seen, group) + "; nothing was changed")
-        names = {id(p): n for n, p in ddp.module.named_parameters()}
-        recorder = self._recorder = _Recorder(names, self._max_steps)
+        recorder = self._recorder = _Recorder(parameter_names(ddp.module), self._max_steps)
         installation = _Installation(ddp, recorder)
         installation.install()
         self._installation = installation
@@ -764,7 +765,6 @@ class Trace:
         self._leave_tried = True
         decision, seen = group.agree("leave", verdict)
         recorder.recording = False
-        self._plans = goddp_plans_for(self._ddp)
         if decision != "go":
             # Not every rank leaves now: keep the same reducer on all of them,
             # so they keep communicating alike. The hook passes through.
@@ -772,7 +772,10 @@ class Trace:
                 _refused_message("leave", decision, seen, group)
                 + "; DDP keeps goddp.trace's pass-through comm hook (same communication, same gradients)"
             )
+        # Nothing that can fail on one rank alone may run between the agreed
+        # "go" and the removal: every rank must change its reducer alike.
         installation.remove()
+        self._plans = goddp_plans_for(self._ddp)
         self._closed_record = self._record()
         group.publish(self._closed_record)
 
