@@ -63,29 +63,12 @@ func alignedBuckets(g *Graph, ready, firstUse, part []int32, numPieces int, pred
 	var out []Bucket
 	for lo := 0; lo < len(ready); {
 		piece := part[firstUse[ready[lo]]]
-		first := &g.Params[ready[lo]]
-		b := Bucket{
-			NodeBegin: len(g.Ops),
-			Piece:     int(piece),
-			Extended:  extended[piece],
-			DType:     first.DType,
-			Device:    first.Device,
-		}
 		hi := lo
-		for ; hi < len(ready) && part[firstUse[ready[hi]]] == piece; hi++ {
-			p := ready[hi]
-			prm := &g.Params[p]
-			b.Bytes += prm.Bytes // bounded by the total that firstUses checked
-			node := int(firstUse[p])
-			b.NodeBegin = min(b.NodeBegin, node)
-			b.NodeEnd = max(b.NodeEnd, node+1)
-			if prm.DType != b.DType || prm.Device != b.Device {
-				b.DType, b.Device = -1, -1
-			}
+		for hi < len(ready) && part[firstUse[ready[hi]]] == piece {
+			hi++
 		}
-		// The runs share ready's backing array; the full slice expression
-		// keeps an append to one bucket's list from reaching the next.
-		b.Params = ready[lo:hi:hi]
+		b := bucketFromRun(g, firstUse, ready[lo:hi])
+		b.Piece, b.Extended = int(piece), extended[piece]
 		out = append(out, b)
 		lo = hi
 	}

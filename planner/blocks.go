@@ -221,15 +221,8 @@ func (b *blockPlan) groupedBuckets() []Bucket {
 		if hi == lo {
 			continue // a group of pieces without counted parameters
 		}
-		first := &g.Params[ready[lo]]
-		bk := Bucket{NodeBegin: len(g.Ops), Piece: grp.first, DType: first.DType, Device: first.Device}
-		for _, p := range ready[lo:hi] {
-			bk.Bytes += g.Params[p].Bytes
-			node := int(b.firstUse[p])
-			bk.NodeBegin = min(bk.NodeBegin, node)
-			bk.NodeEnd = max(bk.NodeEnd, node+1)
-		}
-		bk.Params = ready[lo:hi:hi]
+		bk := bucketFromRun(g, b.firstUse, ready[lo:hi])
+		bk.Piece = grp.first
 		out = append(out, bk)
 		lo = hi
 	}

@@ -191,30 +191,16 @@ func declarationAlign(g *Graph, firstUse []int32, cuts []int, extended []bool) (
 
 	// One bucket per run of equal launch piece, first-declared first.
 	for lo := 0; lo < len(order); {
-		piece := newPiece[launch[lo]]
-		first := &g.Params[order[lo]]
-		b := Bucket{
-			NodeBegin: len(g.Ops),
-			Piece:     int(piece),
-			Extended:  mergedExt[piece],
-			DType:     first.DType,
-			Device:    first.Device,
-		}
 		hi := lo
-		for ; hi < len(order) && launch[hi] == launch[lo]; hi++ {
-			p := order[hi]
-			b.Bytes += g.Params[p].Bytes // bounded by the total that firstUses checked
-			if f := int(firstUse[p]); f >= 0 {
-				b.NodeBegin = min(b.NodeBegin, f)
-				b.NodeEnd = max(b.NodeEnd, f+1)
-			}
-		}
-		if b.NodeEnd == 0 {
-			b.NodeBegin = 0
+		for hi < len(order) && launch[hi] == launch[lo] {
+			hi++
 		}
 		// Listed last-declared first, the order DDP's bucket 0 comes in.
-		b.Params = slices.Clone(order[lo:hi])
-		slices.Reverse(b.Params)
+		run := slices.Clone(order[lo:hi])
+		slices.Reverse(run)
+		b := bucketFromRun(g, firstUse, run)
+		piece := newPiece[launch[lo]]
+		b.Piece, b.Extended = int(piece), mergedExt[piece]
 		caps = append(caps, b.Bytes)
 		buckets = append(buckets, b)
 		lo = hi
