@@ -84,12 +84,15 @@ func (a Alignment) String() string {
 }
 
 // validateDeclaration checks Param.DDPPosition under OrderDeclaration:
-// every counted parameter has a position, no two share one.
+// every counted parameter has a position, no two share one. It also bounds
+// the total bytes of every counted parameter: declaration-order buckets
+// hold the unused ones too, which firstUses does not count.
 func validateDeclaration(g *Graph, cfg *Config) error {
 	if cfg.BucketOrder != OrderDeclaration {
 		return nil
 	}
 	owner := make(map[int32]int, len(g.Params))
+	var total int64
 	for p := range g.Params {
 		prm := &g.Params[p]
 		if prm.DDPPosition < -1 {
@@ -108,6 +111,11 @@ func validateDeclaration(g *Graph, cfg *Config) error {
 				q, g.Params[q].Name, p, prm.Name, prm.DDPPosition)
 		}
 		owner[prm.DDPPosition] = p
+		var ok bool
+		if total, ok = addBytes(total, prm.Bytes); !ok {
+			return errorf(ErrOverflow, "planner: total bytes of counted parameters overflow int64 when adding parameter %d (%q, %d bytes)",
+				p, prm.Name, prm.Bytes)
+		}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -314,6 +315,11 @@ func TestDeclarationOrderValidation(t *testing.T) {
 		{"negative position", func(g *Graph, _ *Config) { g.Params[1].DDPPosition = -5 }, ErrInvalidGraph, "DDP position -5"},
 		{"unknown order", func(_ *Graph, c *Config) { c.BucketOrder = 7 }, ErrInvalidConfig, "valid: 0 = OrderReady, 1 = OrderDeclaration"},
 		{"torch mode", func(_ *Graph, c *Config) { c.Mode, c.AlignBuckets = ModeTorch, false }, ErrInvalidConfig, "BucketOrder is not supported in ModeTorch"},
+		// A counted parameter that no node uses still joins a declaration-order bucket.
+		{"unused bytes overflow", func(g *Graph, _ *Config) {
+			g.Params = append(g.Params, Param{Name: "unused", Bytes: math.MaxInt64, StorageBytes: math.MaxInt64,
+				RequiresGrad: true, DDPPosition: int32(len(g.Params))})
+		}, ErrOverflow, "overflow int64"},
 	}
 	for _, tc := range cases {
 		g, c := base(), cfg
