@@ -202,7 +202,13 @@ class _DDPGraphCompile:
                 raise
             return self.whole_graph(f"cutting the graph along the plan failed ({_describe(exc)})", exc)
         log_pieces(pieces)
-        same_as, eager = self.identify(exported, plan, pieces, piece_inputs)
+        try:
+            same_as, eager = self.identify(exported, plan, pieces, piece_inputs)
+        except Exception as exc:
+            self.log_table(plan)
+            if self.options.strict:
+                raise
+            return self.whole_graph(f"comparing the pieces failed ({_describe(exc)})", exc)
         self.log_table(plan, same_as, eager)
         try:
             with self.record.timed("compile"):
@@ -289,16 +295,20 @@ class _DDPGraphCompile:
         goddp._blocks) with block cuts, else itself; and the edge pieces
         that run eagerly (option edges; goddp._blocks, "Edges"). Recorded."""
         with self.record.timed("identify"):
-            if self.options.cuts_at_blocks:
-                same_as = group_pieces([piece_signature(p.gm, x) for p, x in zip(pieces, piece_inputs)])
-            else:
-                same_as = list(range(len(pieces)))
             eager = edge_pieces(
                 exported.nodes,
                 exported.arrays.get("node_block_ids"),
                 [plan.node_pieces[node.name] for node in exported.nodes],
                 self.options.edge_policy,
             )
+            if self.options.cuts_at_blocks:
+                # An eager piece shares nothing: no compiled piece may run its
+                # uncompiled code, nor it a compiled piece's.
+                same_as = group_pieces(
+                    [None if p.index in eager else piece_signature(p.gm, x) for p, x in zip(pieces, piece_inputs)]
+                )
+            else:
+                same_as = list(range(len(pieces)))
         record = self.record
         distinct = sum(1 for p, leader in enumerate(same_as) if p == leader)
         record.distinct_pieces, record.reused_pieces = distinct, len(pieces) - distinct

@@ -221,22 +221,25 @@ def backward_order(leaders: Sequence[int]) -> list[int]:
 # --------------------------------------------------------------------------
 # Edges
 #
-# A graph cut at repeated blocks has at most two pieces outside them, its
-# edges: the preamble before the first block (embeddings) and the tail after
-# the last (final norm, head). Each is a distinct graph, so compiling it costs
-# about what compiling a block does (on CPU most of it is the C++ compiler,
-# once per kernel of forward and backward), while it runs once per step
-# against the blocks' many. Measured on the bench GPT at 8 layers
-# (bench/compile_overhead.py), compiling the two edges took a quarter of
-# goddp's compile time and gained about 1% of step time. Regional
+# A graph with repeated blocks has, outside them, a preamble before the first
+# block (embeddings) and a tail after the last (final norm, head); the pieces
+# that lie wholly there are its edges (with block cuts, at most two). Each is
+# a distinct graph, so compiling it costs about what compiling a block does
+# (on CPU most of it is the C++ compiler, once per kernel of forward and
+# backward), while it runs once per step against the blocks' many. Regional
 # compilation, the alternative users weigh goddp against, runs them eagerly
-# for that reason. goddp does too, by default, for an edge no bigger than one
-# block on average (counted in compute nodes); a larger edge holds enough
-# work for the inner compiler's fusion to matter, and is compiled. Running a
-# piece eagerly changes nothing DDP communicates, so ranks need not agree on
-# it.
+# for that reason. goddp does too, by default, for an edge no bigger than the
+# mean block (in compute nodes); a larger edge holds enough work for the inner
+# compiler's fusion to matter, and is compiled. Node counts do not weigh cost:
+# a large-vocabulary head is a few nodes and runs eagerly, which costs little
+# since its matmul is an extern kernel either way. README.md ("Repeated
+# blocks: compile time against depth") has the measurement. Running a piece
+# eagerly changes nothing DDP communicates, so ranks need not agree on it.
 
-_COMPUTE_OPS = ("call_function", "call_method", "call_module")
+
+def _is_compute(node: fx.Node) -> bool:
+    # As the planner counts nodes (planner/common.go, isCompute).
+    return node.op not in ("placeholder", "output")
 
 
 def edge_pieces(
@@ -246,23 +249,29 @@ def edge_pieces(
     policy: str,
 ) -> list[int]:
     """The pieces to run eagerly under option ``edges`` (policy: "auto",
-    "compile" or "eager"), ascending: pieces holding no node of a repeated
-    block, in a graph that has repeated blocks (node_blocks, per node, from
-    block_ids; None when it has none); "auto" keeps only those no bigger
-    than the mean block. node_pieces is each node's piece (-1 for none)."""
-    if policy == "compile" or node_blocks is None or all(b < 0 for b in node_blocks):
+    "compile" or "eager"), ascending: the pieces whose compute nodes all lie
+    before the first node of a repeated block or after the last, in a graph
+    that has repeated blocks (node_blocks, per node, from block_ids; None
+    when it has none); "auto" keeps only those no bigger than the mean
+    block. node_pieces is each node's piece (-1 for none)."""
+    if policy == "compile" or node_blocks is None:
         return []
+    in_block = [i for i, (node, block) in enumerate(zip(nodes, node_blocks)) if block >= 0 and _is_compute(node)]
+    if not in_block:
+        return []
+    first, last = in_block[0], in_block[-1]
     block_size: dict[int, int] = {}
     piece_size: dict[int, int] = {}
-    in_blocks: set[int] = set()
-    for node, block, piece in zip(nodes, node_blocks, node_pieces):
-        if piece < 0 or node.op not in _COMPUTE_OPS:
+    inside: set[int] = set()
+    for i, (node, block, piece) in enumerate(zip(nodes, node_blocks, node_pieces)):
+        if piece < 0 or not _is_compute(node):
             continue
         piece_size[piece] = piece_size.get(piece, 0) + 1
         if block >= 0:
             block_size[block] = block_size.get(block, 0) + 1
-            in_blocks.add(piece)
-    edges = sorted(p for p in piece_size if p not in in_blocks)
+        if first <= i <= last:
+            inside.add(piece)
+    edges = sorted(p for p in piece_size if p not in inside)
     if policy == "eager":
         return edges
     mean_block = sum(block_size.values()) / len(block_size)

@@ -58,13 +58,12 @@ class Options:
         each DDP bucket spanning several consecutive pieces; on by default
         in ddp mode, off in torch mode. Without repeated blocks the cuts are
         byte-driven either way.
-    edges: with block cuts, what runs the pieces before the first block and
-        after the last (embeddings, final norm and head): "auto" (None
-        means it) runs each eagerly when it is no bigger than one block, as
-        regional compilation does, since compiling it would cost as much
-        as compiling a block and save little (goddp._blocks, "Edges");
-        "compile" compiles them with the inner compiler; "eager" runs them
-        eagerly whatever their size.
+    edges: with block cuts, what runs the pieces wholly before the first
+        repeated block or after the last (embeddings, final norm and head):
+        "auto" (None means it) runs each eagerly when it is no bigger than
+        the mean block, as regional compilation does (why:
+        goddp._blocks, "Edges"); "compile" compiles them with the inner
+        compiler; "eager" runs them eagerly whatever their size.
     strict: raise instead of warning and compiling the whole graph when
         planning or a piece's compilation fails.
     log_plan: log the bucket table at INFO on logger "goddp".

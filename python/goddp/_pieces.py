@@ -75,7 +75,8 @@ def compile_pieces(
     """Compiles each piece with inner, in forward order; a piece whose
     same_as names an earlier piece reuses that piece's compiled callable
     (goddp._blocks), and a piece in eager runs its GraphModule as it is
-    (the edges; goddp._blocks, "Edges"). Logs a line per piece compiled or
+    (the edges; goddp._blocks, "Edges"; an eager piece neither leads nor
+    follows another). Logs a line per piece compiled or
     left eager at INFO. Raises
     PieceCompileError naming the piece, with the inner compiler's exception
     as its cause; the settings below are restored either way."""

@@ -15,7 +15,7 @@ Store keys, all under ``goddp/agree/<group name>/<model key>/``:
 - ``arrivals``: a counter (``store.add``). The n-th arrival belongs to round
   ``(n - 1) // group size``, so two runs that share a long-lived store, or
   two DDP modules of the same shapes in one run, never read each other's
-  statements. It is the one key left behind: the next round counts on it.
+  statements. It stays when a round ends: the next round counts on it.
 - ``<round>/<rank>``: that rank's statement (JSON).
 - ``<round>/outcome``: set once, atomically (``store.compare_set``), by the
   first rank that either has every statement ("go") or gives up waiting
@@ -23,7 +23,8 @@ Store keys, all under ``goddp/agree/<group name>/<model key>/``:
   arrives after another gave up stops too, instead of deciding alone and
   then waiting in DDP's first allreduce for a rank that has left.
 - ``<round>/read``: how many ranks have read the round; the last reader
-  deletes the round's keys.
+  deletes the round's keys. In a round some rank gave up on, no rank
+  reads, and the round's keys stay (they are small).
 
 Environment: GODDP_PLAN_CHECK_TIMEOUT, seconds to wait for the other ranks
 (default: the DDP process group's own timeout, 30 minutes unless
@@ -258,8 +259,23 @@ _GO = "go"
 
 def _settle(store: Any, outcome_key: str, mine: str) -> str:
     """The round's outcome: mine if this rank sets it first, else the one
-    another rank set (compare_set sets a missing key when expected is "")."""
-    return _text(store.compare_set(outcome_key, "", mine))
+    another rank set (compare_set sets a missing key when expected is "").
+    A store without compare_set settles nothing: each rank keeps its own
+    view, as before the outcome key existed (warned once)."""
+    try:
+        return _text(store.compare_set(outcome_key, "", mine))
+    except (AttributeError, NotImplementedError, RuntimeError) as exc:
+        global _warned_no_compare_set
+        if not _warned_no_compare_set:
+            _warned_no_compare_set = True
+            warnings.warn(
+                f"goddp: the c10d store ({type(store).__name__}) cannot compare_set ({exc}); a rank that arrives "
+                "after the others gave up waiting for it will not learn that they did"
+            )
+        return mine
+
+
+_warned_no_compare_set = False
 
 
 def _wait(store: Any, keys: Mapping[int, str], group: Group, outcome_key: str) -> None:

@@ -35,8 +35,8 @@ options={...})``; goddp._options validates them):
   mode (max_pieces and align_buckets=True likewise raise in torch mode).
 - ``edges`` ("auto", "compile", "eager" or None for "auto"; only with
   block cuts): what runs the pieces before the first repeated block and
-  after the last: "auto" runs each eagerly when it is no bigger than one
-  block, "compile" compiles them with inner, "eager" runs them eagerly
+  after the last: "auto" runs each eagerly when it is no bigger than the
+  mean block, "compile" compiles them with inner, "eager" runs them eagerly
   whatever their size (why: goddp._blocks, "Edges").
 - ``strict`` (False): raise instead of warning and compiling the whole
   graph when planning or a piece's compilation fails.

@@ -669,6 +669,16 @@ def _compiled_by_goddp(ddp: Any) -> bool:
         return False
 
 
+def _attributed_plans(ddp: Any) -> list[dict[str, Any]]:
+    """goddp_plans_for, never raising: a record must still be published
+    when the attribution fails, since the other ranks gather it."""
+    try:
+        return goddp_plans_for(ddp)
+    except Exception:
+        logger.debug("goddp.trace: could not attribute goddp's plans", exc_info=True)
+        return []
+
+
 def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
     """The goddp plans (from ``goddp.last_plans()``) of this DDP module's
     graphs, oldest first, one per fingerprint; empty when goddp did not
@@ -775,7 +785,7 @@ class Trace:
         # Nothing that can fail on one rank alone may run between the agreed
         # "go" and the removal: every rank must change its reducer alike.
         installation.remove()
-        self._plans = goddp_plans_for(self._ddp)
+        self._plans = _attributed_plans(self._ddp)
         self._closed_record = self._record()
         group.publish(self._closed_record)
 
@@ -796,7 +806,7 @@ class Trace:
             "ranks": list(group.ranks) if group else [],
             "module": type(self._ddp.module).__name__,
             "comm_hook": self._hook_name,
-            "goddp_plans": self._plans or goddp_plans_for(self._ddp),
+            "goddp_plans": self._plans or _attributed_plans(self._ddp),
             "steps": steps,
             "step_stats": [step_stats(s) for s in steps],
             "dropped_steps": self._recorder.dropped if self._recorder else 0,

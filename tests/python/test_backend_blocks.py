@@ -85,7 +85,7 @@ def test_identical_blocks_compile_once_and_train_like_eager_ddp(dist_group, capl
         assert torch.equal(p.grad, q.grad), name
 
 
-@pytest.mark.parametrize("edges, eager_pieces", [("compile", []), ("eager", [3]), ("auto", [3])])
+@pytest.mark.parametrize("edges, eager_pieces", [("compile", []), ("eager", [3])])
 def test_edges_option_decides_what_runs_the_head(dist_group, edges, eager_pieces):
     entry, ddp, compiled, counting = compiled_blocks(dist_group, edges=edges)
     train(entry, compiled, steps=1)

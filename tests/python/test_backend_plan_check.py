@@ -159,6 +159,52 @@ def test_a_rank_that_comes_after_the_others_gave_up_stops_too():
     assert "after the others had stopped waiting for it (gave up: rank 0)" in str(late[1])
 
 
+class _StaleStore:
+    """A HashStore whose wait always times out and whose check never sees
+    rank 1's statement: a rank whose last look at the store came just
+    before rank 1 arrived and settled the round."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def wait(self, keys, timeout):
+        raise RuntimeError("timed out")
+
+    def check(self, keys):
+        return not any(k.endswith("/1") for k in keys) and self._store.check(keys)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_a_rank_that_times_out_as_the_round_settles_follows_it():
+    inner = dist.HashStore()
+    inner.set("k/0/1", "y")
+    inner.set("k/0/outcome", "go")
+    group = Group(name="g", ranks=(0, 1), rank=0, timeout_s=0.2)
+    assert exchange(_StaleStore(inner), "k", group, "x") == {0: "x", 1: "y"}
+
+
+class _OldStore:
+    """A store without compare_set (a Python store written before it)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):
+        if name == "compare_set":
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+
+def test_a_store_without_compare_set_still_agrees(monkeypatch):
+    monkeypatch.setattr(plan_check, "_warned_no_compare_set", False)
+    store = _OldStore(dist.HashStore())
+    with pytest.warns(UserWarning, match="cannot compare_set"):
+        results = _play(store, "k", (0, 1), {0: "a", 1: "b"})
+    assert results == {0: {0: "a", 1: "b"}, 1: {0: "a", 1: "b"}}
+
+
 def test_progress_is_logged_while_waiting(monkeypatch, caplog):
     monkeypatch.setattr(plan_check, "PROGRESS_EVERY_S", 0.3)
     store = dist.HashStore()

@@ -170,6 +170,16 @@ def test_edges_no_bigger_than_a_block_run_eagerly():
     assert edge_pieces(nodes, blocks, pieces, "auto") == [2]
 
 
+def test_a_piece_between_blocks_is_no_edge():
+    # byte-driven cuts (the planner keeps them under find_unused_parameters)
+    # can leave a piece of block-free nodes between two blocks
+    nodes, blocks, pieces = _edge_case([[-1], [0, 0, 0], [-1], [1, 1, 1], [-1]])
+    assert edge_pieces(nodes, blocks, pieces, "eager") == [0, 4]
+    # and a piece that starts in the preamble and reaches into a block is none
+    nodes, blocks, pieces = _edge_case([[-1, 0, 0], [0, 1, 1, 1]])
+    assert edge_pieces(nodes, blocks, pieces, "eager") == []
+
+
 def test_no_blocks_no_edges():
     nodes, blocks, pieces = _edge_case([[-1], [-1, -1]])
     for policy in ("auto", "eager", "compile"):
