@@ -37,8 +37,8 @@ repeats it at several depths (GPT); --repeat interleaves the repeats.
 The depth table of the README:
 
     .venv/bin/python -m bench.compile_overhead --nodes --e2e gpt:quick \
-        --layers 4 8 16 --tools unsplit regional torch goddp_ddp --repeat 3 \
-        --out bench/results/compile-depth.json
+        --layers 4 8 16 --tools unsplit regional torch goddp_ddp goddp_compile_edges \
+        --repeat 3 --core 0 --out bench/results/compile-depth.json
 """
 
 from __future__ import annotations
