@@ -222,6 +222,7 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
         rec["pieces"] = p.get("num_pieces")
         rec["fallback"] = p.get("fallback")
         rec["distinct_pieces"] = p.get("distinct_pieces")
+        rec["eager_pieces"] = p.get("eager_pieces")
     return rec
 
 
@@ -281,7 +282,8 @@ def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, tim
                f"compile {rec['compile_s']:.1f}s, CPU {rec.get('compile_cpu_s', float('nan')):.1f}s "
                f"(fwd {rec['first_forward_s']:.1f}s, "
                f"bwd {rec['first_backward_s']:.1f}s), steady step {rec['steady_step_s'] * 1e3:.0f}ms, "
-               f"pieces {rec.get('pieces')} ({rec.get('distinct_pieces')} distinct)"))
+               f"pieces {rec.get('pieces')} ({rec.get('distinct_pieces')} distinct, "
+               f"{rec.get('eager_pieces') or 0} eager)"))
     end_to_end = [_median_e2e(recs) for recs in e2e_runs.values()]
     return {"synthetic": synthetic, "e2e": end_to_end, "repeat": repeat, "caches": caches}
 
@@ -365,7 +367,8 @@ def e2e_report(res: dict) -> str:
             cpu += f" [{stats.fmt_s(min(cpu_runs))}-{stats.fmt_s(max(cpu_runs))}]"
         rows.append([where, stats.fmt_s(r["compile_s"]) + spread, cpu, stats.fmt_s(r["first_forward_s"]),
                      stats.fmt_s(r["first_backward_s"]), stats.fmt_s(r["steady_step_s"]),
-                     "-" if pieces is None else f"{pieces} ({r.get('distinct_pieces') or '?'} distinct)",
+                     "-" if pieces is None else
+                     f"{pieces} ({r.get('distinct_pieces') or '?'} distinct, {r.get('eager_pieces') or 0} eager)",
                      f"{r['peak_rss_delta_mib']:.0f}"])
     out = [stats.table(["tool model depth", "compile (wall)", "compile (CPU)", "1st fwd", "1st bwd", "steady step", "pieces", "RSS+ MiB"],
                        rows, title=f"== end-to-end inductor compile (1 rank, {caches}, {res.get('repeat', 1)} runs each) ==")]

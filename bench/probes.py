@@ -159,6 +159,7 @@ def summarize_goddp_plan(plan: dict) -> dict:
         "mode": plan.get("mode"),
         "num_pieces": plan.get("num_pieces"),
         "distinct_pieces": plan.get("distinct_pieces"),
+        "eager_pieces": plan.get("eager_pieces"),
         "bucket_bytes": [b.get("bytes") for b in buckets if isinstance(b, dict)],
         "extended": sum(1 for b in buckets if isinstance(b, dict) and b.get("extended")),
         "timings": _jsonable(plan.get("timings") or {}),
