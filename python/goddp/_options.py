@@ -172,22 +172,15 @@ def check_max_pieces(max_pieces: Any) -> int | None:
     return max_pieces
 
 
-def check_align_buckets(align_buckets: Any) -> bool | None:
-    if align_buckets is not None and not isinstance(align_buckets, bool):
+def _check_mode_default(key: str, value: Any, if_true: str, if_false: str) -> bool | None:
+    """A switch whose None means the mode's default (align_buckets,
+    block_cuts)."""
+    if value is not None and not isinstance(value, bool):
         raise ValueError(
-            "goddp option 'align_buckets' must be True (DDP's buckets close at the cuts), False "
-            f"(DDP keeps its own) or None (the mode's default), got {align_buckets!r}"
+            f"goddp option {key!r} must be True ({if_true}), False ({if_false}) "
+            f"or None (the mode's default), got {value!r}"
         )
-    return align_buckets
-
-
-def check_block_cuts(block_cuts: Any) -> bool | None:
-    if block_cuts is not None and not isinstance(block_cuts, bool):
-        raise ValueError(
-            "goddp option 'block_cuts' must be True (cut at repeated module blocks), False "
-            f"(byte-driven cuts) or None (the mode's default), got {block_cuts!r}"
-        )
-    return block_cuts
+    return value
 
 
 def check_edges(edges: Any) -> str | None:
@@ -267,9 +260,13 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
         if key in raw:
             values[key] = _check_bool(key, raw[key])
     if "align_buckets" in raw:
-        values["align_buckets"] = check_align_buckets(raw["align_buckets"])
+        values["align_buckets"] = _check_mode_default(
+            "align_buckets", raw["align_buckets"], "DDP's buckets close at the cuts", "DDP keeps its own"
+        )
     if "block_cuts" in raw:
-        values["block_cuts"] = check_block_cuts(raw["block_cuts"])
+        values["block_cuts"] = _check_mode_default(
+            "block_cuts", raw["block_cuts"], "cut at repeated module blocks", "byte-driven cuts"
+        )
     if "edges" in raw:
         values["edges"] = check_edges(raw["edges"])
 
