@@ -76,10 +76,9 @@ def compile_pieces(
     same_as names an earlier piece reuses that piece's compiled callable
     (goddp._blocks), and a piece in eager runs its GraphModule as it is
     (the edges; goddp._blocks, "Edges"; an eager piece neither leads nor
-    follows another). Logs a line per piece compiled or
-    left eager at INFO. Raises
-    PieceCompileError naming the piece, with the inner compiler's exception
-    as its cause; the settings below are restored either way."""
+    follows another). Logs a line per piece compiled or left eager at INFO.
+    Raises PieceCompileError naming the piece, with the inner compiler's
+    exception as its cause; the settings below are restored either way."""
     if same_as is None:
         same_as = list(range(len(pieces)))
     distinct = sum(1 for p, leader in enumerate(same_as) if p == leader and p not in eager)

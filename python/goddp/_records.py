@@ -84,8 +84,8 @@ def last_plans() -> list[dict[str, Any]]:
     - reused_pieces: how many pieces run the compiled code of an identical
       earlier piece.
     - eager_pieces: how many pieces run eagerly instead of through the
-      inner compiler: the edges of a graph cut at repeated blocks (option
-      edges; goddp._blocks, "Edges"). The inner compiler ran
+      inner compiler: the edges, pieces wholly outside the repeated blocks
+      (option edges; goddp._blocks, "Edges"). The inner compiler ran
       distinct_pieces - eager_pieces times.
     - block_cuts: whether the graph was planned with block-aligned cuts.
     - pieces: per piece (param_names in ddp mode are the parameters first
