@@ -50,7 +50,8 @@ from goddp._align import (
     rebuild_blocker,
     remove_bucket_caps,
 )
-from goddp._plan_check import Decision, Group, Statement, decide, exchange, model_key, timeout_s
+from goddp._plan_check import Decision, Statement, decide, exchange, model_key, timeout_s
+from goddp._store_round import Group
 
 logger = logging.getLogger("goddp")
 

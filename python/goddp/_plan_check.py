@@ -16,15 +16,8 @@ Store keys, all under ``goddp/agree/<group name>/<model key>/``:
   ``(n - 1) // group size``, so two runs that share a long-lived store, or
   two DDP modules of the same shapes in one run, never read each other's
   statements. It stays when a round ends: the next round counts on it.
-- ``<round>/<rank>``: that rank's statement (JSON).
-- ``<round>/outcome``: set once, atomically (``store.compare_set``), by the
-  first rank that either has every statement ("go") or gives up waiting
-  ("gave up: rank r"). Every rank reads it before deciding, so a rank that
-  arrives after another gave up stops too, instead of deciding alone and
-  then waiting in DDP's first allreduce for a rank that has left.
-- ``<round>/read``: how many ranks have read the round; the last reader
-  deletes the round's keys. In a round some rank gave up on, no rank
-  reads, and the round's keys stay (they are small).
+- ``<round>/...``: the round's statements, outcome and read count
+  (goddp._store_round says how a round settles).
 
 Environment: GODDP_PLAN_CHECK_TIMEOUT, seconds to wait for the other ranks
 (default: the DDP process group's own timeout, 30 minutes unless
@@ -36,20 +29,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
-import os
-import time
-import warnings
-from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
-logger = logging.getLogger("goddp")
+from goddp._store_round import Group, env_seconds, settle
 
 TIMEOUT_ENV = "GODDP_PLAN_CHECK_TIMEOUT"
 # Used when the process group's timeout cannot be read: torch's own default.
 FALLBACK_TIMEOUT_S = 1800.0
-# A rank that waits longer than this says so at INFO, then again each time.
-PROGRESS_EVERY_S = 30.0
 
 
 class PlanMismatchError(RuntimeError):
@@ -191,30 +177,12 @@ def decide(statements: Mapping[int, Statement]) -> Decision:
 # The exchange
 
 
-@dataclasses.dataclass(frozen=True)
-class Group:
-    """The DDP module's process group as the exchange sees it."""
-
-    name: str
-    ranks: tuple[int, ...]  # global ranks
-    rank: int  # this process's global rank
-    timeout_s: float
-
-
 def timeout_s(group: Any = None) -> float:
     """GODDP_PLAN_CHECK_TIMEOUT, else the process group's own timeout: a
     rank may still be compiling (an evaluation graph, say) while the others
     wait, so the wait is as generous as any collective on that group."""
-    raw = os.environ.get(TIMEOUT_ENV)
-    if raw:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if value > 0:
-            return value
-        warnings.warn(f"goddp: ignoring {TIMEOUT_ENV}={raw!r} (not a positive number of seconds)")
-    return _group_timeout_s(group)
+    value = env_seconds(TIMEOUT_ENV)
+    return value if value is not None else _group_timeout_s(group)
 
 
 def _group_timeout_s(group: Any) -> float:
@@ -233,92 +201,29 @@ def exchange(store: Any, key: str, group: Group, payload: str) -> dict[int, str]
     """Publishes payload under key for this rank and returns every rank's
     payload of the same round (see module doc). Waits at most
     group.timeout_s for the others, then raises RanksMissingError naming
-    the ranks that did not come."""
-    size = len(group.ranks)
+    the ranks that did not come; a rank that comes after the others gave
+    up on it raises it too."""
     arrival = int(store.add(f"{key}/arrivals", 1))
-    base = f"{key}/{(arrival - 1) // size}"
-    store.set(f"{base}/{group.rank}", payload)
-    keys = {r: f"{base}/{r}" for r in group.ranks}
-    _wait(store, keys, group, f"{base}/outcome")
-    values = {r: _text(store.get(k)) for r, k in keys.items()}
-    if int(store.add(f"{base}/read", 1)) == size:
-        for k in [*keys.values(), f"{base}/outcome", f"{base}/read"]:
-            try:
-                store.delete_key(k)
-            except Exception:  # a store without delete: the keys are small
-                pass
-    return values
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
-
-
-_GO = "go"
-
-
-def _settle(store: Any, outcome_key: str, mine: str) -> str:
-    """The round's outcome: mine if this rank sets it first, else the one
-    another rank set (compare_set sets a missing key when expected is "").
-    A store without compare_set settles nothing: each rank keeps its own
-    view, as before the outcome key existed (warned once)."""
-    try:
-        return _text(store.compare_set(outcome_key, "", mine))
-    except (AttributeError, NotImplementedError, RuntimeError) as exc:
-        global _warned_no_compare_set
-        if not _warned_no_compare_set:
-            _warned_no_compare_set = True
-            warnings.warn(
-                f"goddp: the c10d store ({type(store).__name__}) cannot compare_set ({exc}); a rank that arrives "
-                "after the others gave up waiting for it will not learn that they did"
-            )
-        return mine
-
-
-_warned_no_compare_set = False
-
-
-def _wait(store: Any, keys: Mapping[int, str], group: Group, outcome_key: str) -> None:
-    started = time.monotonic()
-    deadline = started + group.timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            store.wait(list(keys.values()), timedelta(seconds=max(0.001, min(PROGRESS_EVERY_S, left))))
-            missing: list[int] = []
-        except RuntimeError:  # the store's timeout (DistStoreError is one)
-            missing = _missing(store, keys)
-        waited = time.monotonic() - started
-        if not missing:
-            outcome = _settle(store, outcome_key, _GO)
-            if outcome == _GO:
-                return
-            raise RanksMissingError(
-                f"goddp: rank {group.rank} reached the first training step of a DDP module (process group "
-                f"{group.name!r}, ranks {list(group.ranks)}) after the others had stopped waiting for it "
-                f"({outcome}); it stops too rather than train alone. Every rank of a DDP module must run its "
-                f"first training step within {group.timeout_s:.0f} s of the first (raise the limit with "
-                f"{TIMEOUT_ENV}=<seconds> or the process group's timeout)."
-            )
-        if time.monotonic() >= deadline:
-            if _settle(store, outcome_key, f"gave up: rank {group.rank}") == _GO:
-                return  # the last rank came, and another rank saw every statement
-            raise RanksMissingError(
-                f"goddp: rank {group.rank} waited {waited:.0f} s at the first training step of a DDP module "
-                f"(process group {group.name!r}, ranks {list(group.ranks)}) for rank(s) {missing}, which never "
-                "arrived. Every rank of a DDP module must run its first training step; a rank that crashed, "
-                f"or one still compiling after {group.timeout_s:.0f} s, stops here (raise the limit with "
-                f"{TIMEOUT_ENV}=<seconds> or the process group's timeout)."
-            )
-        logger.info(
-            "goddp: rank %d has waited %.0f s for rank(s) %s to reach the first training step (they may still "
-            "be compiling); giving up after %.0f s",
-            group.rank, waited, missing, group.timeout_s,
+    base = f"{key}/{(arrival - 1) // len(group.ranks)}"
+    ended = settle(
+        store, base, group, payload, lambda _: "go", "reach the first training step (they may still be compiling)"
+    )
+    if not ended.gave_up:
+        return dict(ended.statements)
+    where = f"a DDP module (process group {group.name!r}, ranks {list(group.ranks)})"
+    limit = f"(raise the limit with {TIMEOUT_ENV}=<seconds> or the process group's timeout)"
+    if ended.complete:
+        raise RanksMissingError(
+            f"goddp: rank {group.rank} reached the first training step of {where} after the others had "
+            f"stopped waiting for it ({ended.outcome}); it stops too rather than train alone. Every rank of a "
+            f"DDP module must run its first training step within {group.timeout_s:.0f} s of the first {limit}."
         )
-
-
-def _missing(store: Any, keys: Mapping[int, str]) -> list[int]:
-    return [r for r, k in sorted(keys.items()) if not store.check([k])]
+    raise RanksMissingError(
+        f"goddp: rank {group.rank} waited {ended.waited_s:.0f} s at the first training step of {where} for "
+        f"rank(s) {ended.missing(group)}, which never arrived. Every rank of a DDP module must run its first "
+        f"training step; a rank that crashed, or one still compiling after {group.timeout_s:.0f} s, stops "
+        f"here {limit}."
+    )
 
 
 def model_key(shapes: Sequence[tuple[tuple[int, ...], str]]) -> str:

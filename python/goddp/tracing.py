@@ -74,7 +74,6 @@ import os
 import statistics
 import threading
 import time
-import warnings
 import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -84,6 +83,7 @@ import torch
 import torch.distributed as dist
 
 from goddp._export import parameter_names
+from goddp._store_round import Group, env_seconds, settle
 
 logger = logging.getLogger("goddp")
 
@@ -556,15 +556,8 @@ def _timeout_s(value: float | None) -> float:
         if value <= 0:
             raise ValueError(f"goddp.trace: timeout must be positive seconds, got {value!r}")
         return float(value)
-    raw = os.environ.get("GODDP_TRACE_TIMEOUT")
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        parsed = float(raw)
-    except ValueError:
-        warnings.warn(f"goddp: ignoring GODDP_TRACE_TIMEOUT={raw!r} (not a number); using {DEFAULT_TIMEOUT_S:g} s")
-        return DEFAULT_TIMEOUT_S
-    return parsed if parsed > 0 else DEFAULT_TIMEOUT_S
+    from_env = env_seconds("GODDP_TRACE_TIMEOUT")
+    return DEFAULT_TIMEOUT_S if from_env is None else from_env
 
 
 _seq_lock = threading.Lock()
@@ -572,11 +565,8 @@ _seqs: dict[str, "itertools.count[int]"] = {}
 
 
 class _Group:
-    """The DDP module's ranks and the c10d store through which they agree.
-
-    The store, not the process group: a rank that never arrives must cost
-    the others a bounded wait, not a collective that hangs or pairs with
-    one of DDP's own allreduces."""
+    """The DDP module's ranks and the c10d store through which they agree
+    (goddp._store_round says why the store, and how a round settles)."""
 
     def __init__(self, ddp: Any, timeout: float) -> None:
         self.ranks = tuple(dist.get_process_group_ranks(ddp.process_group))
@@ -592,28 +582,23 @@ class _Group:
         with _seq_lock:
             seq = next(_seqs.setdefault(name, itertools.count()))
         self.prefix = f"goddp/trace/{name}/{seq}"
+        self.name = name
 
     def agree(self, phase: str, verdict: str) -> tuple[str, dict[int, str]]:
         """Publishes this rank's verdict ("ok" or a reason) for `phase` and
         returns the decision every rank follows ("go", "refused" or
-        "timeout") with the verdicts seen. The first rank to decide writes
-        the decision with compare_set; everyone reads that one."""
+        "timeout") with the verdicts seen."""
         if self.store is None:
             return ("go" if verdict == "ok" else "refused"), {self.rank: verdict}
-        key = f"{self.prefix}/{phase}"
-        self.store.set(f"{key}/{self.rank}", verdict)
-        keys = [f"{key}/{r}" for r in self.ranks]
-        seen: dict[int, str] = {}
-        try:
-            self.store.wait(keys, timedelta(seconds=self.timeout))
-            seen = {r: self.store.get(k).decode("utf-8", "replace") for r, k in zip(self.ranks, keys)}
-            mine = "go" if all(v == "ok" for v in seen.values()) else "refused"
-        except Exception:  # the store reports a timeout as an error
-            mine = "timeout"
-        decision = self.store.compare_set(f"{key}/decision", "", mine).decode()
-        if not seen:  # who had arrived, for the message
-            seen = {r: self.store.get(k).decode("utf-8", "replace") for r, k in zip(self.ranks, keys) if self.store.check([k])}
-        return decision, seen
+        ended = settle(
+            self.store,
+            f"{self.prefix}/{phase}",
+            Group(self.name, self.ranks, self.rank, self.timeout),
+            verdict,
+            lambda said: "go" if all(v == "ok" for v in said.values()) else "refused",
+            f"{phase} the trace",
+        )
+        return ("timeout" if ended.gave_up else ended.outcome), dict(ended.statements)
 
     def publish(self, record: dict[str, Any]) -> None:
         if self.store is not None:

@@ -12,9 +12,9 @@ import pytest
 import torch.distributed as dist
 
 import goddp._plan_check as plan_check
+import goddp._store_round as store_round
 from goddp._plan_check import (
     Decision,
-    Group,
     PeerFailedError,
     PlanMismatchError,
     RanksMissingError,
@@ -22,6 +22,7 @@ from goddp._plan_check import (
     decide,
     exchange,
 )
+from goddp._store_round import Group
 
 CAPS = (4096, 8192, 1024)
 
@@ -198,7 +199,7 @@ class _OldStore:
 
 
 def test_a_store_without_compare_set_still_agrees(monkeypatch):
-    monkeypatch.setattr(plan_check, "_warned_no_compare_set", False)
+    monkeypatch.setattr(store_round, "_warned_no_compare_set", False)
     store = _OldStore(dist.HashStore())
     with pytest.warns(UserWarning, match="cannot compare_set"):
         results = _play(store, "k", (0, 1), {0: "a", 1: "b"})
@@ -206,7 +207,7 @@ def test_a_store_without_compare_set_still_agrees(monkeypatch):
 
 
 def test_progress_is_logged_while_waiting(monkeypatch, caplog):
-    monkeypatch.setattr(plan_check, "PROGRESS_EVERY_S", 0.3)
+    monkeypatch.setattr(store_round, "PROGRESS_EVERY_S", 0.3)
     store = dist.HashStore()
     with caplog.at_level("INFO", logger="goddp"):
         _play(store, "k", (0, 1), {0: "x", 1: "y"}, timeout=1.0, arrive=(0,))
