@@ -1,0 +1,62 @@
+"""goddp._store_round: rounds of statements through a c10d store, played
+by threads on one HashStore (the two-rank cases live with their users:
+test_dist_rank_safety, test_dist_trace)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from goddp._store_round import GAVE_UP, Group, env_seconds, settle
+
+
+def _refused_if_any(said):
+    return "go" if all(v == "ok" for v in said.values()) else "refused"
+
+
+def _play(store, said, timeout=30.0, arrive=None):
+    ranks = tuple(sorted(said))
+    ended = {}
+
+    def run(rank):
+        group = Group(name="g", ranks=ranks, rank=rank, timeout_s=timeout)
+        ended[rank] = settle(store, "r", group, said[rank], _refused_if_any, "test")
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (arrive or ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 30)
+    return ended
+
+
+def test_every_rank_follows_one_verdict_and_the_round_is_cleaned_up():
+    store = dist.HashStore()
+    ended = _play(store, {0: "ok", 1: "busy", 2: "ok"})
+    assert {e.outcome for e in ended.values()} == {"refused"}
+    assert all(e.complete and dict(e.statements) == {0: "ok", 1: "busy", 2: "ok"} for e in ended.values())
+    assert not any(store.check([k]) for k in ("r/0", "r/1", "r/2", "r/outcome", "r/read"))
+
+
+def test_a_rank_that_never_comes_ends_the_round_for_everyone_who_did():
+    store = dist.HashStore()
+    ended = _play(store, {0: "ok", 1: "ok", 2: "ok"}, timeout=0.5, arrive=(0, 1))
+    for e in ended.values():
+        assert e.gave_up and e.outcome.startswith(GAVE_UP) and not e.complete
+        assert e.missing(Group("g", (0, 1, 2), 0, 0.5)) == [2]
+    # the late rank sees everyone, yet follows the give-up
+    (late,) = _play(store, {0: "ok", 1: "ok", 2: "ok"}, arrive=(2,)).values()
+    assert late.gave_up and late.complete
+
+
+def test_env_seconds(monkeypatch):
+    monkeypatch.setenv("GODDP_TEST_SECONDS", "2.5")
+    assert env_seconds("GODDP_TEST_SECONDS") == 2.5
+    monkeypatch.delenv("GODDP_TEST_SECONDS")
+    assert env_seconds("GODDP_TEST_SECONDS") is None
+    for bad in ("soon", "0", "-3"):
+        monkeypatch.setenv("GODDP_TEST_SECONDS", bad)
+        with pytest.warns(UserWarning, match="not a positive number of seconds"):
+            assert env_seconds("GODDP_TEST_SECONDS") is None
