@@ -169,6 +169,22 @@ func cutsOf(pl *Plan) []int {
 	return cuts
 }
 
+// readyAndDeclarationPlans plans g with aligned 200 kB buckets twice: in
+// DDP's ready order and in its declaration order.
+func readyAndDeclarationPlans(t *testing.T, g *Graph) (ready, decl *Plan) {
+	t.Helper()
+	cfg := Config{BucketCapBytes: 200_000, FirstBucketCapBytes: 200_000, AlignBuckets: true}
+	ready, err := Build(g, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.BucketOrder = OrderDeclaration
+	if decl, err = Build(g, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return ready, decl
+}
+
 // TestDeclarationOrderMatchingForwardKeepsEveryCut: a linear stack
 // declared in forward order (every nn.Sequential, GPT-2's blocks) keeps
 // the ready-order cuts, and its caps are the pieces' bytes, forward-first
@@ -176,16 +192,7 @@ func cutsOf(pl *Plan) []int {
 func TestDeclarationOrderMatchingForwardKeepsEveryCut(t *testing.T) {
 	g := linearStack(f32, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 256, 0}, linearLayer{256, 10, 0}).graph()
 	setDDPPositions(g, countedParams(g))
-	cfg := Config{BucketCapBytes: 200_000, FirstBucketCapBytes: 200_000, AlignBuckets: true}
-	ready, err := Build(g, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.BucketOrder = OrderDeclaration
-	decl, err := Build(g, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ready, decl := readyAndDeclarationPlans(t, g)
 	if ready.NumPieces < 3 {
 		t.Fatalf("want a plan with several pieces, got %d", ready.NumPieces)
 	}
@@ -230,16 +237,7 @@ func TestDeclarationOrderInterleavedMergesOnlyWhatItMust(t *testing.T) {
 			perm = append(perm, counted[2*l], counted[2*l+1])
 		}
 		setDDPPositions(g, perm)
-		cfg := Config{BucketCapBytes: 200_000, FirstBucketCapBytes: 200_000, AlignBuckets: true}
-		ready, err := Build(g, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.BucketOrder = OrderDeclaration
-		decl, err := Build(g, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ready, decl := readyAndDeclarationPlans(t, g)
 		if ready.NumPieces != 4 {
 			t.Fatalf("%s: ready-order plan has %d pieces, want one per layer", tc.name, ready.NumPieces)
 		}
