@@ -33,6 +33,70 @@ gate: Dynamo guards on grad mode, so they never run a training step.
 
 from __future__ import annotations
 
+# Note [Agreeing on DDP's layout]
+#
+# What the ranks of a DDP module compare is the layout goddp would give DDP,
+# never the graph: per bucket, the DDP positions of its parameters in the
+# order they become ready, and the cap handed to DDP; the bucket order
+# ("ready": DDP rebuilds its buckets from gradient-ready order after its
+# first backward, with rank 0's assignment broadcast to all; "declaration":
+# find_unused_parameters=True, DDP never rebuilds); and the goddp build
+# (version and ABI), since two builds may turn one plan into other caps. The
+# Go planner computes its digest (planner/layout.go, goddp_layout_digest).
+# Graphs that differ in shapes, symbolic sizes, no_grad history or
+# recompiles agree when their layouts do.
+#
+# One mechanism, for every caller (a graph's first training call here; a
+# forward whose graphs are planned together, goddp issue 17):
+#
+#   agree(ddp, proposal, report) -> Decision
+#
+# 1. propose: each rank brings a Proposal: a Layout; or none, with the
+#    reason (alignment off, a blocker, a fallback); or LATER: its graphs so
+#    far hold only part of DDP's parameters and it will bring a combined
+#    layout to the module's next training call.
+# 2. agree: inside DDP's forward (after DDP's pre-forward, before any of
+#    the step's allreduces), at a training call every rank of the module's
+#    group is certain to reach, the proposals go through one bounded store
+#    round (goddp._store_round) and every rank computes the same Decision
+#    (decide: pure, from the same statements): INSTALL when every rank
+#    proposed the same layout digest; LATER when some rank said later and
+#    no rank has a reason that rules alignment out for good; otherwise KEEP
+#    DDP's own buckets, with one WARNING naming the rank, bucket and
+#    parameter that differ when layouts differ (PlanMismatchError instead,
+#    only where some rank runs with strict=True).
+# 3. install: only after the decision. Every rank installs the caps (a new
+#    reducer); a second round at the same call confirms that all did. If any
+#    rank failed, every rank puts DDP's own bucket settings back. Either way
+#    each rank ends with a fresh reducer built from one config that is the
+#    same on all ranks, so no rank keeps an old (perhaps rebuilt) reducer
+#    while another starts afresh. A rank that cannot even put DDP's own back
+#    stops (ReducerLost), and so do the others (PeerFailedError).
+#
+# Where every rank is certain to arrive: the module's first training call;
+# and, after a LATER decision, the module's next training call (every rank
+# read the same statements, so every rank knows that round is due:
+# round_due(ddp)). Nothing that one rank alone saw (a recompile, an
+# evaluation graph, a graph that shows up later) ever starts a round.
+#
+# Why aligning after DDP rebuilt its buckets is safe now: the old refusal
+# guarded against installing before the ranks had decided: a rank that put
+# DDP's settings back then held DDP's initial buckets while a rank that had
+# never installed kept the rebuilt ones. Nobody installs before the
+# decision now, and a failed install makes every rank rebuild alike. A
+# fresh reducer rebuilds its buckets after its next backward, from rank 0's
+# gradient order under the caps: every rank's buckets then close at the
+# cuts, because every rank proposed the same parameters per bucket.
+#
+# What cannot align (KEEP on every rank, and why): the first training step
+# inside a Join context (DDP handed the old reducer this step's Join state);
+# static_graph, DDP mixed precision, a built-in comm hook, the Python
+# reducer, delay_all_reduce_named_params, parameters over several (dtype,
+# device) groups (goddp._align); ranks whose layouts differ; a module that
+# is not a real DDP (no process group or reducer: nothing to agree on, one
+# INFO line). A graph that first appears after the decision follows it and
+# never re-buckets training in the middle.
+
 import dataclasses
 import logging
 import time
