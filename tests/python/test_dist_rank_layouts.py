@@ -157,7 +157,6 @@ def _eval_then_train(group, order):
     return ddp, model, losses, evaluations
 
 
-@pytest.mark.xfail(reason="issue 16: ranks agree on DDP's layout (not built yet)", strict=True)
 @needs_two_ranks
 @pytest.mark.parametrize("order", ORDERS)
 def test_rank0_evaluates_another_batch_size_before_the_first_step(group, order):
@@ -285,7 +284,6 @@ def _eager_first(group, order):
     return ddp, model, losses
 
 
-@pytest.mark.xfail(reason="issue 16: ranks agree on DDP's layout (not built yet)", strict=True)
 @needs_two_ranks
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_module_trained_eagerly_first_aligns_on_every_rank(group, order):
@@ -335,7 +333,6 @@ def _reversible(group, order, strict=False):
     return ddp, model, losses
 
 
-@pytest.mark.xfail(reason="issue 16: ranks agree on DDP's layout (not built yet)", strict=True)
 @needs_two_ranks
 def test_layouts_that_differ_keep_ddp_buckets_and_warn_on_every_rank(group, caplog):
     _, eager_model, eager_losses = _reversible(group, None)
@@ -364,8 +361,7 @@ def test_layouts_that_differ_raise_under_strict(group):
     _fresh()
 
 
-# issue 16 in progress: the xfail cases do not count as passed
-CASES_PER_RANK = 4 + 2 + 1
+CASES_PER_RANK = 2 + 4 + 2 + 2 + 2
 
 
 @pytest.mark.single_process

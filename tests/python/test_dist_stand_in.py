@@ -70,7 +70,6 @@ def _grads(model: nn.Module, forward, seed: int) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.xfail(reason="issue 16: a stand-in skips the agreement (not built yet)", strict=True)
 @pytest.mark.parametrize("order", ["compile(StandIn(m))", "StandIn(compile(m))"])
 def test_a_stand_in_is_planned_and_cut_without_agreement(dist_group, caplog, order):
     want_model = _model()
@@ -102,5 +101,4 @@ def test_a_stand_in_is_planned_and_cut_without_agreement(dist_group, caplog, ord
 @pytest.mark.single_process
 def test_stand_in_under_torchrun():
     """Plain pytest: run this file's cases inside each of two ranks too."""
-    pytest.xfail("issue 16: a stand-in skips the agreement (not built yet)")
     assert_file_passes_under_torchrun(__file__, cases_per_rank=2, timeout=240)
