@@ -297,10 +297,18 @@ def exchange(
     )
 
 
+STORE_PREFIX = "goddp/agree"
+
+
 def attempt() -> str:
     """torchrun's restart count (the same on every rank of an attempt), "0"
-    outside torchrun: the first part of every agreement key."""
+    outside torchrun."""
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def agreement_key(group_name: str, model: str) -> str:
+    """The store key of a DDP module's agreements (see module doc)."""
+    return f"{STORE_PREFIX}/{attempt()}/{group_name}/{model}"
 
 
 def model_key(shapes: Sequence[tuple[tuple[int, ...], str]]) -> str:
