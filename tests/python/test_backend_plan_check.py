@@ -81,7 +81,7 @@ def test_one_rank_that_fell_back_keeps_ddp_buckets_on_every_rank_and_is_named():
 def test_layouts_that_differ_keep_ddp_buckets_naming_rank_bucket_and_parameter():
     decision = decide({0: says(), 1: says(layout=OTHER)}, NAMES.__getitem__)
     assert decision.action == KEEP and decision.disagreed
-    assert decision.reason.startswith("the ranks' layouts differ: rank 1 against rank 0: bucket 0: "), decision.reason
+    assert decision.reason.startswith("the ranks' layouts differ: bucket 0: rank 1 holds [layers.3.weight] where rank 0 holds [layers.5.weight]"), decision.reason
     assert "layers.3.weight" in decision.reason and "layers.5.weight" in decision.reason
 
 
@@ -101,7 +101,7 @@ def test_differing_layouts_raise_under_strict_listing_every_rank():
         decide({0: says(), 1: says(strict=True), 2: says(layout=OTHER)}, NAMES.__getitem__)
     message = str(info.value)
     assert isinstance(info.value, RuntimeError)
-    assert "rank 2 against rank 0: bucket 0" in message
+    assert "bucket 0: rank 2 holds [layers.3.weight] where rank 0 holds [layers.5.weight]" in message
     for r in (0, 1, 2):
         assert f"rank {r}: plan " in message
 

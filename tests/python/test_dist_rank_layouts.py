@@ -410,7 +410,7 @@ def test_layouts_that_differ_keep_ddp_buckets_and_warn_on_every_rank(group, capl
     differ = [w for w in warnings if "layout" in w and "differ" in w]
     assert differ, warnings
     # it names the rank, the bucket and a parameter that differ
-    assert "rank 1" in differ[0] and "bucket " in differ[0] and "t_layers." in differ[0], differ[0]
+    assert "bucket 0: rank 1 holds [t_layers." in differ[0] and "where rank 0 holds [t_layers." in differ[0], differ[0]
     assert _gather(plan["plan_check"]["reason"], group)[0] == plan["plan_check"]["reason"]
     _fresh()
 
