@@ -31,11 +31,11 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "backend": ("goddp.backend", None),
-    "plan_graph_module": ("goddp._plan", "plan_graph_module"),
-    "GraphPlan": ("goddp._plan", "GraphPlan"),
-    "BucketInfo": ("goddp._plan", "BucketInfo"),
-    "last_plans": ("goddp._records", "last_plans"),
-    "clear_plans": ("goddp._records", "clear_plans"),
+    "plan_graph_module": ("goddp.native.plan", "plan_graph_module"),
+    "GraphPlan": ("goddp.native.plan", "GraphPlan"),
+    "BucketInfo": ("goddp.native.plan", "BucketInfo"),
+    "last_plans": ("goddp.reports.records", "last_plans"),
+    "clear_plans": ("goddp.reports.records", "clear_plans"),
     "trace": ("goddp.tracing", "trace"),
     "Trace": ("goddp.tracing", "Trace"),
     "TraceError": ("goddp.tracing", "TraceError"),

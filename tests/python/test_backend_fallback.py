@@ -14,7 +14,7 @@ from torch._dynamo.backends.registry import lookup_backend
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-import goddp._backend
+import goddp.compile.pipeline
 
 CAP_MB = 0.004  # a few Linear(32, 32) layers per bucket
 
@@ -70,7 +70,7 @@ def test_planner_failure_warns_and_compiles_the_whole_graph(dist_group, native_m
     def broken_planner(*args):
         raise RuntimeError("planner broke on purpose")
 
-    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", broken_planner)
     model, reference = make_models()
     x = torch.randn(4, 32)
     recorder = FailingCompiler(fail_on=0)
@@ -94,7 +94,7 @@ def test_the_fallback_cause_is_logged_whole_with_its_traceback_at_debug(dist_gro
     def broken_planner(*args):
         raise RuntimeError("planner broke on purpose\nsecond line of the cause")
 
-    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", broken_planner)
     model, _ = make_models()
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner="aot_eager", check_plans=False)
@@ -142,7 +142,7 @@ def test_strict_raises_on_planner_failure(dist_group, native_module, monkeypatch
     def broken_planner(*args):
         raise RuntimeError("planner broke on purpose")
 
-    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", broken_planner)
     model, _ = make_models()
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=CAP_MB),

@@ -142,7 +142,7 @@ def test_goddp_ddp_mode_buckets_overlap_and_outputs(group, tmp_path):
 @needs_two_ranks
 def test_find_unused_parameters_buckets_follow_declaration_order_plan(group):
     """Under find_unused_parameters=True DDP keeps its declaration-order
-    buckets and goddp gives it caps for that order (goddp._declaration): the
+    buckets and goddp gives it caps for that order (goddp.ddp.declaration): the
     buckets the trace sees launch, in launch order, are the plan's buckets,
     whose reverse is the caps goddp handed DDP; gradients stay eager DDP's."""
     plain = make_ddp(group, find_unused_parameters=True)

@@ -10,9 +10,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from goddp._export import parameter_names
-from goddp._options import Options
-from goddp._plan import MIB, PlanSettings, default_first_bucket_cap, resolve_caps
+from goddp.graph.export import parameter_names
+from goddp.options import Options
+from goddp.native.plan import MIB, PlanSettings, default_first_bucket_cap, resolve_caps
 
 logger = logging.getLogger("goddp")
 
@@ -45,7 +45,7 @@ def _bucket_config(ddp: Any) -> Any:
     """DDP's bucket settings as the user made them: goddp's own per-bucket
     caps (docs/align.md) replace them on the module, but plans keep following
     the user's, so that recompiling a frame plans the same cuts."""
-    from goddp._align import ORIGINAL_CONFIG_ATTR
+    from goddp.ddp.align import ORIGINAL_CONFIG_ATTR
 
     return getattr(ddp, ORIGINAL_CONFIG_ATTR, None) or getattr(ddp, "_bucket_config", None)
 
@@ -84,7 +84,7 @@ def read_ddp_settings(ddp: Any) -> DDPSettings:
 
 def caps_for(settings: DDPSettings, options: Options) -> PlanSettings:
     """The caps to plan with: the DDP module's, unless options override
-    (defaults: goddp._plan.resolve_caps).
+    (defaults: goddp.native.plan.resolve_caps).
 
     ddp mode follows DDP itself (its first-bucket cap and per-bucket caps);
     an overridden bucket_cap_mb drops DDP's per-bucket caps and clamps its

@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import fx, nn
 
-from goddp import _native
-from goddp._export import ExportedGraph, export_graph, parameter_names
-from goddp._options import check_ddp_mode_only, check_max_pieces, check_mode
+from goddp.native import extension as _native
+from goddp.graph.export import ExportedGraph, export_graph, parameter_names
+from goddp.options import check_ddp_mode_only, check_max_pieces, check_mode
 
 MIB = 1 << 20
 DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
@@ -344,7 +344,7 @@ def resolve_caps(
     DDPOptimizer (torch mode) would, without deciding anything about cuts.
 
     ddp_first_bucket_cap_bytes: the first-bucket cap a real DDP module uses,
-    when there is one (goddp._ddp_settings); without it the DDP rule applies.
+    when there is one (goddp.ddp.settings); without it the DDP rule applies.
     """
     cap_given = bucket_cap_bytes is not None
     cap = int(bucket_cap_bytes) if cap_given else DEFAULT_BUCKET_CAP_BYTES
@@ -420,9 +420,9 @@ def plan_graph_module(
     align_buckets: ddp mode: one bucket per piece, holding exactly the
         parameters first used in that piece (docs/align.md).
     block_cuts: ddp mode: cut at the boundaries of repeated module blocks,
-        as the backend does by default (goddp._blocks).
+        as the backend does by default (goddp.graph.blocks).
     declaration_order: the names of DDP's parameters in DDP's own order
-        (``goddp._declaration.ddp_parameter_names(ddp)``) when DDP never
+        (``goddp.ddp.declaration.ddp_parameter_names(ddp)``) when DDP never
         rebuilds its buckets (find_unused_parameters=True without
         static_graph): with align_buckets, the plan then aligns DDP's
         declaration-order buckets (GraphPlan.alignment, ddp_caps).
@@ -435,7 +435,7 @@ def plan_graph_module(
     caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets)
     exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored, block_cuts=block_cuts)
     if declaration_order is not None:
-        from goddp._declaration import with_ddp_positions
+        from goddp.ddp.declaration import with_ddp_positions
 
         caps = replace(caps, bucket_order="declaration")
         exported = with_ddp_positions(exported, list(declaration_order))

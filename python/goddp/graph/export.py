@@ -1,7 +1,7 @@
 """Export of a Dynamo-captured FX graph to the planner's flat arrays.
 
 The arrays are exactly the fields of ``goddp_graph`` in csrc/goddp.h (codes
-from goddp._native, their one owner). Only facts about the graph are
+from goddp.native.extension, their one owner). Only facts about the graph are
 gathered here (which node refers to which parameter, and how); every
 decision about where to cut is the planner's.
 """
@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import fx, nn
 
-from goddp import _native
+from goddp.native import extension as _native
 
 OP_CODES = {
     "placeholder": _native.OP_PLACEHOLDER,
@@ -336,12 +336,12 @@ class _Exporter:
         }
 
     def block_arrays(self) -> dict[str, Any]:
-        """node_block_ids (goddp._blocks) when asked for and the graph has
+        """node_block_ids (goddp.graph.blocks) when asked for and the graph has
         repeated blocks; otherwise nothing, so that the plan and its
         fingerprint stay the byte-driven ones."""
         if not self.block_cuts:
             return {}
-        from goddp._blocks import block_ids  # goddp._blocks reads attributes through this module
+        from goddp.graph.blocks import block_ids  # goddp.graph.blocks reads attributes through this module
 
         ids = block_ids(self.nodes)
         if all(block < 0 for block in ids):

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from goddp._export import ExportedGraph
-from goddp._plan import GraphPlan
+from goddp.graph.export import ExportedGraph
+from goddp.native.plan import GraphPlan
 
 
 class CutError(RuntimeError):

@@ -36,7 +36,7 @@ class GraphRecord:
     plan_check: dict[str, Any] | None = None
     graph: dict[str, int | None]
     # plan_check and ddp_buckets are filled in at the first training call,
-    # after the record was added (goddp._agreement).
+    # after the record was added (goddp.ranks.agreement).
     ddp_buckets: dict[str, Any] | None = None
     inner: str
     alignment: str = "none"
@@ -80,12 +80,12 @@ def last_plans() -> list[dict[str, Any]]:
       bucket_order.
     - num_pieces: how many pieces the graph was cut into (1: not cut).
     - distinct_pieces: how many different pieces the graph has; identical
-      pieces share one compile (goddp._blocks).
+      pieces share one compile (goddp.graph.blocks).
     - reused_pieces: how many pieces run the compiled code of an identical
       earlier piece.
     - eager_pieces: how many pieces run eagerly instead of through the
       inner compiler: the edges, pieces wholly outside the repeated blocks
-      (option edges; goddp._blocks, "Edges"). The inner compiler ran
+      (option edges; goddp.graph.blocks, "Edges"). The inner compiler ran
       distinct_pieces - eager_pieces times.
     - block_cuts: whether the graph was planned with block-aligned cuts.
     - pieces: per piece (param_names in ddp mode are the parameters first
@@ -99,7 +99,7 @@ def last_plans() -> list[dict[str, Any]]:
     - plan_check: None until the graph's first training call, and for
       graphs compiled with gradients disabled; then what the ranks of the
       DDP module's process group said and decided there (aligned, caps,
-      reason, ranks, group, size, seconds; goddp._plan_check), or, for a
+      reason, ranks, group, size, seconds; goddp.ranks.plan_check), or, for a
       later graph of a decided module, that it followed that decision
       (aligned, followed).
     - graph: sizes of the Dynamo graph (num_params is None when export
@@ -116,7 +116,7 @@ def last_plans() -> list[dict[str, Any]]:
     - ddp_caps: the per-bucket caps given to DDP, in the order DDP walks
       them ([] when not aligned).
     - merged_cuts: the cuts dropped because no bucket could start there.
-    - frame: where the graph came from (goddp._frames.FrameInfo): frame,
+    - frame: where the graph came from (goddp.graph.frames.FrameInfo): frame,
       compile_id, graph_break (Dynamo's reason) and break_at.
     """
     with _lock:

@@ -12,10 +12,10 @@ batch. So goddp compiles without waiting, and each graph it returns for a
 grad-enabled DDP forward (pieces, or the whole graph after a fallback)
 carries a ``TrainingGate`` that runs before its first call:
 
-1. This rank's Statement (goddp._plan_check): the plan's fingerprint, and
+1. This rank's Statement (goddp.ranks.plan_check): the plan's fingerprint, and
    the per-bucket caps it proposes for DDP's buckets or why it proposes
    none (alignment off, a blocker, a fallback). A rank that proposes caps
-   installs them now, tentatively (goddp._align), so that a failed install
+   installs them now, tentatively (goddp.ddp.align), so that a failed install
    is part of what it says.
 2. The statements are exchanged through the default c10d store within the
    module's process group (not in a 1-rank group), and every rank computes
@@ -42,7 +42,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from goddp._align import (
+from goddp.ddp.align import (
     ALIGNED_CAPS_ATTR,
     ReducerLost,
     ddp_parameters,
@@ -50,8 +50,8 @@ from goddp._align import (
     rebuild_blocker,
     remove_bucket_caps,
 )
-from goddp._plan_check import Decision, Statement, decide, exchange, model_key, timeout_s
-from goddp._store_round import Group
+from goddp.ranks.plan_check import Decision, Statement, decide, exchange, model_key, timeout_s
+from goddp.ranks.store_round import Group
 
 logger = logging.getLogger("goddp")
 

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 from torch import fx, nn
 
-from goddp._export import resolve_attr
+from goddp.graph.export import resolve_attr
 
 # A module path that ends in an index: "L['self'].blocks.3" or "...blocks[3]".
 _INDEXED_PATH = re.compile(r"^(?P<parent>.+?)(?:\.(?P<dot>\d+)|\[(?P<bracket>\d+)\])$")

@@ -1,6 +1,6 @@
 """One round of statements among the ranks of a process group, through the
 c10d store: how goddp's agreements across ranks wait for each other, within
-a bound, and settle on one outcome. Two agreements use it: goddp._plan_check
+a bound, and settle on one outcome. Two agreements use it: goddp.ranks.plan_check
 (at a DDP module's first training call) and goddp.tracing (entering and
 leaving a trace).
 

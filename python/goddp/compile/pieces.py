@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import fx
 
-from goddp._blocks import backward_order
-from goddp._cut import Piece
-from goddp._export import example_value
+from goddp.graph.blocks import backward_order
+from goddp.graph.cut import Piece
+from goddp.graph.export import example_value
 
 logger = logging.getLogger("goddp")
 
@@ -74,8 +74,8 @@ def compile_pieces(
 ) -> list[Callable[..., Any]]:
     """Compiles each piece with inner, in forward order; a piece whose
     same_as names an earlier piece reuses that piece's compiled callable
-    (goddp._blocks), and a piece in eager runs its GraphModule as it is
-    (the edges; goddp._blocks, "Edges"; an eager piece neither leads nor
+    (goddp.graph.blocks), and a piece in eager runs its GraphModule as it is
+    (the edges; goddp.graph.blocks, "Edges"; an eager piece neither leads nor
     follows another). Logs a line per piece compiled or left eager at INFO.
     Raises PieceCompileError naming the piece, with the inner compiler's
     exception as its cause; the settings below are restored either way."""
@@ -130,7 +130,7 @@ class PieceMetadata:
     """What piece_metadata_tracking yields: call after_compile(leader) after
     each compiled callable (named by its first piece), then finish(order)
     with the order in which their backwards will compile
-    (goddp._blocks.backward_order)."""
+    (goddp.graph.blocks.backward_order)."""
 
     def __init__(self, tracing: Any = None, per_piece: Any = None, previous_meta: Any = None) -> None:
         self._tracing = tracing

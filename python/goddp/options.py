@@ -62,13 +62,13 @@ class Options:
         repeated block or after the last (embeddings, final norm and head):
         "auto" (None means it) runs each eagerly when it is no bigger than
         the mean block, as regional compilation does (why:
-        goddp._blocks, "Edges"); "compile" compiles them with the inner
+        goddp.graph.blocks, "Edges"); "compile" compiles them with the inner
         compiler; "eager" runs them eagerly whatever their size.
     strict: raise instead of warning and compiling the whole graph when
         planning or a piece's compilation fails.
     log_plan: log the bucket table at INFO on logger "goddp".
     check_plans: raise when the ranks of a DDP module's group planned
-        differently (goddp._plan_check).
+        differently (goddp.ranks.plan_check).
     """
 
     inner: str | Callable[..., Any] = "inductor"

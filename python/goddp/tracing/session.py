@@ -82,8 +82,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from goddp._export import parameter_names
-from goddp._store_round import Group, env_seconds, settle
+from goddp.graph.export import parameter_names
+from goddp.ranks.store_round import Group, env_seconds, settle
 
 logger = logging.getLogger("goddp")
 
@@ -448,7 +448,7 @@ def rebuild_reducer(ddp: Any, hooks: list[tuple[Callable, Any]]) -> None:
         for hook, state in with_hooks:
             dist._register_comm_hook(ddp.reducer, state, hook)
             ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
-        from goddp._align import carry_reducer_modes
+        from goddp.ddp.align import carry_reducer_modes
 
         carry_reducer_modes(ddp)
 
@@ -566,7 +566,7 @@ _seqs: dict[str, "itertools.count[int]"] = {}
 
 class _Group:
     """The DDP module's ranks and the c10d store through which they agree
-    (goddp._store_round says why the store, and how a round settles)."""
+    (goddp.ranks.store_round says why the store, and how a round settles)."""
 
     def __init__(self, ddp: Any, timeout: float) -> None:
         self.ranks = tuple(dist.get_process_group_ranks(ddp.process_group))
@@ -647,7 +647,7 @@ def _compiled_by_goddp(ddp: Any) -> bool:
     """Whether goddp's backend compiled a graph inside this DDP module's
     forward (it notes every such module once)."""
     try:
-        from goddp._ddp_settings import _noted_modules
+        from goddp.ddp.settings import _noted_modules
 
         return ddp in _noted_modules
     except Exception:  # a goddp without that note: no plan is attributed
@@ -671,8 +671,8 @@ def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
     module's when its buckets hold only this module's parameter names and,
     where goddp aligned DDP's buckets to the pieces, its buckets are those
     caps (otherwise: its buckets were not aligned)."""
-    from goddp._align import ALIGNED_CAPS_ATTR
-    from goddp._records import last_plans
+    from goddp.ddp.align import ALIGNED_CAPS_ATTR
+    from goddp.reports.records import last_plans
 
     if not _compiled_by_goddp(ddp):
         return []

@@ -4,7 +4,7 @@ goddp installs each piece's byte total as DDP's per-bucket caps and rebuilds
 DDP's reducer. The rebuild happens at the DDP module's first training call,
 inside DDP's forward (after DDP's pre-forward, before its post-forward),
 never while Dynamo traces with fake tensors, and only if every rank of the
-module's process group proposes the very same caps (goddp._agreement
+module's process group proposes the very same caps (goddp.ranks.agreement
 decides). It only touches DDP modules where that is known to be safe;
 ``alignment_blocker``, ``coverage_blocker`` and ``rebuild_blocker`` name the
 reason otherwise and goddp keeps DDP's own buckets (the plan's cuts still
@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from goddp._export import parameter_names
+from goddp.graph.export import parameter_names
 
 
 # Set on a DDP module once goddp has installed its caps: the caps, and DDP's

@@ -9,7 +9,7 @@ same statements, so every rank reaches the same decision or raises the same
 error: there is no second round.
 
 When the exchange happens, and what a decision changes, is
-goddp._agreement's business; README.md ("Several ranks") explains both.
+goddp.ranks.agreement's business; README.md ("Several ranks") explains both.
 
 Store keys, all under ``goddp/agree/<group name>/<model key>/``:
 - ``arrivals``: a counter (``store.add``). The n-th arrival belongs to round
@@ -17,7 +17,7 @@ Store keys, all under ``goddp/agree/<group name>/<model key>/``:
   two DDP modules of the same shapes in one run, never read each other's
   statements. It stays when a round ends: the next round counts on it.
 - ``<round>/...``: the round's statements, outcome and read count
-  (goddp._store_round says how a round settles).
+  (goddp.ranks.store_round says how a round settles).
 
 Environment: GODDP_PLAN_CHECK_TIMEOUT, seconds to wait for the other ranks
 (default: the DDP process group's own timeout, 30 minutes unless
@@ -31,7 +31,7 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
-from goddp._store_round import Group, env_seconds, settle
+from goddp.ranks.store_round import Group, env_seconds, settle
 
 TIMEOUT_ENV = "GODDP_PLAN_CHECK_TIMEOUT"
 # Used when the process group's timeout cannot be read: torch's own default.

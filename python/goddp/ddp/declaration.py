@@ -14,7 +14,7 @@ import dataclasses
 from array import array
 from typing import Any, Sequence
 
-from goddp._export import ExportedGraph
+from goddp.graph.export import ExportedGraph
 
 
 def bucket_order(ddp: Any) -> str:

@@ -4,59 +4,56 @@
 graph Dynamo captures here. Outside a DDP forward the graph goes to the inner
 compiler untouched. Inside one, goddp:
 
-1. reads the active DDP module's bucket settings (goddp._ddp_settings);
-2. exports the graph to flat arrays (goddp._export) and asks the Go planner
+1. reads the active DDP module's bucket settings (goddp.ddp.settings);
+2. exports the graph to flat arrays (goddp.graph.export) and asks the Go planner
    where DDP's buckets close (goddp mode "ddp") or where torch's
    DDPOptimizer would cut (goddp mode "torch"), deciding on the way whether
    DDP's own buckets can be set to the pieces (docs/align.md);
-3. cuts the graph into pieces along the plan (goddp._cut) and compiles each
-   piece with the inner compiler (goddp._pieces), so that each bucket's
+3. cuts the graph into pieces along the plan (goddp.graph.cut) and compiles each
+   piece with the inner compiler (goddp.compile.pieces), so that each bucket's
    allreduce can start while the rest of backward still runs;
-4. returns one callable that runs the pieces in order (goddp._stitch); at
+4. returns one callable that runs the pieces in order (goddp.graph.stitch); at
    its first training call the ranks of the DDP module's process group agree
-   on the plan and on DDP's buckets (goddp._agreement).
+   on the plan and on DDP's buckets (goddp.ranks.agreement).
 
 Importing this module switches torch's DDPOptimizer off
-(goddp._ddp_optimizer explains why) and registers the backend.
+(goddp.compile.ddp_optimizer explains why) and registers the backend.
 
 Failures never cost a training step: if planning, cutting or compiling a
 piece fails, goddp warns and compiles the whole graph with the inner
 compiler instead (``strict=True`` raises instead); a rank that fell back
 still takes part in the agreement. A plan that differs between ranks raises
-on every rank (goddp._plan_check).
+on every rank (goddp.ranks.plan_check).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import logging
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
 
-from goddp import _ddp_optimizer, _native
-from goddp._agreement import GatedCall, TrainingGate, gate_for_training
-from goddp._align import alignment_blocker, coverage_blocker
-from goddp._blocks import edge_pieces, group_pieces, piece_signature
-from goddp._cut import cut_graph
-from goddp._declaration import bucket_order, ddp_parameter_names, with_ddp_positions
-from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
-from goddp._export import ExportedGraph, export_graph
-from goddp._frames import frame_info
-from goddp._options import Options, parse_options
-from goddp._pieces import PieceCompileError, compile_pieces, log_pieces, piece_example_inputs
-from goddp._plan import GraphPlan, PlanSettings, call_planner, decode_plan
-from goddp._plan_check import Statement
-from goddp._records import GraphRecord, add_record
-from goddp._stitch import StitchedPieces
+from goddp.compile import ddp_optimizer as _ddp_optimizer
+from goddp.native import extension as _native
+from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
+from goddp.ddp.align import alignment_blocker, coverage_blocker
+from goddp.graph.blocks import edge_pieces, group_pieces, piece_signature
+from goddp.graph.cut import cut_graph
+from goddp.ddp.declaration import bucket_order, ddp_parameter_names, with_ddp_positions
+from goddp.ddp.settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
+from goddp.graph.export import ExportedGraph, export_graph
+from goddp.graph.frames import frame_info
+from goddp.options import Options
+from goddp.compile.pieces import PieceCompileError, compile_pieces, log_pieces, piece_example_inputs
+from goddp.native.plan import GraphPlan, PlanSettings, call_planner, decode_plan
+from goddp.ranks.plan_check import Statement
+from goddp.reports.records import GraphRecord, add_record
+from goddp.graph.stitch import StitchedPieces
 
 logger = logging.getLogger("goddp")
-
-BACKEND_NAME = "goddp"
-ENTRY_POINT_GROUP = "torch_dynamo_backends"
 
 ALIGNMENT_OFF = "off (align_buckets=False or mode='torch')"
 
@@ -149,7 +146,7 @@ class _DDPGraphCompile:
     """Compiles one Dynamo graph inside a DDP forward: plan, cut, compile the
     pieces, stitch; or, at any failure, the whole graph. Either way the
     callable it returns takes part in the DDP module's agreement at its
-    first training call (goddp._agreement)."""
+    first training call (goddp.ranks.agreement)."""
 
     def __init__(
         self,
@@ -292,8 +289,8 @@ class _DDPGraphCompile:
     ) -> tuple[list[int], list[int]]:
         """Per piece, the piece whose compiled callable it will run: an
         earlier identical one (same code and input metadata, names aside;
-        goddp._blocks) with block cuts, else itself; and the edge pieces
-        that run eagerly (option edges; goddp._blocks, "Edges"). Recorded."""
+        goddp.graph.blocks) with block cuts, else itself; and the edge pieces
+        that run eagerly (option edges; goddp.graph.blocks, "Edges"). Recorded."""
         with self.record.timed("identify"):
             eager = edge_pieces(
                 exported.nodes,
@@ -402,75 +399,3 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
         )
         return inner(gm, example_inputs)
     return _DDPGraphCompile(gm, example_inputs, options, inner, ddp).run()
-
-
-# --------------------------------------------------------------------------
-# Entry points
-
-
-def goddp_backend(
-    gm: fx.GraphModule,
-    example_inputs: Sequence[Any],
-    *,
-    options: Mapping[str, Any] | None = None,
-    **torch_compile_kwargs: Any,
-) -> Callable[..., Any]:
-    """The Dynamo backend registered as "goddp".
-
-    torch.compile passes ``options=`` (goddp's options, see goddp.backend;
-    goddp's cutting mode is its "mode" key) and, when given, its own
-    ``mode=`` among torch_compile_kwargs, which goes to the inner backend.
-    """
-    compile_mode = torch_compile_kwargs.get("mode")
-    return compile_graph(gm, example_inputs, parse_options(options).with_compile_mode(compile_mode))
-
-
-class ConfiguredBackend:
-    """goddp with options bound: what ``goddp.backend(**options)`` returns."""
-
-    def __init__(self, raw_options: Mapping[str, Any]) -> None:
-        self._raw = dict(raw_options)
-        self.options = parse_options(self._raw)
-
-    def __call__(
-        self,
-        gm: fx.GraphModule,
-        example_inputs: Sequence[Any],
-        *,
-        options: Mapping[str, Any] | None = None,
-        **torch_compile_kwargs: Any,
-    ) -> Callable[..., Any]:
-        resolved = parse_options({**self._raw, **options}) if options else self.options
-        return compile_graph(gm, example_inputs, resolved.with_compile_mode(torch_compile_kwargs.get("mode")))
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self._raw.items())
-        return f"goddp.backend({args})"
-
-
-def make_backend(**options: Any) -> Callable[..., Any]:
-    """Returns a Dynamo backend; see goddp.backend for the options."""
-    if not options:
-        return goddp_backend
-    return ConfiguredBackend(options)
-
-
-def _entry_point_installed() -> bool:
-    try:
-        return any(ep.name == BACKEND_NAME for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
-    except Exception:
-        return False
-
-
-def _register_with_dynamo() -> None:
-    """Registers "goddp" unless the installed entry point will (Dynamo loads
-    entry points lazily and would reject a name registered twice)."""
-    from torch._dynamo.backends import registry
-
-    if BACKEND_NAME in registry._COMPILER_FNS or _entry_point_installed():
-        return
-    registry.register_backend(compiler_fn=goddp_backend, name=BACKEND_NAME)
-
-
-_ddp_optimizer.switch_off_at_import()
-_register_with_dynamo()
