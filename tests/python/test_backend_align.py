@@ -10,7 +10,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from goddp.ddp.align import ALIGNED_CAPS_ATTR, alignment_blocker, install_bucket_caps
+from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps
+from goddp.ddp.refusals import alignment_blocker
 from models import ZOO, SquareStack
 
 

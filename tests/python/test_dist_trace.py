@@ -16,6 +16,7 @@ from torch._dynamo.utils import counters
 
 import goddp
 from goddp import tracing
+from goddp.ddp.private import current_buckets
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group, under_torchrun
 from models import ZOO
 
@@ -55,7 +56,7 @@ def assert_bitwise_equal(got, want):
 def ddp_state(ddp):
     """What goddp.trace must leave as it found it."""
     return {
-        "buckets": tracing.current_buckets(ddp),
+        "buckets": current_buckets(ddp),
         "hooks": list(ddp._comm_hooks),
         "comm_hook": ddp._get_ddp_logging_data().get("comm_hook"),
         "post_forward": "_post_forward" in ddp.__dict__,

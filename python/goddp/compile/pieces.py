@@ -20,7 +20,7 @@ from torch import fx
 
 from goddp.graph.blocks import backward_order
 from goddp.graph.cut import Piece
-from goddp.graph.export import example_value
+from goddp.graph.nodes import example_value
 
 logger = logging.getLogger("goddp")
 

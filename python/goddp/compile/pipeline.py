@@ -39,12 +39,13 @@ from torch import fx
 from goddp.compile import ddp_optimizer as _ddp_optimizer
 from goddp.native import extension as _native
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
-from goddp.ddp.align import alignment_blocker, coverage_blocker
+from goddp.ddp.refusals import alignment_blocker, coverage_blocker
 from goddp.graph.blocks import edge_pieces, group_pieces, piece_signature
 from goddp.graph.cut import cut_graph
-from goddp.ddp.declaration import bucket_order, ddp_parameter_names, with_ddp_positions
-from goddp.ddp.settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
-from goddp.graph.export import ExportedGraph, export_graph
+from goddp.ddp.declaration import bucket_order, ddp_parameter_names
+from goddp.ddp.private import active_ddp_module
+from goddp.ddp.settings import caps_for, note_ddp_settings, note_once, read_ddp_settings
+from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.options import Options
 from goddp.compile.pieces import PieceCompileError, compile_pieces, log_pieces, piece_example_inputs

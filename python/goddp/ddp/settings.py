@@ -8,24 +8,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
+from goddp.ddp import private
+from goddp.ddp.align import users_bucket_config
 from goddp.graph.export import parameter_names
 from goddp.options import Options
 from goddp.native.plan import MIB, PlanSettings, default_first_bucket_cap, resolve_caps
 
 logger = logging.getLogger("goddp")
-
-
-def active_ddp_module() -> nn.Module | None:
-    """The DDP module whose forward is running (Dynamo compiles inside it),
-    or None outside any DDP forward."""
-    if not torch.distributed.is_available():
-        return None
-    from torch.nn.parallel import DistributedDataParallel
-
-    getter = getattr(DistributedDataParallel, "_get_active_ddp_module", None)
-    return getter() if getter is not None else None
 
 
 @dataclass(frozen=True)
@@ -41,30 +31,12 @@ class DDPSettings:
     param_name_of: Callable[[torch.Tensor], str | None]
 
 
-def _bucket_config(ddp: Any) -> Any:
-    """DDP's bucket settings as the user made them: goddp's own per-bucket
-    caps (docs/align.md) replace them on the module, but plans keep following
-    the user's, so that recompiling a frame plans the same cuts."""
-    from goddp.ddp.align import ORIGINAL_CONFIG_ATTR
-
-    return getattr(ddp, ORIGINAL_CONFIG_ATTR, None) or getattr(ddp, "_bucket_config", None)
-
-
 def _first_bucket_cap(ddp: Any, cap: int) -> int:
-    config = _bucket_config(ddp)
-    first = getattr(config, "first_bucket_bytes_cap", None)
+    first = private.first_bucket_cap(users_bucket_config(ddp))
     if first is not None:
-        return int(first)
+        return first
     # Older torch keeps no first cap: DDP's rule from the cap applies.
-    return default_first_bucket_cap("ddp", cap, cap_is_default=bool(getattr(ddp, "bucket_bytes_cap_default", False)))
-
-
-def _per_bucket_caps(ddp: Any) -> tuple[int, ...]:
-    config = _bucket_config(ddp)
-    caps = getattr(config, "per_bucket_bytes_caps", None)
-    if caps is None:
-        caps = getattr(ddp, "bucket_bytes_cap_list", None)
-    return tuple(int(c) for c in caps or ())
+    return default_first_bucket_cap("ddp", cap, cap_is_default=private.cap_is_default(ddp))
 
 
 def read_ddp_settings(ddp: Any) -> DDPSettings:
@@ -74,7 +46,7 @@ def read_ddp_settings(ddp: Any) -> DDPSettings:
     return DDPSettings(
         bucket_cap_bytes=cap,
         first_bucket_cap_bytes=_first_bucket_cap(ddp, cap),
-        bucket_caps_bytes=_per_bucket_caps(ddp),
+        bucket_caps_bytes=private.per_bucket_caps(ddp, users_bucket_config(ddp)),
         ignored_names=ignored,
         find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),
         static_graph=bool(getattr(ddp, "static_graph", False)),

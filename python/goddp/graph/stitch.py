@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from goddp.graph.cut import Piece
-from goddp.graph.export import example_value
+from goddp.graph.nodes import example_value
 
 
 def _gatherer(reads: tuple[int, ...]) -> Callable[[list], tuple]:

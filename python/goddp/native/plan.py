@@ -15,7 +15,7 @@ import torch
 from torch import fx, nn
 
 from goddp.native import extension as _native
-from goddp.graph.export import ExportedGraph, export_graph, parameter_names
+from goddp.graph.export import ExportedGraph, export_graph, parameter_names, with_ddp_positions
 from goddp.options import check_ddp_mode_only, check_max_pieces, check_mode
 
 MIB = 1 << 20
@@ -435,8 +435,6 @@ def plan_graph_module(
     caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets)
     exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored, block_cuts=block_cuts)
     if declaration_order is not None:
-        from goddp.ddp.declaration import with_ddp_positions
-
         caps = replace(caps, bucket_order="declaration")
         exported = with_ddp_positions(exported, list(declaration_order))
     return decode_plan(call_planner(exported, mode, caps), exported, mode, caps)

@@ -42,14 +42,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from goddp.ddp.align import (
-    ALIGNED_CAPS_ATTR,
-    ReducerLost,
-    ddp_parameters,
-    install_bucket_caps,
-    rebuild_blocker,
-    remove_bucket_caps,
-)
+from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps, remove_bucket_caps
+from goddp.ddp.private import ReducerLost, ddp_parameters
+from goddp.ddp.refusals import rebuild_blocker
 from goddp.ranks.plan_check import Decision, Statement, decide, exchange, model_key, timeout_s
 from goddp.ranks.store_round import Group
 

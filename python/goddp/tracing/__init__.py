@@ -6,7 +6,6 @@ See goddp.tracing.session for what is recorded and the contract across ranks.
 from goddp.tracing.session import (
     Trace,
     TraceError,
-    current_buckets,
     draw_launch_rows,
     format_summary,
     median_step,

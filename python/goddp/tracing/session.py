@@ -82,6 +82,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from goddp.ddp import private
+from goddp.ddp.private import ReducerLost
+from goddp.ddp.refusals import TRACE_ACTIVE_ATTR, trace_refusal
 from goddp.graph.export import parameter_names
 from goddp.ranks.store_round import Group, env_seconds, settle
 
@@ -96,8 +99,6 @@ DURING_BACKWARD_MARGIN = 0.05
 # Steps kept per trace; older ones are dropped (a trace left open for a
 # whole run must not grow without bound).
 MAX_STEPS = 1000
-# Marks a DDP module while a trace is installed on it.
-_ACTIVE_ATTR = "_goddp_trace_active"
 
 
 class TraceError(RuntimeError):
@@ -381,93 +382,15 @@ def unwrap_ddp(module: Any) -> Any:
     return inner
 
 
-def _refusal(ddp: Any) -> str | None:
-    """Why this DDP module cannot be traced, or None."""
-    if getattr(ddp, _ACTIVE_ATTR, None) is not None:
-        return "this DDP module is already being traced (one goddp.trace at a time)"
-    if getattr(ddp, "_use_python_reducer", False):
-        return "DDP uses the Python reducer (compiled autograd): it has no comm hooks"
-    if ddp.static_graph:
-        return "static_graph=True: a fresh reducer would repeat DDP's static-graph first step"
-    if getattr(ddp, "_delay_all_reduce_all_params", False):
-        return "every parameter is in DDP's delayed allreduce: DDP reduces nothing in backward"
-    if len(ddp._comm_hooks) > 1:
-        return f"DDP lists {len(ddp._comm_hooks)} comm hooks; expected at most one"
+def _rebuild_reducer(ddp: Any, hooks: list[tuple[Callable, Any]], in_forward: bool = False) -> None:
+    """A fresh reducer for ddp with its current buckets and `hooks`
+    (goddp.ddp.private.rebuild_reducer). The fresh reducer derives its
+    buckets once more after its first step, from the same settings and
+    gradient order, which gives the same buckets."""
     try:
-        name = ddp._get_ddp_logging_data().get("comm_hook")
-    except Exception as exc:
-        return f"could not read DDP's logging data ({type(exc).__name__}: {exc})"
-    if name and not ddp._comm_hooks:
-        return (
-            f"a built-in C++ comm hook ({name}) is registered; it cannot be wrapped "
-            "(register it as a Python hook, e.g. torch.distributed.algorithms.ddp_comm_hooks, to trace it)"
-        )
-    return None
-
-
-_init_lock = threading.Lock()
-
-
-def current_buckets(ddp: Any) -> list[list[int]]:
-    """DDP's buckets now, in reducer order, as indices into DDP's parameter
-    list."""
-    parameters, _ = ddp._build_params_for_reducer()
-    index = {id(p): i for i, p in enumerate(parameters)}
-    return [[index[id(p)] for p in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
-
-
-def rebuild_reducer(ddp: Any, hooks: list[tuple[Callable, Any]]) -> None:
-    """Gives `ddp` a fresh reducer with its current buckets and `hooks` (the
-    new ``ddp._comm_hooks``).
-
-    The reducer is built by DDP's own ``_ddp_init_helper`` (everything but the
-    bucket assignment stays DDP's business); only the assignment it asks
-    ``dist._compute_bucket_assignment_by_size`` for is replaced by the buckets
-    DDP has now, so the buckets DDP rebuilt after its first step (or goddp
-    aligned to its pieces) survive. The fresh reducer derives its buckets once
-    more after its first step, from the same settings and gradient order,
-    which gives the same buckets."""
-    parameters, expect_sparse = ddp._build_params_for_reducer()
-    names = ddp._build_debug_param_to_name_mapping(parameters)
-    buckets = current_buckets(ddp)
-    sizes = [sum(parameters[i].numel() * parameters[i].element_size() for i in b) for b in buckets]
-
-    def assignment(*_args, **_kwargs):
-        # DDP reverses what it gets (it assumes forward order); hand it the
-        # reverse of the reducer order.
-        return [list(b) for b in reversed(buckets)], list(reversed(sizes))
-
-    def build(with_hooks: list[tuple[Callable, Any]]) -> None:
-        original = dist._compute_bucket_assignment_by_size
-        dist._compute_bucket_assignment_by_size = assignment
-        try:
-            ddp._ddp_init_helper(parameters, expect_sparse, names, ddp.static_graph)
-        finally:
-            dist._compute_bucket_assignment_by_size = original
-        ddp._comm_hooks[:] = with_hooks
-        for hook, state in with_hooks:
-            dist._register_comm_hook(ddp.reducer, state, hook)
-            ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
-        from goddp.ddp.align import carry_reducer_modes
-
-        carry_reducer_modes(ddp)
-
-    previous = list(ddp._comm_hooks)
-    with _init_lock:
-        ddp.reducer._remove_autograd_hooks()
-        try:
-            build(hooks)
-        except Exception as exc:
-            # Without autograd hooks DDP would silently skip every allreduce:
-            # put the previous hooks back on a fresh reducer, or stop.
-            try:
-                build(previous)
-            except Exception as again:
-                raise TraceError(
-                    f"goddp.trace: rebuilding DDP's reducer failed twice ({type(exc).__name__}: {exc}; "
-                    f"{type(again).__name__}: {again}); DDP can no longer reduce gradients"
-                ) from again
-            raise
+        private.rebuild_reducer(ddp, hooks=hooks, keep_buckets=True, in_forward=in_forward)
+    except ReducerLost as lost:
+        raise TraceError(str(lost).replace("goddp:", "goddp.trace:", 1)) from lost
 
 
 class _Installation:
@@ -476,7 +399,7 @@ class _Installation:
     def __init__(self, ddp: Any, recorder: _Recorder) -> None:
         self.ddp = ddp
         self.recorder = recorder
-        self.user_hooks = list(ddp._comm_hooks)
+        self.user_hooks = private.comm_hooks(ddp)
         if self.user_hooks:
             user_hook, state = self.user_hooks[0]
             self.hook_name = getattr(user_hook, "__qualname__", repr(user_hook))
@@ -495,21 +418,16 @@ class _Installation:
         ddp = self.ddp
         if not self.user_hooks:
             # No hook yet: the reducer takes ours as it is; nothing to rebuild.
-            ddp._comm_hooks[:] = self.hooks
-            hook, state = self.hooks[0]
-            dist._register_comm_hook(ddp.reducer, state, hook)
-            ddp.logger._set_comm_hook_name(hook.__qualname__)
+            private.register_comm_hooks(ddp, self.hooks)
         recorder = self.recorder
-        pre_forward, post_forward = type(ddp)._pre_forward, type(ddp)._post_forward
+        pre_forward, post_forward = private.forward_steps(ddp)
 
         @torch.compiler.disable(recursive=True)
         def _pre_forward(*inputs, **kwargs):
             result = pre_forward(ddp, *inputs, **kwargs)
             if self.rebuild_pending and torch.is_grad_enabled() and ddp.require_backward_grad_sync:
                 self.rebuild_pending = False
-                rebuild_reducer(ddp, self.hooks)
-                # DDP's pre-forward told the old reducer a forward began.
-                ddp.reducer.prepare_for_forward()
+                _rebuild_reducer(ddp, self.hooks, in_forward=True)
             return result
 
         # Dynamo skips DDP's forward but would convert the frames it calls
@@ -523,28 +441,23 @@ class _Installation:
             recorder.after_forward(output, reduces)
             return output
 
-        # Instance attributes: DDP's forward runs outside Dynamo's graphs,
-        # so no guard sees them and nothing recompiles.
-        ddp._pre_forward = _pre_forward
-        ddp._post_forward = _post_forward
-        setattr(ddp, _ACTIVE_ATTR, self)
+        private.override_forward_steps(ddp, _pre_forward, _post_forward)
+        setattr(ddp, TRACE_ACTIVE_ATTR, self)
 
     def remove(self) -> None:
         ddp = self.ddp
         self.recorder.recording = False
-        ddp.__dict__.pop("_pre_forward", None)
-        ddp.__dict__.pop("_post_forward", None)
-        ddp.__dict__.pop(_ACTIVE_ATTR, None)
+        private.restore_forward_steps(ddp)
+        ddp.__dict__.pop(TRACE_ACTIVE_ATTR, None)
         self.removed = True
         if self.rebuild_pending:  # no forward swapped the reducer: it is DDP's own still
             return
-        rebuild_reducer(ddp, self.user_hooks)
+        _rebuild_reducer(ddp, self.user_hooks)
         if self.recorder.pending_forward:
             # A forward ran and its backward has not: arm the fresh reducer
             # the way DDP's forward armed the old one, or that backward
             # would not reduce (find_unused_parameters is refused before).
-            ddp.reducer.prepare_for_forward()
-            ddp.reducer.prepare_for_backward([])
+            private.arm_for_backward(ddp)
 
 
 # --------------------------------------------------------------------------
@@ -730,7 +643,7 @@ class Trace:
         if self._group is not None:
             raise TraceError("goddp.trace: this trace object was already entered; create a new one")
         ddp = self._ddp
-        refusal = _refusal(ddp)
+        refusal = trace_refusal(ddp)
         group = self._group = _Group(ddp, self._timeout)
         decision, seen = group.agree("enter", refusal or "ok")
         if decision != "go":
