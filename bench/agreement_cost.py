@@ -18,7 +18,8 @@ import time
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
-from goddp.ranks.plan_check import Group, Statement, exchange
+from goddp.ranks.group import Group
+from goddp.ranks.plan_check import Statement, exchange
 
 
 def main() -> None:

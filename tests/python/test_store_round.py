@@ -9,7 +9,8 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from goddp.ranks.store_round import GAVE_UP, Group, env_seconds, settle
+from goddp.ranks.group import Group, env_seconds
+from goddp.ranks.store_round import GAVE_UP, settle
 
 
 def _refused_if_any(said):

@@ -40,13 +40,12 @@ import weakref
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
 from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps, remove_bucket_caps
 from goddp.ddp.private import ReducerLost, ddp_parameters
 from goddp.ddp.refusals import rebuild_blocker
 from goddp.ranks.plan_check import Decision, Statement, decide, exchange, model_key, timeout_s
-from goddp.ranks.store_round import Group
+from goddp.ranks.group import Group, group_of, store_for
 
 logger = logging.getLogger("goddp")
 
@@ -125,18 +124,8 @@ class TrainingGate:
         )
 
 
-def _group_of(ddp: Any) -> Group:
-    group = ddp.process_group
-    return Group(
-        name=str(group.group_name),
-        ranks=tuple(dist.get_process_group_ranks(group)),
-        rank=dist.get_rank(),
-        timeout_s=timeout_s(group),
-    )
-
-
 def _agree(ddp: Any, statement: Statement) -> tuple[Decision, Group]:
-    group = _group_of(ddp)
+    group = group_of(ddp, timeout_s)
     if statement.caps is not None:
         blocker = rebuild_blocker(ddp)
         if blocker is not None:
@@ -153,11 +142,10 @@ def _agree(ddp: Any, statement: Statement) -> tuple[Decision, Group]:
                 statement, caps=None, reason=f"installing the caps failed ({type(exc).__name__}: {exc})"
             )
     statements = {group.rank: statement}
-    if len(group.ranks) > 1:
-        from torch.distributed.distributed_c10d import _get_default_store
-
+    store = store_for(group)
+    if store is not None:
         key = f"{STORE_PREFIX}/{group.name}/{_model_key(ddp)}"
-        payloads = exchange(_get_default_store(), key, group, statement.to_json())
+        payloads = exchange(store, key, group, statement.to_json())
         statements = {r: Statement.from_json(p) for r, p in payloads.items()}
     if lost is not None:
         raise lost  # the others stop too (PeerFailedError), having read why

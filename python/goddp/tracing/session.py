@@ -68,7 +68,6 @@ them on one rank only, or on every rank, never deadlocks.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import statistics
@@ -76,7 +75,6 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 import torch
@@ -86,7 +84,8 @@ from goddp.ddp import private
 from goddp.ddp.private import ReducerLost
 from goddp.ddp.refusals import TRACE_ACTIVE_ATTR, trace_refusal
 from goddp.graph.export import parameter_names
-from goddp.ranks.store_round import Group, env_seconds, settle
+from goddp.ranks.group import group_of, missing_ranks_message, store_for, timeout_s
+from goddp.ranks.store_round import agree, gather, publish
 
 logger = logging.getLogger("goddp")
 
@@ -464,92 +463,48 @@ class _Installation:
 # Agreeing across ranks
 
 
-def _timeout_s(value: float | None) -> float:
-    if value is not None:
-        if value <= 0:
-            raise ValueError(f"goddp.trace: timeout must be positive seconds, got {value!r}")
-        return float(value)
-    from_env = env_seconds("GODDP_TRACE_TIMEOUT")
-    return DEFAULT_TIMEOUT_S if from_env is None else from_env
-
+TIMEOUT_ENV = "GODDP_TRACE_TIMEOUT"
+_EVENTS = {"enter": "entering the trace", "leave": "leaving the trace"}
 
 _seq_lock = threading.Lock()
 _seqs: dict[str, "itertools.count[int]"] = {}
 
 
-class _Group:
-    """The DDP module's ranks and the c10d store through which they agree
-    (goddp.ranks.store_round says why the store, and how a round settles)."""
+class _Rounds:
+    """This trace's rounds and records in the c10d store, for the DDP
+    module's group (goddp.ranks: the group, the store, how a round settles)."""
 
     def __init__(self, ddp: Any, timeout: float) -> None:
-        self.ranks = tuple(dist.get_process_group_ranks(ddp.process_group))
-        self.rank = dist.get_rank()
-        self.timeout = timeout
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        self.store = _get_default_store() if len(self.ranks) > 1 else None
-        # The group's name is the same on every member and differs between
-        # groups over the same ranks; the sequence counts this process's
-        # traces on that group, so each trace gets keys of its own.
-        name = getattr(ddp.process_group, "group_name", None) or "-".join(map(str, self.ranks))
+        self.group = group_of(ddp, timeout)
+        self.store = store_for(self.group)
+        # The sequence counts this process's traces on that group, so each
+        # trace gets keys of its own.
         with _seq_lock:
-            seq = next(_seqs.setdefault(name, itertools.count()))
-        self.prefix = f"goddp/trace/{name}/{seq}"
-        self.name = name
+            seq = next(_seqs.setdefault(self.group.name, itertools.count()))
+        self.prefix = f"goddp/trace/{self.group.name}/{seq}"
 
-    def agree(self, phase: str, verdict: str) -> tuple[str, dict[int, str]]:
-        """Publishes this rank's verdict ("ok" or a reason) for `phase` and
-        returns the decision every rank follows ("go", "refused" or
-        "timeout") with the verdicts seen."""
-        if self.store is None:
-            return ("go" if verdict == "ok" else "refused"), {self.rank: verdict}
-        ended = settle(
-            self.store,
-            f"{self.prefix}/{phase}",
-            Group(self.name, self.ranks, self.rank, self.timeout),
-            verdict,
-            lambda said: "go" if all(v == "ok" for v in said.values()) else "refused",
-            f"{phase} the trace",
-        )
-        return ("timeout" if ended.gave_up else ended.outcome), dict(ended.statements)
+    def agree(self, phase: str, verdict: str) -> None:
+        """Publishes this rank's verdict ("ok" or a reason) for `phase`;
+        returns when every rank said "ok", else raises TraceError (on every
+        rank alike: they follow the round's one outcome)."""
+        ended = agree(self.store, f"{self.prefix}/{phase}", self.group, verdict, f"{phase} the trace")
+        if ended.gave_up:
+            raise TraceError(
+                missing_ranks_message(
+                    "goddp.trace", self.group, _EVENTS[phase], ended, f"Every rank must {phase} it at the same step"
+                )
+            )
+        if ended.outcome != "go":
+            reasons = "; ".join(f"rank {r}: {v}" for r, v in sorted(ended.statements.items()) if v != "ok")
+            raise TraceError(f"goddp.trace: cannot {phase} the trace ({reasons})")
 
     def publish(self, record: dict[str, Any]) -> None:
-        if self.store is not None:
-            self.store.set(f"{self.prefix}/record/{self.rank}", json.dumps(record))
+        publish(self.store, f"{self.prefix}/record/{self.group.rank}", record)
 
     def gather(self, timeout: float) -> dict[int, dict[str, Any]]:
         """Every rank's published record; ranks that did not publish within
         `timeout` seconds are left out."""
-        out: dict[int, dict[str, Any]] = {}
-        if self.store is None:
-            return out
-        deadline = time.monotonic() + timeout
-        for r in self.ranks:
-            key = f"{self.prefix}/record/{r}"
-            left = max(0.001, deadline - time.monotonic())
-            try:
-                self.store.wait([key], timedelta(seconds=left))
-                out[r] = json.loads(self.store.get(key))
-            except Exception:
-                continue
-        return out
-
-
-def _refused_message(phase: str, decision: str, seen: dict[int, str], group: _Group) -> str:
-    if decision == "timeout":
-        missing = [r for r in group.ranks if r not in seen]
-        if not missing:
-            return (
-                f"goddp.trace: rank {group.rank} arrived to {phase} the trace after the other ranks of the DDP "
-                f"group {list(group.ranks)} had waited {group.timeout:g} s for it and given up; every rank must "
-                f"{phase} it at the same step"
-            )
-        return (
-            f"goddp.trace: rank {group.rank} waited {group.timeout:g} s for ranks {missing} of the DDP "
-            f"group {list(group.ranks)} to {phase} the trace; every rank must {phase} it at the same step"
-        )
-    reasons = "; ".join(f"rank {r}: {v}" for r, v in sorted(seen.items()) if v != "ok")
-    return f"goddp.trace: cannot {phase} the trace ({reasons})"
+        return gather(self.store, {r: f"{self.prefix}/record/{r}" for r in self.group.ranks}, timeout)
 
 
 # --------------------------------------------------------------------------
@@ -625,11 +580,11 @@ class Trace:
 
     def __init__(self, module: Any, *, timeout: float | None = None, max_steps: int = MAX_STEPS) -> None:
         self._ddp = unwrap_ddp(module)
-        self._timeout = _timeout_s(timeout)
+        self._timeout = timeout_s(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, timeout, "goddp.trace")
         if max_steps < 1:
             raise ValueError(f"goddp.trace: max_steps must be at least 1, got {max_steps!r}")
         self._max_steps = max_steps
-        self._group: _Group | None = None
+        self._rounds: _Rounds | None = None
         self._installation: _Installation | None = None
         self._recorder: _Recorder | None = None
         self._closed_record: dict[str, Any] | None = None
@@ -640,14 +595,15 @@ class Trace:
     # -- entering and leaving
 
     def __enter__(self) -> "Trace":
-        if self._group is not None:
+        if self._rounds is not None:
             raise TraceError("goddp.trace: this trace object was already entered; create a new one")
         ddp = self._ddp
         refusal = trace_refusal(ddp)
-        group = self._group = _Group(ddp, self._timeout)
-        decision, seen = group.agree("enter", refusal or "ok")
-        if decision != "go":
-            raise TraceError(_refused_message("enter", decision, seen, group) + "; nothing was changed")
+        rounds = self._rounds = _Rounds(ddp, self._timeout)
+        try:
+            rounds.agree("enter", refusal or "ok")
+        except TraceError as refused:
+            raise TraceError(f"{refused}; nothing was changed") from None
         recorder = self._recorder = _Recorder(parameter_names(ddp.module), self._max_steps)
         installation = _Installation(ddp, recorder)
         installation.install()
@@ -661,8 +617,8 @@ class Trace:
 
     def close(self) -> None:
         """Leaves the trace (what ``with`` does on exit); idempotent."""
-        installation, group = self._installation, self._group
-        if installation is None or installation.removed or group is None or self._leave_tried:
+        installation, rounds = self._installation, self._rounds
+        if installation is None or installation.removed or rounds is None or self._leave_tried:
             return
         recorder = installation.recorder
         verdict = "ok"
@@ -671,21 +627,22 @@ class Trace:
         elif recorder.pending_forward and self._ddp.find_unused_parameters:
             verdict = "a forward ran whose backward has not (find_unused_parameters=True)"
         self._leave_tried = True
-        decision, seen = group.agree("leave", verdict)
-        recorder.recording = False
-        if decision != "go":
+        try:
+            rounds.agree("leave", verdict)
+        except TraceError as refused:
             # Not every rank leaves now: keep the same reducer on all of them,
             # so they keep communicating alike. The hook passes through.
             raise TraceError(
-                _refused_message("leave", decision, seen, group)
-                + "; DDP keeps goddp.trace's pass-through comm hook (same communication, same gradients)"
-            )
+                f"{refused}; DDP keeps goddp.trace's pass-through comm hook (same communication, same gradients)"
+            ) from None
+        finally:
+            recorder.recording = False
         # Nothing that can fail on one rank alone may run between the agreed
         # "go" and the removal: every rank must change its reducer alike.
         installation.remove()
         self._plans = _attributed_plans(self._ddp)
         self._closed_record = self._record()
-        group.publish(self._closed_record)
+        rounds.publish(self._closed_record)
 
     # -- results
 
@@ -697,11 +654,11 @@ class Trace:
         return [s.to_dict(self._recorder.names) for s in list(self._recorder.steps)]
 
     def _record(self) -> dict[str, Any]:
-        group = self._group
+        rounds = self._rounds
         steps = self.steps
         return {
             "rank": dist.get_rank() if dist.is_initialized() else 0,
-            "ranks": list(group.ranks) if group else [],
+            "ranks": list(rounds.group.ranks) if rounds else [],
             "module": type(self._ddp.module).__name__,
             "comm_hook": self._hook_name,
             "goddp_plans": self._plans or _attributed_plans(self._ddp),
@@ -721,10 +678,10 @@ class Trace:
         return {"ranks": {str(r): rec for r, rec in self._gathered(mine).items()}}
 
     def _gathered(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
-        if self._group is None or self._closed_record is None:
+        if self._rounds is None or self._closed_record is None:
             raise TraceError("goddp.trace: gather=True needs a trace that was entered and left")
-        records = self._group.gather(self._timeout)
-        records[self._group.rank] = mine
+        records = self._rounds.gather(self._timeout)
+        records[self._rounds.group.rank] = mine
         return dict(sorted(records.items()))
 
     def summary(self, gather: bool = False) -> str:
@@ -734,7 +691,7 @@ class Trace:
         if not gather:
             return format_summary(mine)
         records = self._gathered(mine)
-        missing = [r for r in (self._group.ranks if self._group else []) if r not in records]
+        missing = [r for r in (self._rounds.group.ranks if self._rounds else []) if r not in records]
         text = "\n\n".join(format_summary(rec) for rec in records.values())
         if missing:
             text += f"\n\n(ranks {missing} had not published their trace within {self._timeout:g} s)"
