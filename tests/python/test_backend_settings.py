@@ -9,7 +9,7 @@ from torch import fx, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from goddp.compile.pipeline import resolve_inner
+from goddp.compile.inner import resolve_inner
 from goddp.ddp.settings import caps_for, read_ddp_settings
 from goddp.graph.export import export_graph, name_from_dynamo_source
 from goddp.native.extension import PARAM_DDP_IGNORED, PARAM_REQUIRES_GRAD

@@ -383,6 +383,36 @@ def test_builtin_comm_hook_is_refused(dist_group):
     assert ddp.reducer is reducer and ddp_state(ddp) == before
 
 
+def test_traced_find_unused_parameters_model_lists_its_plan(dist_group):
+    """Plan records name their DDP module, and the trace finds its plans by
+    that name. Under find_unused_parameters=True the caps goddp gives DDP run
+    in declaration order, the reverse of the plan's buckets: a match by caps
+    would miss the plan. A second DDP of the same model, compiled by goddp
+    too, lists only its own plan."""
+    options = {"inner": "aot_eager", "log_plan": False, "strict": True}
+    ddp = make_ddp(dist.group.WORLD, find_unused_parameters=True)
+    compiled = torch.compile(ddp, backend="goddp", options=options)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    train(ddp, compiled, 2, optimizer=optimizer)  # compile and align
+    plan = goddp.last_plans()[-1]
+    assert plan["alignment"] == "declaration-order caps", plan
+    assert plan["ddp_caps"] != [b["bytes"] for b in plan["buckets"]], plan  # the case a match by caps missed
+    other = make_ddp(dist.group.WORLD)
+    other_compiled = torch.compile(other, backend="goddp", options={**options, "max_pieces": 2})
+    train(other, other_compiled, 1)
+    assert len(goddp.last_plans()) == 2
+    with goddp.trace(compiled) as tr:
+        train(ddp, compiled, 1, first_step=2, optimizer=optimizer)
+    fingerprint = f"{plan['fingerprint']:016x}"
+    assert [p["fingerprint"] for p in tr.to_dict()["goddp_plans"]] == [fingerprint]
+    assert f"goddp plan {fingerprint}" in tr.summary()
+    with goddp.trace(other_compiled) as other_tr:
+        train(other, other_compiled, 1, first_step=1)
+    assert [p["fingerprint"] for p in other_tr.to_dict()["goddp_plans"]] == [
+        f"{goddp.last_plans()[-1]['fingerprint']:016x}"
+    ]
+
+
 def test_bad_options_are_refused(dist_group):
     ddp = make_ddp(dist.group.WORLD)
     with pytest.raises(ValueError, match="timeout must be positive"):
@@ -414,4 +444,4 @@ def test_trace_under_torchrun():
     """Plain pytest: run this file's cases under torchrun, 2 ranks."""
     if under_torchrun():
         pytest.skip("already inside torchrun")
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=16, timeout=540)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=17, timeout=540)

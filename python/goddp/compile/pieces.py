@@ -13,7 +13,7 @@ import contextlib
 import logging
 import sys
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 from torch import fx
@@ -27,10 +27,6 @@ logger = logging.getLogger("goddp")
 # What may cross a cut: the inner compilers take tensors and symbolic
 # scalars only.
 CROSSING_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
-
-
-class PieceCompileError(Exception):
-    """The inner compiler failed on one piece (the cause is chained)."""
 
 
 def piece_example_inputs(
@@ -71,14 +67,17 @@ def compile_pieces(
     piece_inputs: Sequence[Sequence[Any]],
     same_as: Sequence[int] | None = None,
     eager: Sequence[int] = (),
+    guard: Callable[..., ContextManager[None]] | None = None,
 ) -> list[Callable[..., Any]]:
     """Compiles each piece with inner, in forward order; a piece whose
     same_as names an earlier piece reuses that piece's compiled callable
     (goddp.graph.blocks), and a piece in eager runs its GraphModule as it is
     (the edges; goddp.graph.blocks, "Edges"; an eager piece neither leads nor
     follows another). Logs a line per piece compiled or left eager at INFO.
-    Raises PieceCompileError naming the piece, with the inner compiler's
-    exception as its cause; the settings below are restored either way."""
+    Each piece compiles inside ``guard("compile", piece=i, pieces=n)``
+    (goddp.compile.fallback.Stages.guard: a failure names the piece); the
+    settings below are restored either way."""
+    guard = guard or _no_guard
     if same_as is None:
         same_as = list(range(len(pieces)))
     distinct = sum(1 for p, leader in enumerate(same_as) if p == leader and p not in eager)
@@ -99,10 +98,8 @@ def compile_pieces(
                 )
                 continue
             piece_start = time.perf_counter()
-            try:
+            with guard("compile", piece=piece.index, pieces=len(pieces)):
                 compiled.append(inner(piece.gm, inputs))
-            except Exception as exc:
-                raise PieceCompileError(f"compiling piece {piece.index} of {len(pieces)} failed") from exc
             metadata.after_compile(leader)
             uses = same_as.count(leader)
             logger.info(
@@ -117,6 +114,11 @@ def compile_pieces(
             )
         metadata.finish(backward_order(same_as))
     return compiled
+
+
+@contextlib.contextmanager
+def _no_guard(stage: str, **details: Any) -> Iterator[None]:
+    yield
 
 
 def log_pieces(pieces: Sequence[Piece]) -> None:

@@ -1,4 +1,4 @@
-"""The goddp Dynamo backend: the coordinator.
+"""The compile pipeline's coordinator: one Dynamo graph, start to end.
 
 ``torch.compile(ddp_model, backend="goddp", options={...})`` sends each
 graph Dynamo captures here. Outside a DDP forward the graph goes to the inner
@@ -16,73 +16,51 @@ compiler untouched. Inside one, goddp:
    its first training call the ranks of the DDP module's process group agree
    on the plan and on DDP's buckets (goddp.ranks.agreement).
 
-Importing this module switches torch's DDPOptimizer off
-(goddp.compile.ddp_optimizer explains why) and registers the backend.
+Each step returns what it made (an ExportedGraph, a Planned, the pieces,
+an Identified, the compiled callables); the plan record is built from those
+values in one place (``_DDPGraphCompile.record``).
 
-Failures never cost a training step: if planning, cutting or compiling a
-piece fails, goddp warns and compiles the whole graph with the inner
-compiler instead (``strict=True`` raises instead); a rank that fell back
-still takes part in the agreement. A plan that differs between ranks raises
+Failures never cost a training step: if a stage fails, goddp warns and
+compiles the whole graph with the inner compiler instead (the one fallback
+context: goddp.compile.fallback); a rank that fell back still takes part in
+the agreement. A plan that differs between ranks raises
 on every rank (goddp.ranks.plan_check).
 """
+
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
 
-from goddp.compile import ddp_optimizer as _ddp_optimizer
-from goddp.native import extension as _native
-from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
-from goddp.ddp.refusals import alignment_blocker, coverage_blocker
-from goddp.graph.blocks import edge_pieces, group_pieces, piece_signature
-from goddp.graph.cut import cut_graph
+from goddp.compile import ddp_optimizer
+from goddp.compile.fallback import FellBack, Stages, warn_fallback
+from goddp.compile.inner import inner_name, resolve_inner
+from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
 from goddp.ddp.declaration import bucket_order, ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
-from goddp.ddp.settings import caps_for, note_ddp_settings, note_once, read_ddp_settings
+from goddp.ddp.refusals import alignment_blocker, coverage_blocker
+from goddp.ddp.settings import caps_for, module_of, note_ddp_settings, note_once, read_ddp_settings
+from goddp.graph.blocks import edge_pieces, group_pieces, piece_signature
+from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
-from goddp.options import Options
-from goddp.compile.pieces import PieceCompileError, compile_pieces, log_pieces, piece_example_inputs
-from goddp.native.plan import GraphPlan, PlanSettings, call_planner, decode_plan
-from goddp.ranks.plan_check import Statement
-from goddp.reports.records import GraphRecord, add_record
 from goddp.graph.stitch import StitchedPieces
+from goddp.native import extension as _native
+from goddp.native.plan import GraphPlan, PlanSettings, call_planner, decode_plan
+from goddp.options import Options
+from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
+from goddp.ranks.plan_check import Statement
+from goddp.reports.records import GraphRecord, add_record, new_timings
+from goddp.reports.table import plan_table
 
 logger = logging.getLogger("goddp")
 
 ALIGNMENT_OFF = "off (align_buckets=False or mode='torch')"
-
-
-# --------------------------------------------------------------------------
-# Inner compiler
-
-
-def resolve_inner(options: Options) -> Callable[..., Any]:
-    """The callable that compiles one graph (a piece, or the whole graph)."""
-    inner = options.inner
-    if callable(inner) and not isinstance(inner, str):
-        return inner
-    from torch._dynamo.backends.registry import lookup_backend
-
-    if options.compile_mode is None and not options.inner_options:
-        return lookup_backend(inner)
-    # torch.compile(mode=...) and inner_options go to the inner backend the
-    # way torch.compile itself would hand them over.
-    if inner == "inductor" and hasattr(torch, "_TorchCompileInductorWrapper"):
-        return torch._TorchCompileInductorWrapper(options.compile_mode, options.inner_options, None)
-    if hasattr(torch, "_TorchCompileWrapper"):
-        return torch._TorchCompileWrapper(inner, options.compile_mode, options.inner_options, None)
-    return lookup_backend(inner)
-
-
-def _inner_name(inner: Any) -> str:
-    return inner if isinstance(inner, str) else getattr(inner, "__name__", repr(inner))
 
 
 # --------------------------------------------------------------------------
@@ -117,30 +95,27 @@ def plan_and_align(
 
 
 # --------------------------------------------------------------------------
-# Fallback
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def _warn_fallback(reason: str, cause: BaseException | None) -> None:
-    """Warns (warnings and logger "goddp"); the cause's whole message goes
-    to WARNING and its traceback to DEBUG, since reason keeps one line."""
-    message = f"goddp: {reason}; compiling the whole graph with the inner compiler instead"
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
-    full = str(cause).strip() if cause is not None else ""
-    if "\n" in full:
-        logger.warning("%s\n%s: %s", message, type(cause).__name__, full)
-    else:
-        logger.warning("%s", message)
-    if cause is not None:
-        logger.debug("goddp: the cause of the fallback:", exc_info=cause)
-
-
-# --------------------------------------------------------------------------
 # One graph inside a DDP forward
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """What planning made: the plan, the settings it was made with (with
+    align_buckets saying whether this rank proposes the pieces as DDP's
+    buckets), and why it does not (None when it does)."""
+
+    plan: GraphPlan
+    caps: PlanSettings
+    not_aligned: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Identified:
+    """Per piece, the piece whose compiled callable it runs (itself unless
+    reused), and the pieces that run eagerly (option edges)."""
+
+    same_as: list[int]
+    eager: list[int]
 
 
 class _DDPGraphCompile:
@@ -165,193 +140,198 @@ class _DDPGraphCompile:
         self.settings = read_ddp_settings(ddp)
         note_ddp_settings(ddp, self.settings, options)
         self.caps = caps_for(self.settings, options)
-        # Why DDP's buckets stay DDP's; None while this rank proposes the pieces.
-        self.not_aligned: str | None = ALIGNMENT_OFF
         self.frame = frame_info(gm)
-        self.record = GraphRecord(
-            mode=options.mode,
-            block_cuts=options.cuts_at_blocks,
-            caps=self.caps.to_dict(),
-            graph={"num_nodes": len(gm.graph.nodes), "num_params": None},
-            inner=_inner_name(options.inner),
-            frame=self.frame.to_dict(),
-        )
+        self.stages = Stages(options.strict, new_timings())
 
     def run(self) -> Callable[..., Any]:
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("goddp: original graph:\n%s", self.gm.graph)
+        stages = self.stages
+        exported: ExportedGraph | None = None
+        planned: Planned | None = None
         try:
-            exported = self.export()
+            with stages.stage("export"):
+                exported = self.export()
             if not _holds_ddp_parameters(exported):
-                return self.parameter_free()
-            plan, alignment = self.plan(exported)
-        except Exception as exc:
-            if self.options.strict:
-                raise
-            return self.whole_graph(f"planning failed ({_describe(exc)})", exc)
-        self.note_plan(plan, alignment)
-        if plan.num_pieces <= 1:
-            return self.whole_graph()
-        try:
-            pieces, piece_inputs = self.cut(exported, plan)
-        except Exception as exc:
-            self.log_table(plan)
-            if self.options.strict:
-                raise
-            return self.whole_graph(f"cutting the graph along the plan failed ({_describe(exc)})", exc)
-        log_pieces(pieces)
-        try:
-            same_as, eager = self.identify(exported, plan, pieces, piece_inputs)
-        except Exception as exc:
-            self.log_table(plan)
-            if self.options.strict:
-                raise
-            return self.whole_graph(f"comparing the pieces failed ({_describe(exc)})", exc)
-        self.log_table(plan, same_as, eager)
-        try:
-            with self.record.timed("compile"):
-                compiled = compile_pieces(self.inner, pieces, piece_inputs, same_as, eager)
-        except PieceCompileError as failed:
-            if self.options.strict:
-                raise failed.__cause__ from None
-            return self.whole_graph(f"{failed} ({_describe(failed.__cause__)})", failed.__cause__)
-        return self.stitch(pieces, compiled, plan)
+                return self.parameter_free(exported)
+            with stages.stage("plan"):
+                planned = self.plan(exported)
+            self.note(planned)
+            if planned.plan.num_pieces <= 1:
+                self.log_table(planned.plan)
+                return self.whole_graph(exported, planned)
+            identified: Identified | None = None
+            try:
+                with stages.stage("cut"):
+                    pieces = cut_graph(self.gm, exported, planned.plan, entry_grad_enabled=torch.is_grad_enabled())
+                log_pieces(pieces)
+                with stages.stage("example_inputs"):
+                    piece_inputs = piece_example_inputs(self.gm, self.example_inputs, pieces)
+                with stages.stage("identify"):
+                    identified = self.identify(exported, planned.plan, pieces, piece_inputs)
+            finally:
+                self.log_table(planned.plan, identified)
+            with stages.timed("compile"):
+                compiled = compile_pieces(
+                    self.inner, pieces, piece_inputs, identified.same_as, identified.eager, stages.guard
+                )
+            with stages.stage("stitch"):
+                stitched = StitchedPieces(self.gm, pieces, compiled)
+        except FellBack as fell:
+            return self.whole_graph(exported, planned, fell)
+        record = self.record(exported, planned, identified)
+        caps = planned.plan.ddp_caps if planned.caps.align_buckets else None
+        stitched.before_first_call = self.training_gate(record, planned, caps, planned.not_aligned)
+        add_record(record)
+        return stitched
+
+    # -- the steps, each returning what it made
 
     def export(self) -> ExportedGraph:
-        with self.record.timed("export"):
-            exported = export_graph(
-                self.gm,
-                param_name_of=self.settings.param_name_of,
-                ignored_names=self.settings.ignored_names,
-                block_cuts=self.options.cuts_at_blocks,
+        return export_graph(
+            self.gm,
+            param_name_of=self.settings.param_name_of,
+            ignored_names=self.settings.ignored_names,
+            block_cuts=self.options.cuts_at_blocks,
+        )
+
+    def plan(self, exported: ExportedGraph) -> Planned:
+        plan, alignment = plan_and_align(self.ddp, exported, self.options, self.caps)
+        if isinstance(alignment, PlanSettings):
+            return Planned(plan, alignment, None)
+        return Planned(plan, dataclasses.replace(self.caps, align_buckets=False), alignment)
+
+    def identify(
+        self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Piece], piece_inputs: list[list[Any]]
+    ) -> Identified:
+        """Per piece, the piece whose compiled callable it will run: an
+        earlier identical one (same code and input metadata, names aside;
+        goddp.graph.blocks) with block cuts, else itself; and the edge pieces
+        that run eagerly (option edges; goddp.graph.blocks, "Edges")."""
+        eager = edge_pieces(
+            exported.nodes,
+            exported.arrays.get("node_block_ids"),
+            [plan.node_pieces[node.name] for node in exported.nodes],
+            self.options.edge_policy,
+        )
+        if self.options.cuts_at_blocks:
+            # An eager piece shares nothing: no compiled piece may run its
+            # uncompiled code, nor it a compiled piece's.
+            same_as = group_pieces(
+                [None if p.index in eager else piece_signature(p.gm, x) for p, x in zip(pieces, piece_inputs)]
             )
-        self.record.graph["num_params"] = len(exported.params)
-        return exported
+        else:
+            same_as = list(range(len(pieces)))
+        return Identified(same_as, eager)
 
-    def plan(self, exported: ExportedGraph) -> tuple[GraphPlan, PlanSettings | str]:
-        with self.record.timed("plan"):
-            return plan_and_align(self.ddp, exported, self.options, self.caps)
+    # -- the ends: a graph without DDP's parameters, the whole graph
 
-    def parameter_free(self) -> Callable[..., Any]:
+    def parameter_free(self, exported: ExportedGraph) -> Callable[..., Any]:
         """A graph that uses no parameter DDP reduces (what a trainer's
         graph break leaves behind, e.g. after Lightning's self.log): nothing
         to cut or align, nothing for the ranks to agree on, so no plan, no
         plan check (whose per-graph sequence would drift where ranks compile
         different small frames), no note and no warning; one INFO line
         names the frame."""
-        self.record.ddp_buckets = {"aligned": False, "reason": "no parameters in this graph"}
         logger.info("goddp: %s holds no parameters of DDP: compiled whole, not planned", self.frame.describe())
         try:
-            with self.record.timed("compile"):
+            with self.stages.timed("compile"):
                 # No training gate: every rank sees the same graph holds no
                 # parameters, so every rank leaves it out of the agreement.
                 return self.inner(self.gm, self.example_inputs)
         finally:
-            add_record(self.record)
+            add_record(self.record(exported, ddp_buckets={"aligned": False, "reason": "no parameters in this graph"}))
 
-    def note_plan(self, plan: GraphPlan, alignment: PlanSettings | str) -> None:
-        """Records the plan; logs its table unless the graph is cut (then
-        identify logs it, with the pieces that reuse compiled code)."""
-        record = self.record
-        if isinstance(alignment, PlanSettings):
-            self.caps, reason = alignment, None
+    def whole_graph(
+        self, exported: ExportedGraph | None, planned: Planned | None, fell: FellBack | None = None
+    ) -> Callable[..., Any]:
+        if fell is not None:
+            warn_fallback(fell)
+        record = self.record(exported, planned, fell=fell)
+        try:
+            with self.stages.timed("compile"):
+                compiled = self.inner(self.gm, self.example_inputs)
+        finally:
+            add_record(record)
+        # A rank that fell back still takes part in the agreement, and says why.
+        if fell is not None:
+            reason = f"fallback: {fell.reason}"
         else:
-            self.caps, reason = dataclasses.replace(self.caps, align_buckets=False), alignment
-        self.not_aligned = reason
-        record.caps = self.caps.to_dict()
-        record.ddp_buckets = {"aligned": self.caps.align_buckets, "reason": reason}
-        record.alignment = plan.alignment if self.caps.align_buckets else "none"
-        record.ddp_caps = list(plan.ddp_caps) if self.caps.align_buckets else []
+            reason = planned.not_aligned if planned is not None else ALIGNMENT_OFF
+        gate = self.training_gate(record, planned, None, reason)
+        return compiled if gate is None else GatedCall(compiled, gate)
+
+    # -- what the graph leaves behind: notes, the record, the gate
+
+    def note(self, planned: Planned) -> None:
+        """The INFO notes a plan deserves, once per DDP module."""
+        if planned.not_aligned is not None and self.options.aligns_buckets:
+            note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {planned.not_aligned}")
+        if planned.caps.align_buckets and planned.caps.bucket_order == "declaration":
+            note_once(self.ddp, _declaration_note(planned.plan))
+
+    def log_table(self, plan: GraphPlan, identified: Identified | None = None) -> None:
+        """The plan table at INFO (log_plan), with the frame the graph came
+        from: a trainer's graph breaks make several graphs per step."""
+        if self.options.log_plan:
+            same_as, eager = (identified.same_as, identified.eager) if identified is not None else (None, ())
+            logger.info("%s\n(%s)", plan_table(plan, same_as, eager), self.frame.describe())
+
+    def record(
+        self,
+        exported: ExportedGraph | None = None,
+        planned: Planned | None = None,
+        identified: Identified | None = None,
+        fell: FellBack | None = None,
+        ddp_buckets: dict[str, Any] | None = None,
+    ) -> GraphRecord:
+        """The one place a graph's record (goddp.last_plans()) is made, from
+        what the steps made; missing values are steps that did not run."""
+        caps = planned.caps if planned is not None else self.caps
+        record = GraphRecord(
+            mode=self.options.mode,
+            block_cuts=self.options.cuts_at_blocks,
+            caps=caps.to_dict(),
+            graph={"num_nodes": len(self.gm.graph.nodes), "num_params": None if exported is None else len(exported.params)},
+            inner=inner_name(self.options.inner),
+            frame=self.frame.to_dict(),
+            timings=self.stages.timings,
+            ddp_buckets=ddp_buckets,
+            ddp_module=module_of(self.ddp),
+        )
+        if fell is not None:
+            record.fallback, record.fallback_stage = fell.reason, fell.stage
+        if planned is None:
+            return record
+        plan, aligned = planned.plan, caps.align_buckets
+        record.ddp_buckets = {"aligned": aligned, "reason": planned.not_aligned}
+        record.alignment = plan.alignment if aligned else "none"
+        record.ddp_caps = list(plan.ddp_caps) if aligned else []
         record.merged_cuts = plan.merged_cuts
-        if reason is not None and self.options.aligns_buckets:
-            note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {reason}")
-        if self.caps.align_buckets and self.caps.bucket_order == "declaration":
-            note_once(self.ddp, _declaration_note(plan))
         plan_dict = plan.to_dict()
         record.fingerprint = plan.fingerprint
         record.num_pieces = plan.num_pieces
         record.pieces = plan_dict["pieces"]
         record.buckets = plan_dict["buckets"]
-        record.distinct_pieces = plan.num_pieces
-        for piece in record.pieces:
-            piece["same_as"] = piece["index"]
-            piece["eager"] = False
-        if plan.num_pieces <= 1:
-            self.log_table(plan)
-
-    def log_table(self, plan: GraphPlan, same_as: list[int] | None = None, eager: Sequence[int] = ()) -> None:
-        """The plan table at INFO (log_plan), with the frame the graph came
-        from: a trainer's graph breaks make several graphs per step."""
-        if self.options.log_plan:
-            logger.info("%s\n(%s)", plan.table(same_as, eager), self.frame.describe())
-
-    def identify(
-        self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Any], piece_inputs: list[list[Any]]
-    ) -> tuple[list[int], list[int]]:
-        """Per piece, the piece whose compiled callable it will run: an
-        earlier identical one (same code and input metadata, names aside;
-        goddp.graph.blocks) with block cuts, else itself; and the edge pieces
-        that run eagerly (option edges; goddp.graph.blocks, "Edges"). Recorded."""
-        with self.record.timed("identify"):
-            eager = edge_pieces(
-                exported.nodes,
-                exported.arrays.get("node_block_ids"),
-                [plan.node_pieces[node.name] for node in exported.nodes],
-                self.options.edge_policy,
-            )
-            if self.options.cuts_at_blocks:
-                # An eager piece shares nothing: no compiled piece may run its
-                # uncompiled code, nor it a compiled piece's.
-                same_as = group_pieces(
-                    [None if p.index in eager else piece_signature(p.gm, x) for p, x in zip(pieces, piece_inputs)]
-                )
-            else:
-                same_as = list(range(len(pieces)))
-        record = self.record
-        distinct = sum(1 for p, leader in enumerate(same_as) if p == leader)
-        record.distinct_pieces, record.reused_pieces = distinct, len(pieces) - distinct
+        same_as = identified.same_as if identified is not None else list(range(plan.num_pieces))
+        eager = identified.eager if identified is not None else []
+        record.distinct_pieces = sum(1 for p, leader in enumerate(same_as) if p == leader)
+        record.reused_pieces = len(same_as) - record.distinct_pieces
         record.eager_pieces = len(eager)
         for piece in record.pieces:
             piece["same_as"] = same_as[piece["index"]]
             piece["eager"] = piece["index"] in eager
-        return same_as, eager
+        return record
 
-    def cut(self, exported: ExportedGraph, plan: GraphPlan) -> tuple[list[Any], list[list[Any]]]:
-        with self.record.timed("cut"):
-            pieces = cut_graph(self.gm, exported, plan, entry_grad_enabled=torch.is_grad_enabled())
-        with self.record.timed("example_inputs"):
-            piece_inputs = piece_example_inputs(self.gm, self.example_inputs, pieces)
-        return pieces, piece_inputs
-
-    def stitch(self, pieces: list[Any], compiled: list[Callable[..., Any]], plan: GraphPlan) -> Callable[..., Any]:
-        with self.record.timed("stitch"):
-            stitched = StitchedPieces(self.gm, pieces, compiled)
-            caps = plan.ddp_caps if self.caps.align_buckets else None
-            stitched.before_first_call = self.training_gate(caps, self.not_aligned)
-        add_record(self.record)
-        return stitched
-
-    def whole_graph(self, reason: str | None = None, cause: BaseException | None = None) -> Callable[..., Any]:
-        if reason is not None:
-            self.record.fallback = reason
-            _warn_fallback(reason, cause)
-        try:
-            with self.record.timed("compile"):
-                compiled = self.inner(self.gm, self.example_inputs)
-        finally:
-            add_record(self.record)
-        # A rank that fell back still takes part in the agreement, and says why.
-        gate = self.training_gate(None, f"fallback: {reason}" if reason is not None else self.not_aligned)
-        return compiled if gate is None else GatedCall(compiled, gate)
-
-    def training_gate(self, caps_bytes: Sequence[int] | None, reason: str | None) -> TrainingGate | None:
+    def training_gate(
+        self, record: GraphRecord, planned: Planned | None, caps_bytes: Sequence[int] | None, reason: str | None
+    ) -> TrainingGate | None:
         """What this rank will say at the DDP module's first training call,
         wrapped in the gate that says it; None for a graph compiled with
         gradients disabled, which never trains."""
-        record = self.record
         statement = Statement(
-            fingerprint=record.fingerprint,
-            pieces=record.num_pieces,
+            fingerprint=None if planned is None else planned.plan.fingerprint,
+            pieces=1 if planned is None else planned.plan.num_pieces,
             caps=None if caps_bytes is None else tuple(caps_bytes),
             reason=reason,
             check=self.options.check_plans,
@@ -386,12 +366,12 @@ def _declaration_note(plan: GraphPlan) -> str:
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
     """Compiles one Dynamo graph according to options (see module doc)."""
-    _ddp_optimizer.refuse_its_pieces(gm)
+    ddp_optimizer.refuse_its_pieces(gm)
     inner = resolve_inner(options)
     ddp = active_ddp_module()
     if ddp is None:
         return inner(gm, example_inputs)
-    reducer_mode = _ddp_optimizer.compiled_autograd_schedules_ddp()
+    reducer_mode = ddp_optimizer.compiled_autograd_schedules_ddp()
     if reducer_mode is not None:
         logger.info(
             "goddp: optimize_ddp=%r lets compiled autograd schedule DDP's allreduces; "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -75,6 +77,41 @@ def caps_for(settings: DDPSettings, options: Options) -> PlanSettings:
 
 
 _noted_modules: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_module_keys: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_module_count = itertools.count()
+_module_lock = threading.Lock()
+
+
+def module_key(ddp: Any, create: bool = True) -> str | None:
+    """This DDP module's key in plan records: the wrapped module's qualified
+    class name and a number unique in this process (never reused, unlike
+    id()), the same for every graph of the module. None when create is
+    False and goddp never compiled a graph inside the module."""
+    with _module_lock:
+        try:
+            key = _module_keys.get(ddp)
+            if key is None and create:
+                key = _module_keys[ddp] = f"{_type_name(ddp)}#{next(_module_count)}"
+            return key
+        except TypeError:  # a module that cannot be weakly referenced
+            return f"{_type_name(ddp)}@{id(ddp):x}"
+
+
+def module_of(ddp: Any) -> dict[str, Any]:
+    """The plan record's "ddp_module": key, type and process_group."""
+    process_group = getattr(ddp, "process_group", None)
+    return {
+        "key": module_key(ddp),
+        "type": _type_name(ddp),
+        "process_group": None if process_group is None else str(getattr(process_group, "group_name", "") or ""),
+    }
+
+
+def _type_name(ddp: Any) -> str:
+    kind = type(getattr(ddp, "module", ddp))
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 _noted_messages: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import fx, nn
@@ -176,50 +176,6 @@ class GraphPlan:
             "ddp_caps": list(self.ddp_caps),
             "merged_cuts": self.merged_cuts,
         }
-
-    def table(self, same_as: Sequence[int] | None = None, eager: Sequence[int] = ()) -> str:
-        """A readable bucket table: one row per parameter, the bucket's index,
-        size (MiB) and piece on its first row. same_as (per piece, the piece
-        whose compiled code it reuses; itself if none) adds the counts of
-        distinct and reused pieces and a line naming the reused ones; eager
-        (the pieces run eagerly) adds a line naming them."""
-        caps = self.caps
-        head = (
-            f"goddp plan: mode={self.mode} fingerprint={self.fingerprint:016x} "
-            f"pieces={self.num_pieces} buckets={len(self.buckets)} "
-            f"cap={caps.bucket_cap_bytes / MIB:.2f} MiB first={caps.first_bucket_cap_bytes / MIB:.2f} MiB"
-        )
-        if caps.bucket_caps_bytes:
-            head += " per-bucket=[" + ", ".join(f"{c / MIB:.2f}" for c in caps.bucket_caps_bytes) + "] MiB"
-        if caps.max_pieces is not None:
-            head += f" max_pieces={caps.max_pieces}"
-        if caps.align_buckets:
-            head += f" (DDP's buckets set to the pieces: {self.alignment}"
-            head += f", {self.merged_cuts} cuts merged)" if self.merged_cuts else ")"
-        reused = [(p, leader) for p, leader in enumerate(same_as or ()) if p != leader]
-        if same_as is not None:
-            head += f" distinct pieces={len(same_as) - len(reused)} reused={len(reused)}"
-        rows = [("bucket", "MiB", "piece", "params")]
-        for bucket in self.buckets:
-            names = list(bucket.param_names) or ["(none)"]
-            mark = " (extended)" if bucket.extended else ""
-            rows.append((str(bucket.index), f"{bucket.bytes / MIB:.3f}", f"{bucket.piece}{mark}", names[0]))
-            rows.extend(("", "", "", name) for name in names[1:])
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
-        lines = [head]
-        if reused:
-            lines.append(
-                "reused compiled pieces (piece=the piece compiled for it): "
-                + " ".join(f"{p}={leader}" for p, leader in reused)
-            )
-        if eager:
-            lines.append(
-                "eager pieces (edges outside the repeated blocks, not compiled; option edges): "
-                + " ".join(str(p) for p in eager)
-            )
-        for row in rows:
-            lines.append("  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3])
-        return "\n".join(lines)
 
 
 def native_config(mode: str, caps: PlanSettings) -> dict[str, Any]:

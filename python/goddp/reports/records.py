@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import threading
-import time
-from typing import Any, Iterator
+from typing import Any
 
 # Enough for any realistic number of recompilations, bounded so that a
 # long job that recompiles often does not grow without limit.
 MAX_RECORDS = 1024
 
 TIMING_KEYS = ("export", "plan", "cut", "example_inputs", "identify", "compile", "stitch")
+
+
+def new_timings() -> dict[str, float]:
+    """Seconds per phase, all zero (GraphRecord.timings)."""
+    return dict.fromkeys(TIMING_KEYS, 0.0)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -31,7 +34,7 @@ class GraphRecord:
     block_cuts: bool = False
     pieces: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     buckets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    timings: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
+    timings: dict[str, float] = dataclasses.field(default_factory=new_timings)
     fallback: str | None = None
     plan_check: dict[str, Any] | None = None
     graph: dict[str, int | None]
@@ -43,15 +46,8 @@ class GraphRecord:
     ddp_caps: list[int] = dataclasses.field(default_factory=list)
     merged_cuts: int = 0
     frame: dict[str, Any] | None = None
-
-    @contextlib.contextmanager
-    def timed(self, phase: str) -> Iterator[None]:
-        """Adds the time spent in the block to timings[phase]."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[phase] += time.perf_counter() - start
+    fallback_stage: str | None = None
+    ddp_module: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A deep, JSON-serialisable copy."""
@@ -118,6 +114,13 @@ def last_plans() -> list[dict[str, Any]]:
     - merged_cuts: the cuts dropped because no bucket could start there.
     - frame: where the graph came from (goddp.graph.frames.FrameInfo): frame,
       compile_id, graph_break (Dynamo's reason) and break_at.
+    - fallback_stage: None, or the stage that failed
+      (goddp.compile.fallback.STAGES: export, plan, cut, example_inputs,
+      identify, compile, stitch).
+    - ddp_module: the DDP module the graph was compiled in
+      (goddp.ddp.settings.module_of): key (unique in this process, the
+      same for all its graphs), type (the wrapped module's qualified class
+      name) and process_group (its process group's name).
     """
     with _lock:
         return [r.to_dict() for r in _records]

@@ -12,9 +12,11 @@ from typing import Any
 import torch.distributed as dist
 
 from goddp.ddp.refusals import trace_refusal
+from goddp.ddp.settings import module_key
 from goddp.graph.export import parameter_names
 from goddp.ranks.group import group_of, missing_ranks_message, store_for, timeout_s
 from goddp.ranks.store_round import agree, gather, publish
+from goddp.reports.records import last_plans
 from goddp.tracing.install import Installation, unwrap_ddp
 from goddp.tracing.recorder import TraceError, Recorder, median_step, step_stats, verdict
 from goddp.tracing.summary import format_summary, plot_steps
@@ -79,17 +81,6 @@ class _Rounds:
 # Plans goddp made for this model
 
 
-def _compiled_by_goddp(ddp: Any) -> bool:
-    """Whether goddp's backend compiled a graph inside this DDP module's
-    forward (it notes every such module once)."""
-    try:
-        from goddp.ddp.settings import _noted_modules
-
-        return ddp in _noted_modules
-    except Exception:  # a goddp without that note: no plan is attributed
-        return False
-
-
 def _attributed_plans(ddp: Any) -> list[dict[str, Any]]:
     """goddp_plans_for, never raising: a record must still be published
     when the attribution fails, since the other ranks gather it."""
@@ -103,26 +94,15 @@ def _attributed_plans(ddp: Any) -> list[dict[str, Any]]:
 def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
     """The goddp plans (from ``goddp.last_plans()``) of this DDP module's
     graphs, oldest first, one per fingerprint; empty when goddp did not
-    compile it. Plan records do not name their module, so a plan is this
-    module's when its buckets hold only this module's parameter names and,
-    where goddp aligned DDP's buckets to the pieces, its buckets are those
-    caps (otherwise: its buckets were not aligned)."""
-    from goddp.ddp.align import ALIGNED_CAPS_ATTR
-    from goddp.reports.records import last_plans
-
-    if not _compiled_by_goddp(ddp):
+    compile it. Plan records name their DDP module (their "ddp_module"
+    key); graphs without DDP's parameters have no plan."""
+    key = module_key(ddp, create=False)
+    if key is None:
         return []
-    names = {n for n, _ in ddp.module.named_parameters()}
-    caps = getattr(ddp, ALIGNED_CAPS_ATTR, None)
     found: dict[Any, dict[str, Any]] = {}
     for record in last_plans():
         buckets = record.get("buckets") or []
-        if not buckets or not all(set(b.get("param_names", ())) <= names for b in buckets):
-            continue
-        aligned = bool((record.get("ddp_buckets") or {}).get("aligned"))
-        if caps is not None and (not aligned or tuple(max(1, int(b["bytes"])) for b in buckets) != tuple(caps)):
-            continue
-        if caps is None and aligned:
+        if not buckets or (record.get("ddp_module") or {}).get("key") != key:
             continue
         fingerprint = record.get("fingerprint")
         found.pop(fingerprint, None)
@@ -134,6 +114,7 @@ def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
             "bucket_param_names": [list(b.get("param_names", ())) for b in buckets],
             "ddp_buckets": record.get("ddp_buckets"),
             "fallback": record.get("fallback"),
+            "ddp_module": record.get("ddp_module"),
         }
     return list(found.values())
 
