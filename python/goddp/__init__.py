@@ -25,6 +25,7 @@ so processes forked before that (DataLoader workers) are unaffected.
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 __version__ = "0.1.0"
@@ -45,8 +46,6 @@ __all__ = sorted(_EXPORTS)
 
 
 def _load(name: str):
-    import importlib
-
     module_name, attr = _EXPORTS[name]
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)

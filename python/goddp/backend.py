@@ -58,6 +58,7 @@ import types
 from typing import Any, Callable, Mapping, Sequence
 
 from torch import fx
+from torch._dynamo.backends import registry
 
 from goddp.compile import ddp_optimizer
 from goddp.compile.pipeline import compile_graph
@@ -124,8 +125,6 @@ def _entry_point_installed() -> bool:
 def _register_with_dynamo() -> None:
     """Registers "goddp" unless the installed entry point will (Dynamo loads
     entry points lazily and would reject a name registered twice)."""
-    from torch._dynamo.backends import registry
-
     if BACKEND_NAME in registry._COMPILER_FNS or _entry_point_installed():
         return
     registry.register_backend(compiler_fn=goddp_backend, name=BACKEND_NAME)

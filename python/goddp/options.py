@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from torch._dynamo.backends.registry import list_backends
+
 MODES = ("ddp", "torch")
 
 # The values of option "edges" (Options.edges says what each does).
@@ -145,8 +147,6 @@ def _check_inner(value: Any) -> str | Callable[..., Any]:
     if value in COMMON_INNER:
         return value
     # Only unusual names pay for the registry scan.
-    from torch._dynamo.backends.registry import list_backends
-
     known = list_backends(exclude_tags=())
     if value not in known:
         choices = [b for b in known if b != "goddp"]

@@ -22,6 +22,11 @@ from goddp.graph.blocks import backward_order
 from goddp.graph.cut import Piece
 from goddp.graph.nodes import example_value
 
+try:
+    from torch._dynamo.backends.distributed import DDPOptimizerContext
+except ImportError:  # a torch without it: pieces keep Dynamo's one metadata entry
+    DDPOptimizerContext = None
+
 logger = logging.getLogger("goddp")
 
 # What may cross a cut: the inner compilers take tensors and symbolic
@@ -178,10 +183,7 @@ def piece_metadata_tracking() -> Iterator[PieceMetadata]:
     tracing = torch._guards.TracingContext.try_get()
     context_cls = None
     if tracing is not None and hasattr(tracing, "ddp_optimizer_ctx"):
-        try:
-            from torch._dynamo.backends.distributed import DDPOptimizerContext as context_cls
-        except ImportError:
-            context_cls = None
+        context_cls = DDPOptimizerContext
     if context_cls is None:
         yield PieceMetadata()
         return

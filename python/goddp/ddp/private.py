@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 CommHooks = list[tuple[Callable[..., Any], Any]]
 
@@ -28,8 +29,6 @@ def active_ddp_module() -> nn.Module | None:
     or None outside any DDP forward."""
     if not torch.distributed.is_available():
         return None
-    from torch.nn.parallel import DistributedDataParallel  # only where torch.distributed exists
-
     getter = getattr(DistributedDataParallel, "_get_active_ddp_module", None)
     return getter() if getter is not None else None
 

@@ -10,6 +10,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from goddp.ddp import private
 from goddp.ddp.private import ReducerLost
@@ -51,8 +52,6 @@ def ddp_default_reduction(ddp: Any) -> Callable[[Any, Any], Any]:
 def unwrap_ddp(module: Any) -> Any:
     """The DistributedDataParallel module behind `module` (itself, or what
     torch.compile wrapped); TraceError otherwise."""
-    from torch.nn.parallel import DistributedDataParallel
-
     inner = getattr(module, "_orig_mod", module)
     if not isinstance(inner, DistributedDataParallel):
         raise TraceError(

@@ -57,10 +57,10 @@ def format_summary(record: dict[str, Any]) -> str:
 
 def _pyplot():
     try:
-        import matplotlib
+        import matplotlib  # lazy: an optional dependency (goddp[plot]), needed by plot() alone
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy, as above
     except ImportError as exc:  # pragma: no cover - matplotlib is a dev requirement
         raise TraceError("goddp.trace: plot() needs matplotlib (pip install 'goddp[plot]')") from exc
     return plt
