@@ -204,7 +204,7 @@ def test_gradients_bit_identical_and_ddp_restored(group, as_view):
 @needs_two_ranks
 def test_manual_backward_finalization_survives_the_trace(group):
     """The trace's fresh reducers keep what the user set on DDP's (shared
-    with goddp's alignment: _align.carry_reducer_modes)."""
+    with goddp's alignment: goddp.ddp.private.rebuild_reducer)."""
     if not hasattr(torch.nn.parallel.DistributedDataParallel, "require_manual_backward_finalization"):
         pytest.skip("this torch has no manual backward finalization")
     ddp = make_ddp(group)
