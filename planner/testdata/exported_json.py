@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from goddp import _native
+from goddp.native import extension as _native
 from goddp.graph.export import ExportedGraph
 
 
