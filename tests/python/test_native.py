@@ -300,6 +300,26 @@ def test_set_max_procs_round_trip(ext):
         ext.set_max_procs("2")
 
 
+def test_a_stale_extension_is_refused_at_load():
+    """An extension built for another ABI (a stale build) is refused with a
+    message naming both versions, before any plan could be misread."""
+    code = textwrap.dedent(
+        """
+        import sys, types
+        stale = types.ModuleType("goddp._goddp")
+        stale.ABI_VERSION = 5
+        sys.modules["goddp._goddp"] = stale
+        from goddp.native import extension
+        try:
+            extension.load()
+        except ImportError as e:
+            print("refused" if f"ABI 5, this Python package needs ABI {extension.ABI_VERSION}" in str(e) else e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["refused"], out
+
+
 def test_load_is_cached_across_threads():
     results = []
     threads = [threading.Thread(target=lambda: results.append(_native.load())) for _ in range(8)]

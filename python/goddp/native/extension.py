@@ -108,6 +108,14 @@ def load() -> ModuleType:
                     "`pip install .` (needs Go), or `make install` in a checkout",
                     name=EXTENSION_NAME,
                 ) from e
+            built = getattr(module, "ABI_VERSION", None)
+            if built != ABI_VERSION:
+                # A stale build: its replies would lack what this shim reads.
+                raise ImportError(
+                    f"{EXTENSION_NAME} implements goddp ABI {built}, this Python package needs ABI "
+                    f"{ABI_VERSION}: rebuild it (`make install`, or `pip install .`)",
+                    name=EXTENSION_NAME,
+                )
             if max_procs is not None:
                 module.set_max_procs(max_procs)
             _module = module
