@@ -305,3 +305,14 @@ def test_a_later_plan_never_rebuckets_a_decided_module():
     assert first_plan["ddp_buckets"]["aligned"] is True
     assert second_plan["ddp_buckets"]["aligned"] is False
     assert "never change mid-training" in second_plan["ddp_buckets"]["reason"]
+
+
+def test_caps_below_one_byte_are_refused_before_the_reducer_is_touched():
+    """The planner hands DDP caps of at least 1 byte (planner/decide.go); a
+    cap of 0 would give each parameter a bucket of its own, so the installer
+    refuses one, naming it, and leaves DDP's reducer alone."""
+    ddp = DDP(Stack(width=8, depth=2))
+    before = ddp.reducer
+    with pytest.raises(ValueError, match=r"at least 1 byte, got \[0, 5\]"):
+        install_bucket_caps(ddp, [0, 5])
+    assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)

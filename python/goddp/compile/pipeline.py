@@ -204,7 +204,8 @@ class _DDPGraphCompile:
         """Per piece, the piece whose compiled callable it will run: an
         earlier identical one (same code and input metadata, names aside;
         goddp.graph.blocks) with block cuts, else itself; and the edge pieces
-        that run eagerly (option edges; goddp.graph.blocks, "Edges")."""
+        that run eagerly (option edges; the planner's, Note [Edges] in
+        planner/edges.go)."""
         eager = list(plan.eager_pieces)
         if self.options.cuts_at_blocks:
             # An eager piece shares nothing: no compiled piece may run its
@@ -219,12 +220,12 @@ class _DDPGraphCompile:
     # -- the ends: a graph without DDP's parameters, the whole graph
 
     def parameter_free(self, exported: ExportedGraph, planned: Planned) -> Callable[..., Any]:
-        """A graph that uses no parameter DDP reduces (what a trainer's
-        graph break leaves behind, e.g. after Lightning's self.log): nothing
-        to cut or align, nothing for the ranks to agree on, so no plan, no
-        plan check (whose per-graph sequence would drift where ranks compile
-        different small frames), no note and no warning; one INFO line
-        names the frame."""
+        """A graph that uses no parameter DDP reduces (the planner counted
+        none; what a trainer's graph break leaves behind, e.g. after
+        Lightning's self.log): nothing to cut or align, nothing for the
+        ranks to agree on, so its plan goes unused: no plan check (whose
+        per-graph sequence would drift where ranks compile different small
+        frames), no note and no warning; one INFO line names the frame."""
         logger.info("goddp: %s holds no parameters of DDP: compiled whole, not planned", self.frame.describe())
         try:
             with self.stages.timed("compile"):
