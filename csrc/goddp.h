@@ -113,7 +113,9 @@ enum goddp_align_reason {
     GODDP_REASON_ALIGNED = 0,     /* the buckets are DDP's; ddp_caps are its caps */
     GODDP_REASON_OFF = 1,         /* config.align_buckets was 0 */
     GODDP_REASON_NOT_COVERED = 2, /* aligned buckets would not hold exactly DDP's parameters: planned unaligned */
-    GODDP_REASON_ONE_PIECE = 3    /* the aligned plan is one piece: nothing to align */
+    GODDP_REASON_ONE_PIECE = 3,   /* the aligned plan is one piece: nothing to align */
+    GODDP_REASON_NO_PARAMS = 4    /* the graph holds no parameter DDP reduces: one piece, no bucket,
+                                   * planned before any cap is checked (Note [Parameter-free graphs]) */
 };
 
 /* Which edge pieces (outside the repeated blocks) run eagerly

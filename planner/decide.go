@@ -1,6 +1,9 @@
 package planner
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // This file is the planner's one entry point for a caller that holds a
 // graph and the user's and DDP's settings: Decide makes, in one call, every
@@ -38,6 +41,10 @@ const (
 	// ReasonOnePiece: the aligned plan has a single piece, so there is
 	// nothing to align; the plan is that single piece.
 	ReasonOnePiece AlignReason = 3
+	// ReasonNoParams: the graph holds no parameter DDP reduces (a graph
+	// break's parameter-free frame); the plan is one piece, made without
+	// Build: nothing to cut, align or agree on (Note [Parameter-free graphs]).
+	ReasonNoParams AlignReason = 4
 )
 
 // String is the reason as plan records and logs say it.
@@ -51,6 +58,8 @@ func (r AlignReason) String() string {
 		return "the graph does not use all of DDP's parameters"
 	case ReasonOnePiece:
 		return "one piece: nothing to align"
+	case ReasonNoParams:
+		return "no parameters in this graph"
 	}
 	return "unknown"
 }
@@ -97,6 +106,16 @@ func Decide(req *Request) (*Decision, error) {
 		return nil, errorf(ErrInvalidGraph, "planner: request has no graph")
 	}
 	d := &decider{req: req, s: &req.Settings, g: *req.Graph}
+	if err := validateGraph(&d.g); err != nil {
+		return nil, err
+	}
+	if err := d.checkStacks(); err != nil {
+		return nil, err
+	}
+	if d.countParams(); d.out.CountedParams == 0 {
+		d.parameterFree()
+		return &d.out, nil
+	}
 	if err := checkSettings(d.s); err != nil {
 		return nil, err
 	}
@@ -107,16 +126,46 @@ func Decide(req *Request) (*Decision, error) {
 		return nil, err
 	}
 	d.clampCaps()
-	d.countParams()
 	d.pieceParams()
 	d.out.EagerPieces = eagerPieces(&d.g, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
 	d.out.BlockIDs = d.g.BlockIDs
 	return &d.out, nil
 }
 
+// parameterFree makes the decision for a graph without DDP parameters.
+//
+// Note [Parameter-free graphs]: a graph that holds no parameter DDP reduces
+// (what a trainer's graph break leaves behind, e.g. after Lightning's
+// self.log) has nothing to cut, align or agree on. Its decision is one
+// piece with no bucket, made before the settings are checked or Build
+// runs, so that no cap or option that only a plan needs can fail it: the
+// caller compiles it whole, outside the ranks' agreement, with no warning.
+// Config holds the resolved caps, unchecked, for the record.
+func (d *decider) parameterFree() {
+	g := &d.g
+	pl := &Plan{NodePiece: piecesFromCuts(g.Ops, nil)}
+	if slices.ContainsFunc(g.Ops, isCompute) {
+		pl.NumPieces = 1
+	}
+	pl.PieceInputs, pl.PieceOutputs = crossings(g, pl.NodePiece, pl.NumPieces)
+	cfg := d.s.resolve(false)
+	pl.Fingerprint = fingerprint(g, &cfg, pl)
+	d.out.Plan, d.out.Config = pl, cfg
+	d.out.AlignReason, d.out.AlignDetail = ReasonNoParams, ReasonNoParams.String()
+	d.out.PieceParams = make([][]int32, pl.NumPieces)
+}
+
 // assignBlocks derives Graph.BlockIDs from the module stacks under
 // Settings.BlockCuts (Note [Block rule]).
 func (d *decider) assignBlocks() error {
+	if st := d.req.Stacks; st != nil && d.s.BlockCuts {
+		d.g.BlockIDs = assignBlocks(&d.g, st)
+	}
+	return nil
+}
+
+// checkStacks checks the request's module stacks, if any, against the graph.
+func (d *decider) checkStacks() error {
 	st := d.req.Stacks
 	if st == nil {
 		return nil
@@ -124,13 +173,7 @@ func (d *decider) assignBlocks() error {
 	if d.g.BlockIDs != nil {
 		return errorf(ErrInvalidGraph, "planner: both BlockIDs and module stacks given; give the module stacks and let the planner assign the blocks")
 	}
-	if err := validateStacks(st, len(d.g.Ops)); err != nil {
-		return err
-	}
-	if d.s.BlockCuts {
-		d.g.BlockIDs = assignBlocks(&d.g, st)
-	}
-	return nil
+	return validateStacks(st, len(d.g.Ops))
 }
 
 // plan builds the plan, aligned if asked and possible; see AlignReason.

@@ -528,3 +528,94 @@ func TestStackBlocksMatchGivenBlocks(t *testing.T) {
 	assert.Nil(t, dec.BlockIDs)
 	assert.Equal(t, plain, dec.Plan)
 }
+
+// TestDecideParameterFree: a graph without DDP parameters gets one piece and
+// no bucket, whatever a plan would have refused (Note [Parameter-free
+// graphs]); the same settings with a parameter still fail.
+func TestDecideParameterFree(t *testing.T) {
+	graphWith := func(opts ...paramOpt) *Graph {
+		b := &graphBuilder{}
+		x := b.placeholder("x")
+		var refs []paramRef
+		if opts != nil {
+			refs = append(refs, module(b.param("w", 64, opts...)))
+		}
+		y := b.call("mul", in(x), refs...)
+		z := b.call("add", in(y))
+		b.output(z)
+		return b.graph()
+	}
+	firstAboveCap := Settings{UserFirstBucketCapBytes: 30 * mib, UserFirstBucketCapGiven: true, AlignBuckets: true, DDP: defaultDDP()}
+	zeroDDPCap := Settings{DDP: &DDPSettings{FirstBucketCapBytes: -1}}
+	cases := []struct {
+		name string
+		g    *Graph
+		s    Settings
+	}{
+		{"no parameters, first cap above the cap", graphWith(), firstAboveCap},
+		{"no parameters, DDP cap 0", graphWith(), zeroDDPCap},
+		{"a frozen parameter only", graphWith(frozen), firstAboveCap},
+		{"an ignored parameter only", graphWith(ignored), firstAboveCap},
+		{"no parameters, block cuts in torch mode", graphWith(), Settings{Mode: ModeTorch, BlockCuts: true}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dec, err := Decide(&Request{Graph: tc.g, Settings: tc.s})
+			require.NoError(t, err)
+			assert.Equal(t, 0, dec.CountedParams)
+			assert.Equal(t, ReasonNoParams, dec.AlignReason)
+			assert.Equal(t, "no parameters in this graph", dec.AlignDetail)
+			pl := dec.Plan
+			assert.Equal(t, 1, pl.NumPieces)
+			assert.Empty(t, pl.Buckets)
+			assert.Empty(t, pl.DDPCaps)
+			assert.Equal(t, []int32{-1, 0, 0, -1}, pl.NodePiece)
+			assert.Equal(t, [][]int32{{0}}, pl.PieceInputs)
+			assert.Equal(t, [][]int32{{2}}, pl.PieceOutputs)
+			assert.False(t, dec.Config.AlignBuckets)
+			assert.Equal(t, [][]int32{nil}, dec.PieceParams)
+			again, err := Decide(&Request{Graph: tc.g, Settings: tc.s})
+			require.NoError(t, err)
+			assert.Equal(t, pl.Fingerprint, again.Plan.Fingerprint, "deterministic")
+		})
+	}
+	t.Run("the same settings with a parameter fail", func(t *testing.T) {
+		_, err := Decide(&Request{Graph: graphWith(dtype(0)), Settings: firstAboveCap})
+		require.ErrorContains(t, err, "FirstBucketCapBytes (31457280) must not exceed BucketCapBytes (26214400)")
+		_, err = Decide(&Request{Graph: graphWith(dtype(0)), Settings: zeroDDPCap})
+		require.ErrorContains(t, err, "DDP's bucket cap is 0 bytes")
+	})
+	t.Run("a bad graph is still an error", func(t *testing.T) {
+		g := graphWith()
+		g.Ops = g.Ops[:len(g.Ops)-1]
+		_, err := Decide(&Request{Graph: g, Settings: firstAboveCap})
+		require.Error(t, err)
+	})
+}
+
+// TestParameterFreeMatchesBuild: where Build plans a graph without DDP
+// parameters, it makes the same pieces as Decide's shortcut.
+func TestParameterFreeMatchesBuild(t *testing.T) {
+	seen := 0
+	forRandomFuzzInputs(t, rand.New(rand.NewPCG(77, 5)), 3000, 400, func(data []byte) {
+		g, cfg := decodeFuzzInput(data)
+		if slices.ContainsFunc(g.Params, func(p Param) bool { return p.counted() }) {
+			return
+		}
+		want, err := Build(g, cfg)
+		if err != nil {
+			return
+		}
+		seen++
+		dec, err := Decide(&Request{Graph: g, Settings: settingsFor(cfg, false)})
+		require.NoError(t, err)
+		require.Equal(t, want.NumPieces, dec.Plan.NumPieces)
+		require.Equal(t, want.NodePiece, dec.Plan.NodePiece)
+		require.Equal(t, want.PieceInputs, dec.Plan.PieceInputs)
+		require.Equal(t, want.PieceOutputs, dec.Plan.PieceOutputs)
+		for _, b := range want.Buckets {
+			require.Empty(t, b.Params) // torch mode keeps an empty bucket
+		}
+	})
+	require.Positive(t, seen)
+}

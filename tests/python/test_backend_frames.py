@@ -81,3 +81,28 @@ def test_graph_breaks_are_named_and_parameter_free_frames_cost_nothing(caplog):
     assert "DDP keeps its own buckets" not in text  # no alignment note for the empty frame
     assert "holds no parameters" in text and "graph break at forward (test_backend_frames.py:" in text
     assert len(logged) == 2
+
+
+def test_a_parameter_free_frame_is_not_planned_so_no_plan_error_reaches_it(caplog):
+    # DDP's defaults and a first-bucket cap above its 25 MiB cap: the model's
+    # graph cannot be planned and falls back; the parameter-free frame after
+    # the break has nothing to plan (Note [Parameter-free graphs]), so no
+    # planning error, no second fallback warning, no plan check.
+    torch.manual_seed(0)
+    ddp = DDP(LoggingStack())
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "first_bucket_cap_mb": 30})
+    caplog.set_level(logging.INFO, logger="goddp")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(torch.randn(4, WIDTH)).backward()
+    plans = goddp.last_plans()
+    empty = [p for p in plans if p["graph"]["num_params"] == 0]
+    (model,) = [p for p in plans if p["graph"]["num_params"]]
+    assert empty and model["fallback_stage"] == "plan", plans
+    for plan in empty:
+        assert plan["fallback"] is None, plan
+        assert plan["ddp_buckets"] == {"aligned": False, "reason": "no parameters in this graph"}
+        assert plan["plan_check"] is None
+    failed = [w for w in caught if "planning failed" in str(w.message)]
+    assert len(failed) == 1, [str(w.message) for w in failed]  # the model's graph only
+    assert "holds no parameters" in caplog.text

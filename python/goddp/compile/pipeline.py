@@ -223,12 +223,12 @@ class _DDPGraphCompile:
     # -- the ends: a graph without DDP's parameters, the whole graph
 
     def parameter_free(self, exported: ExportedGraph, planned: Planned) -> Callable[..., Any]:
-        """A graph that uses no parameter DDP reduces (the planner counted
-        none; what a trainer's graph break leaves behind, e.g. after
-        Lightning's self.log): nothing to cut or align, nothing for the
-        ranks to agree on, so its plan goes unused: no plan check (whose
-        per-graph sequence would drift where ranks compile different small
-        frames), no note and no warning; one INFO line names the frame."""
+        """A graph that uses no parameter DDP reduces (the planner's
+        one-piece decision, Note [Parameter-free graphs] in
+        planner/decide.go): nothing to cut or align, nothing for the ranks
+        to agree on: no plan check (whose per-graph sequence would drift
+        where ranks compile different small frames), no note and no
+        warning; one INFO line names the frame."""
         logger.info("goddp: %s holds no parameters of DDP: compiled whole, not planned", self.frame.describe())
         try:
             with self.stages.timed("compile"):
@@ -237,7 +237,7 @@ class _DDPGraphCompile:
                 return self.inner(self.gm, self.example_inputs)
         finally:
             add_record(
-                self.record(exported, caps=planned.caps, ddp_buckets={"aligned": False, "reason": "no parameters in this graph"})
+                self.record(exported, caps=planned.caps, ddp_buckets={"aligned": False, "reason": planned.plan.not_aligned})
             )
 
     def whole_graph(
