@@ -5,7 +5,7 @@
  * goddp.h to Python. Like the bridge, it only converts: Python dicts of
  * buffers become a goddp_graph and a goddp_config, a goddp_plan becomes a
  * dict of bytes, a goddp_status becomes PlannerError. The Python side
- * (goddp/_native.py) imports this module lazily, because loading it starts
+ * (goddp/native/extension.py) imports this module lazily, because loading it starts
  * the Go runtime.
  *
  * Rules kept here:
@@ -928,7 +928,7 @@ static PyMethodDef goddp_methods[] = {
 PyDoc_STRVAR(module_doc,
              "goddp's Go planner (csrc/goddp.h) for Python.\n\n"
              "Loading this module starts the Go runtime; import it through\n"
-             "goddp._native.load(), never at goddp import time.");
+             "goddp.native.extension.load(), never at goddp import time.");
 
 static struct PyModuleDef goddp_module = {
     PyModuleDef_HEAD_INIT, "goddp._goddp", module_doc, -1, goddp_methods, NULL, NULL, NULL, NULL,

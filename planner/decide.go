@@ -70,7 +70,9 @@ type Decision struct {
 	// Config holds the caps and switches the plan stands for: those Build
 	// planned with, except that when DDP's buckets are not set to the
 	// pieces (AlignReason != ReasonAligned) AlignBuckets is false and
-	// BucketOrder is what DDP's unaligned buckets follow.
+	// BucketOrder is OrderReady, the order the unaligned cuts follow (DDP's
+	// own buckets may follow another: under find_unused_parameters it
+	// keeps declaration order).
 	Config Config
 	// AlignReason, with AlignDetail the words for it (counts included).
 	AlignReason AlignReason

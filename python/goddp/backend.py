@@ -37,7 +37,7 @@ options={...})``; goddp.options validates them):
   block cuts): what runs the pieces before the first repeated block and
   after the last: "auto" runs each eagerly when it is no bigger than the
   mean block, "compile" compiles them with inner, "eager" runs them eagerly
-  whatever their size (why: goddp.graph.blocks, "Edges").
+  whatever their size (why: Note [Edges] in planner/edges.go).
 - ``strict`` (False): raise instead of warning and compiling the whole
   graph when planning or a piece's compilation fails, and raise
   PlanMismatchError on every rank when the ranks of a DDP module propose

@@ -65,8 +65,8 @@ class Options:
     edges: with block cuts, what runs the pieces wholly before the first
         repeated block or after the last (embeddings, final norm and head):
         "auto" (None means it) runs each eagerly when it is no bigger than
-        the mean block, as regional compilation does (why:
-        goddp.graph.blocks, "Edges"); "compile" compiles them with the inner
+        the mean block, as regional compilation does (why: Note [Edges]
+        in planner/edges.go); "compile" compiles them with the inner
         compiler; "eager" runs them eagerly whatever their size.
     strict: raise instead of warning and compiling the whole graph when
         planning or a piece's compilation fails, and raise PlanMismatchError

@@ -1,5 +1,5 @@
-"""Repeated blocks: finding them in Dynamo graphs and recognising identical
-pieces (goddp.graph.blocks), without the planner."""
+"""Repeated blocks: the planner's block assignment on real Dynamo graphs
+(Note [Block rule]), and recognising identical pieces (goddp.graph.blocks)."""
 
 from __future__ import annotations
 

@@ -405,7 +405,8 @@ def plan_graph_module(
     align_buckets: ddp mode: one bucket per piece, holding exactly the
         parameters first used in that piece (docs/align.md).
     block_cuts: ddp mode: cut at the boundaries of repeated module blocks,
-        as the backend does by default (goddp.graph.blocks).
+        as the backend does by default (Note [Block rule] in
+        planner/modstack.go).
     declaration_order: the names of DDP's parameters in DDP's own order
         (``goddp.ddp.declaration.ddp_parameter_names(ddp)``) when DDP never
         rebuilds its buckets (find_unused_parameters=True without
