@@ -83,7 +83,7 @@ def test_per_bucket_caps_are_read_and_dropped_when_the_cap_is_overridden(dist_gr
     overridden = caps_for(settings, parse_options({"bucket_cap_mb": 2}))
     assert overridden.bucket_caps_bytes == ()
     assert overridden.bucket_cap_bytes == 2 * MIB
-    assert overridden.first_bucket_cap_bytes <= 2 * MIB
+    assert overridden.first_bucket_cap_bytes == 2 * MIB
 
 
 def test_option_overrides(dist_group, native_module):

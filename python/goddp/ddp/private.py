@@ -105,10 +105,6 @@ def reducer_of(ddp: Any) -> Any:
     return getattr(ddp, "reducer", None)
 
 
-def has_rebuilt_buckets(ddp: Any) -> bool:
-    return bool(getattr(ddp, "_has_rebuilt_buckets", False))
-
-
 def comm_hooks(ddp: Any) -> CommHooks:
     """The Python comm hooks DDP keeps a record of, as (hook, state)."""
     return list(ddp._comm_hooks)
