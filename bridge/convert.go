@@ -461,6 +461,7 @@ func decisionToC(cp *C.goddp_plan, d *planner.Decision) error {
 	}
 	cp.bucket_order = C.int32_t(cfg.BucketOrder)
 	cp.align_reason = C.int32_t(d.AlignReason)
+	cp.ddp_bucket_order = C.int32_t(d.DDPBucketOrder)
 	if cp.align_detail = C.CString(d.AlignDetail); cp.align_detail == nil {
 		return errOutOfMemory
 	}

@@ -59,8 +59,9 @@ extern "C" {
  *    align_detail, alignment_name, num_counted_params, piece_params,
  *    eager_pieces and node_block_ids.
  * Added without a bump (new, nothing changed): goddp_layout and
- * goddp_layout_digest. */
-#define GODDP_ABI_VERSION 6
+ * goddp_layout_digest.
+ * 7: goddp_plan.ddp_bucket_order (DDP's own bucket order, aligned or not). */
+#define GODDP_ABI_VERSION 7
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -315,6 +316,13 @@ typedef struct goddp_plan {
     int64_t num_eager_pieces;
     int32_t *eager_pieces;              /* [num_eager_pieces] ascending: run eagerly (config.edges) */
     int32_t *node_block_ids;            /* [num_nodes] the block of each node, or NULL: no blocks */
+
+    /* ABI 7. enum goddp_bucket_order: the order in which the DDP module
+     * (config.ddp) fills its own buckets, from its flags, whether or not
+     * they are set to the pieces: GODDP_ORDER_DECLARATION exactly when it
+     * finds unused parameters without a static graph (it never rebuilds);
+     * GODDP_ORDER_READY without config.ddp. */
+    int32_t ddp_bucket_order;
 } goddp_plan;
 
 /* GODDP_ABI_VERSION of the library actually loaded. */

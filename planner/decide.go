@@ -90,6 +90,10 @@ type Decision struct {
 	EagerPieces []int32
 	// BlockIDs is the block assignment the plan used (nil: none).
 	BlockIDs []int32
+	// DDPBucketOrder is the order in which the DDP module fills its own
+	// buckets, from its flags, whether or not they are set to the pieces
+	// (OrderReady without a DDP module).
+	DDPBucketOrder BucketOrder
 }
 
 // decider holds the state of one Decide call.
@@ -110,6 +114,9 @@ func Decide(req *Request) (*Decision, error) {
 	d := &decider{req: req, s: &req.Settings, g: *req.Graph}
 	if err := validateGraph(&d.g); err != nil {
 		return nil, err
+	}
+	if d.s.DDP != nil {
+		d.out.DDPBucketOrder = d.s.DDP.bucketOrder()
 	}
 	if err := d.checkStacks(); err != nil {
 		return nil, err

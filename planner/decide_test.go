@@ -107,7 +107,25 @@ func TestBucketOrderFromDDPFlags(t *testing.T) {
 		assert.Equal(t, tc.want, s.resolve(true).BucketOrder, "find_unused=%t static=%t, aligned", tc.findUnused, tc.static)
 		// Unaligned, DDP's buckets are its own: the cuts follow ready order.
 		assert.Equal(t, OrderReady, s.resolve(false).BucketOrder, "find_unused=%t static=%t, unaligned", tc.findUnused, tc.static)
+		// Decide reports DDP's own order, aligned or not, and for a
+		// graph without parameters too.
+		g := toyModel().graph()
+		setDDPPositions(g, countedParams(g))
+		for _, align := range []bool{false, true} {
+			s.AlignBuckets = align
+			dec, err := Decide(&Request{Graph: g, Settings: s})
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, dec.DDPBucketOrder, "find_unused=%t static=%t align=%t", tc.findUnused, tc.static, align)
+		}
+		b := &graphBuilder{}
+		b.output(b.call("f", in(b.placeholder("x"))))
+		dec, err := Decide(&Request{Graph: b.graph(), Settings: s})
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, dec.DDPBucketOrder, "parameter-free")
 	}
+	dec, err := Decide(&Request{Graph: toyModel().graph()})
+	require.NoError(t, err)
+	assert.Equal(t, OrderReady, dec.DDPBucketOrder, "no DDP module")
 }
 
 func TestDecideRejects(t *testing.T) {

@@ -8,6 +8,8 @@ would fail gloo's allreduce."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -157,3 +159,21 @@ def test_ranks_that_declare_differently_stop_before_any_allreduce():
     with pytest.raises(Exception, match="planned .* differently"):
         compiled(torch.randn(4, WIDTH))
     assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+
+
+@pytest.mark.parametrize(
+    ("ddp_kwargs", "noted"),
+    [({"find_unused_parameters": True}, True), ({"find_unused_parameters": True, "static_graph": True}, False), ({}, False)],
+)
+def test_the_declaration_order_note_follows_the_planners_ddp_bucket_order(caplog, ddp_kwargs, noted):
+    """Without align_buckets, the INFO note that DDP's own buckets stay in
+    declaration order comes from the plan's ddp_bucket_order (the planner's
+    rule from DDP's flags), not from a rule of Python's own."""
+    torch.manual_seed(0)
+    ddp = DDP(SquareStack(depth=4, width=WIDTH), bucket_cap_mb=0.125, **ddp_kwargs)
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "align_buckets": False, "log_plan": False})
+    caplog.set_level(logging.INFO, logger="goddp")
+    compiled(torch.randn(4, WIDTH)).sum().backward()
+    (plan,) = goddp.last_plans()
+    assert plan["num_pieces"] > 1
+    assert ("stay in parameter declaration order" in caplog.text) is noted

@@ -162,7 +162,7 @@ def test_key_tuples_match_the_builders(ext):
     assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"} | set(STACK_KEYS)
     assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp"}
     assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
-    assert len(ext.PLAN_KEYS) == 33
+    assert len(ext.PLAN_KEYS) == 34
 
 
 def test_node_block_ids_cut_at_blocks(ext):
@@ -340,7 +340,7 @@ def test_toy_graph_plan(ext, mode):
     plan = _native.plan_graph(chain_graph(3), toy_config(mode))
     assert set(plan) == set(ext.PLAN_KEYS)
     scalars = ("num_", "fingerprint", "alignment", "merged_cuts", "bucket_cap_bytes", "first_bucket_cap_bytes",
-               "max_pieces", "align_", "bucket_order")
+               "max_pieces", "align_", "bucket_order", "ddp_bucket_order")
     strings = ("align_detail", "alignment_name")
     assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(scalars) and k != "node_block_ids")
     assert all(isinstance(plan[k], str) for k in strings)

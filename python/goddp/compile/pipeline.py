@@ -107,7 +107,6 @@ class _DDPGraphCompile:
         self.inner = inner
         self.ddp = ddp
         self.settings = read_ddp_settings(ddp)
-        note_ddp_settings(ddp, self.settings, options)
         self.frame = frame_info(gm)
         self.stages = Stages(options.strict, new_timings())
 
@@ -260,6 +259,7 @@ class _DDPGraphCompile:
 
     def note(self, planned: Planned) -> None:
         """The INFO notes a plan deserves, once per DDP module."""
+        note_ddp_settings(self.ddp, planned.plan.ddp_bucket_order, self.options)
         if planned.not_aligned == STAND_IN:
             note_once(self.ddp, f"goddp: {STAND_IN}")
         elif planned.not_aligned is not None and self.options.aligns_buckets:

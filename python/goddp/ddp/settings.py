@@ -119,15 +119,17 @@ def note_once(ddp: Any, message: str) -> None:
         logger.info("%s", message)
 
 
-def note_ddp_settings(ddp: Any, settings: DDPSettings, options: Options) -> None:
-    """Logs, once per DDP module, facts that affect how well cuts match."""
+def note_ddp_settings(ddp: Any, ddp_bucket_order: str, options: Options) -> None:
+    """Logs, once per DDP module, facts that affect how well cuts match;
+    ddp_bucket_order is DDP's own, as the planner said it
+    (GraphPlan.ddp_bucket_order)."""
     try:
         if ddp in _noted_modules:
             return
         _noted_modules.add(ddp)
     except TypeError:
         pass
-    if settings.find_unused_parameters and not settings.static_graph and options.mode == "ddp" and not options.aligns_buckets:
+    if ddp_bucket_order == "declaration" and options.mode == "ddp" and not options.aligns_buckets:
         logger.info(
             "goddp: this DDP module has find_unused_parameters=True and static_graph=False, so DDP "
             "never rebuilds its buckets: they stay in parameter declaration order while goddp's "

@@ -212,6 +212,9 @@ class GraphPlan:
     eager_pieces: the edge pieces to run eagerly (option edges).
     node_block_ids: per node, its repeated block (-1: none), None when the
         planner found no blocks (or block cuts are off).
+    ddp_bucket_order: the order in which the DDP module fills its own
+        buckets, from its flags, aligned or not ("ready" outside DDP;
+        goddp_plan.ddp_bucket_order).
     """
 
     fingerprint: int
@@ -231,6 +234,7 @@ class GraphPlan:
     num_counted_params: int = 0
     eager_pieces: list[int] = field(default_factory=list)
     node_block_ids: list[int] | None = field(default=None, repr=False)
+    ddp_bucket_order: str = "ready"
     # Index form of the crossing values, for the cutter (not public API).
     piece_input_indices: list[list[int]] = field(default_factory=list, repr=False)
     piece_output_indices: list[list[int]] = field(default_factory=list, repr=False)
@@ -354,6 +358,7 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str) -> G
         num_counted_params=int(raw["num_counted_params"]),
         eager_pieces=_ints(raw["eager_pieces"], "i"),
         node_block_ids=None if blocks is None else _ints(blocks, "i"),
+        ddp_bucket_order=BUCKET_ORDER_NAMES[int(raw["ddp_bucket_order"])],
     )
 
 
