@@ -206,7 +206,7 @@ func TestConvertConfig(t *testing.T) {
 
 	for name, c := range map[string]*rawConfig{
 		"defaults = 0x4 has unknown bits":                   {Defaults: 4},
-		"ddp.flags = 0x8 has unknown bits":                  {DDP: &rawDDP{BucketCapBytes: 1, Flags: 8}},
+		"ddp.flags = 0x200 has unknown bits":                {DDP: &rawDDP{BucketCapBytes: 1, Flags: 0x200}},
 		"ddp.num_params = -1 is out of range":               {DDP: &rawDDP{BucketCapBytes: 1, NumParams: -1}},
 		"ddp.bucket_caps_bytes is NULL but its length is 2": {DDP: &rawDDP{BucketCapBytes: 1, NumBucketCaps: 2}},
 	} {
@@ -307,10 +307,10 @@ func TestDecisionsThroughC(t *testing.T) {
 
 	// Bad input gets a message naming it.
 	for name, edit := range map[string]func(c *rawConfig){
-		"the user's bucket cap is 0 bytes":  func(c *rawConfig) { c.Defaults = defaultFirstCap },
-		"DDP's first-bucket cap is 0 bytes": func(c *rawConfig) { c.DDP.FirstBucketCapBytes = 0 },
-		"ddp.flags = 0x10 has unknown bits": func(c *rawConfig) { c.DDP.Flags = 0x10 },
-		"unknown edge policy 5":             func(c *rawConfig) { c.Edges = 5 },
+		"the user's bucket cap is 0 bytes":   func(c *rawConfig) { c.Defaults = defaultFirstCap },
+		"DDP's first-bucket cap is 0 bytes":  func(c *rawConfig) { c.DDP.FirstBucketCapBytes = 0 },
+		"ddp.flags = 0x400 has unknown bits": func(c *rawConfig) { c.DDP.Flags = 0x400 },
+		"unknown edge policy 5":              func(c *rawConfig) { c.Edges = 5 },
 	} {
 		c := *cfg
 		ddp := *cfg.DDP

@@ -282,10 +282,13 @@ func ddpFromC(d *C.goddp_ddp) (*planner.DDPSettings, error) {
 	if d == nil {
 		return nil, nil
 	}
-	const knownFlags = C.GODDP_DDP_FIND_UNUSED_PARAMETERS | C.GODDP_DDP_STATIC_GRAPH | C.GODDP_DDP_CAP_IS_DEFAULT
+	const knownFlags = C.GODDP_DDP_FIND_UNUSED_PARAMETERS | C.GODDP_DDP_STATIC_GRAPH | C.GODDP_DDP_CAP_IS_DEFAULT |
+		C.GODDP_DDP_NO_PER_BUCKET_CAPS | C.GODDP_DDP_PYTHON_REDUCER | C.GODDP_DDP_MIXED_PRECISION |
+		C.GODDP_DDP_BUILTIN_COMM_HOOK | C.GODDP_DDP_DELAYS_ALLREDUCE | C.GODDP_DDP_SEVERAL_PARAM_GROUPS
 	if d.flags&^knownFlags != 0 {
-		return nil, invalidConfig("goddp: ddp.flags = %#x has unknown bits (valid: GODDP_DDP_FIND_UNUSED_PARAMETERS, GODDP_DDP_STATIC_GRAPH, GODDP_DDP_CAP_IS_DEFAULT)", uint32(d.flags))
+		return nil, invalidConfig("goddp: ddp.flags = %#x has unknown bits (valid: the GODDP_DDP_* bits of goddp.h, mask %#x)", uint32(d.flags), uint32(knownFlags))
 	}
+	has := func(bit C.uint32_t) bool { return d.flags&bit != 0 }
 	caps, err := cCopy[int64](unsafe.Pointer(d.bucket_caps_bytes), int64(d.num_bucket_caps), "ddp.bucket_caps_bytes", planner.ErrInvalidConfig)
 	if err != nil {
 		return nil, err
@@ -296,11 +299,17 @@ func ddpFromC(d *C.goddp_ddp) (*planner.DDPSettings, error) {
 	}
 	return &planner.DDPSettings{
 		BucketCapBytes:       int64(d.bucket_cap_bytes),
-		CapIsDefault:         d.flags&C.GODDP_DDP_CAP_IS_DEFAULT != 0,
+		CapIsDefault:         has(C.GODDP_DDP_CAP_IS_DEFAULT),
 		FirstBucketCapBytes:  int64(d.first_bucket_cap_bytes),
 		BucketCapsBytes:      caps,
-		FindUnusedParameters: d.flags&C.GODDP_DDP_FIND_UNUSED_PARAMETERS != 0,
-		StaticGraph:          d.flags&C.GODDP_DDP_STATIC_GRAPH != 0,
+		FindUnusedParameters: has(C.GODDP_DDP_FIND_UNUSED_PARAMETERS),
+		StaticGraph:          has(C.GODDP_DDP_STATIC_GRAPH),
+		NoPerBucketCaps:      has(C.GODDP_DDP_NO_PER_BUCKET_CAPS),
+		PythonReducer:        has(C.GODDP_DDP_PYTHON_REDUCER),
+		MixedPrecision:       has(C.GODDP_DDP_MIXED_PRECISION),
+		BuiltinCommHook:      has(C.GODDP_DDP_BUILTIN_COMM_HOOK),
+		DelaysAllReduce:      has(C.GODDP_DDP_DELAYS_ALLREDUCE),
+		SeveralParamGroups:   has(C.GODDP_DDP_SEVERAL_PARAM_GROUPS),
 		NumParams:            int(numParams),
 	}, nil
 }

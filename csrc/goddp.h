@@ -60,7 +60,11 @@ extern "C" {
  *    eager_pieces and node_block_ids.
  * Added without a bump (new, nothing changed): goddp_layout and
  * goddp_layout_digest.
- * 7: goddp_plan.ddp_bucket_order (DDP's own bucket order, aligned or not). */
+ * 7: goddp_plan.ddp_bucket_order (DDP's own bucket order, aligned or not).
+ *    Added within 7 (new values, no layout change): GODDP_REASON_NO_PARAMS and
+ *    the alignment refusals, GODDP_DDP_NO_PER_BUCKET_CAPS ..
+ *    GODDP_DDP_SEVERAL_PARAM_GROUPS with GODDP_REASON_NO_PER_BUCKET_CAPS ..
+ *    GODDP_REASON_PARAM_GROUPS. */
 #define GODDP_ABI_VERSION 7
 
 /* FX node kinds, as in torch.fx.Node.op. */
@@ -115,8 +119,17 @@ enum goddp_align_reason {
     GODDP_REASON_OFF = 1,         /* config.align_buckets was 0 */
     GODDP_REASON_NOT_COVERED = 2, /* aligned buckets would not hold exactly DDP's parameters: planned unaligned */
     GODDP_REASON_ONE_PIECE = 3,   /* the aligned plan is one piece: nothing to align */
-    GODDP_REASON_NO_PARAMS = 4    /* the graph holds no parameter DDP reduces: one piece, no bucket,
+    GODDP_REASON_NO_PARAMS = 4,   /* the graph holds no parameter DDP reduces: one piece, no bucket,
                                    * planned before any cap is checked (Note [Parameter-free graphs]) */
+    /* A fact about the DDP module refuses alignment (goddp_ddp.flags; Note
+     * [Alignment refusals], in this order); planned unaligned. */
+    GODDP_REASON_NO_PER_BUCKET_CAPS = 5, /* GODDP_DDP_NO_PER_BUCKET_CAPS */
+    GODDP_REASON_PYTHON_REDUCER = 6,     /* GODDP_DDP_PYTHON_REDUCER */
+    GODDP_REASON_STATIC_GRAPH = 7,       /* GODDP_DDP_STATIC_GRAPH */
+    GODDP_REASON_MIXED_PRECISION = 8,    /* GODDP_DDP_MIXED_PRECISION */
+    GODDP_REASON_BUILTIN_COMM_HOOK = 9,  /* GODDP_DDP_BUILTIN_COMM_HOOK */
+    GODDP_REASON_DELAYED_ALLREDUCE = 10, /* GODDP_DDP_DELAYS_ALLREDUCE */
+    GODDP_REASON_PARAM_GROUPS = 11       /* GODDP_DDP_SEVERAL_PARAM_GROUPS */
 };
 
 /* Which edge pieces (outside the repeated blocks) run eagerly
@@ -136,6 +149,16 @@ enum goddp_edges {
 #define GODDP_DDP_FIND_UNUSED_PARAMETERS 0x1u
 #define GODDP_DDP_STATIC_GRAPH 0x2u
 #define GODDP_DDP_CAP_IS_DEFAULT 0x4u /* built with the default bucket_cap_mb */
+/* Facts that refuse alignment (planner/refusals.go, Note [Alignment
+ * refusals]; with config.align_buckets the first that applies, in the
+ * order of the GODDP_REASON_* codes, is the plan's align_reason).
+ * GODDP_DDP_STATIC_GRAPH is one of them. */
+#define GODDP_DDP_NO_PER_BUCKET_CAPS 0x8u /* this torch's DDP keeps no per-bucket caps (torch < 2.9) */
+#define GODDP_DDP_PYTHON_REDUCER 0x10u /* DDP runs its Python reducer (compiled autograd) */
+#define GODDP_DDP_MIXED_PRECISION 0x20u /* DDP mixed precision is on */
+#define GODDP_DDP_BUILTIN_COMM_HOOK 0x40u /* a built-in (C++) comm hook is registered */
+#define GODDP_DDP_DELAYS_ALLREDUCE 0x80u /* delay_all_reduce_named_params is set */
+#define GODDP_DDP_SEVERAL_PARAM_GROUPS 0x100u /* DDP's parameters span several (dtype, device) groups */
 
 typedef enum goddp_status {
     GODDP_OK = 0,

@@ -45,6 +45,16 @@ const (
 	// break's parameter-free frame); the plan is one piece, made without
 	// Build: nothing to cut, align or agree on (Note [Parameter-free graphs]).
 	ReasonNoParams AlignReason = 4
+	// ReasonNoPerBucketCaps .. ReasonParamGroups: facts about the DDP
+	// module refuse alignment (Note [Alignment refusals], refusals.go); the
+	// plan is the unaligned one.
+	ReasonNoPerBucketCaps  AlignReason = 5
+	ReasonPythonReducer    AlignReason = 6
+	ReasonStaticGraph      AlignReason = 7
+	ReasonMixedPrecision   AlignReason = 8
+	ReasonBuiltinCommHook  AlignReason = 9
+	ReasonDelayedAllReduce AlignReason = 10
+	ReasonParamGroups      AlignReason = 11
 )
 
 // String is the reason as plan records and logs say it.
@@ -60,6 +70,20 @@ func (r AlignReason) String() string {
 		return "one piece: nothing to align"
 	case ReasonNoParams:
 		return "no parameters in this graph"
+	case ReasonNoPerBucketCaps:
+		return "this torch's DDP has no per-bucket caps (needs torch >= 2.9)"
+	case ReasonPythonReducer:
+		return "DDP uses the Python reducer, which has no per-bucket caps"
+	case ReasonStaticGraph:
+		return "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp"
+	case ReasonMixedPrecision:
+		return "DDP mixed precision is on"
+	case ReasonBuiltinCommHook:
+		return "a built-in comm hook is registered"
+	case ReasonDelayedAllReduce:
+		return "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets"
+	case ReasonParamGroups:
+		return "parameters span several (dtype, device) groups; DDP buckets each group apart"
 	}
 	return "unknown"
 }
@@ -190,6 +214,11 @@ func (d *decider) plan() error {
 	s := d.s
 	if !s.AlignBuckets {
 		return d.build(s.resolve(false), ReasonOff, "")
+	}
+	if s.DDP != nil {
+		if r := s.DDP.refusal(); r != ReasonAligned {
+			return d.build(s.resolve(false), r, "")
+		}
 	}
 	if err := d.build(s.resolve(true), ReasonAligned, ""); err != nil || s.DDP == nil {
 		return err

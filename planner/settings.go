@@ -37,6 +37,13 @@ type DDPSettings struct {
 	BucketCapsBytes      []int64 // its per-bucket caps (torch >= 2.9), DDP order; may be empty
 	FindUnusedParameters bool
 	StaticGraph          bool
+	// Facts that refuse alignment (Note [Alignment refusals]).
+	NoPerBucketCaps    bool // this torch's DDP keeps no per-bucket caps
+	PythonReducer      bool // DDP runs its Python reducer
+	MixedPrecision     bool // DDP mixed precision is on
+	BuiltinCommHook    bool // a built-in (C++) comm hook is registered
+	DelaysAllReduce    bool // delay_all_reduce_named_params is set
+	SeveralParamGroups bool // DDP's parameters span several (dtype, device) groups
 	// NumParams is the number of parameters DDP reduces, 0 when unknown.
 	// With it (and Graph's DDPPosition for every parameter), Decide checks
 	// that aligned buckets hold exactly DDP's parameters.

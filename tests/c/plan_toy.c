@@ -527,11 +527,26 @@ static void check_decisions(const goddp_graph *base) {
     }
     goddp_plan_free(plan);
 
-    ddp.flags = 0x80;
+    /* A fact that refuses alignment: the unaligned plan, the planner's reason. */
+    ddp.flags = GODDP_DDP_BUILTIN_COMM_HOOK;
+    plan = NULL;
+    st = goddp_plan_graph(&g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_OK && plan != NULL, "refusal: status %d", st);
+    if (st == GODDP_OK && plan != NULL) {
+        CHECK(plan->align_buckets == 0 && plan->align_reason == GODDP_REASON_BUILTIN_COMM_HOOK &&
+                  strcmp(plan->align_detail, "a built-in comm hook is registered") == 0 && plan->num_ddp_caps == 0,
+              "refusal: align %d reason %d (%s)", plan->align_buckets, plan->align_reason, plan->align_detail);
+        CHECK(plan->ddp_bucket_order == GODDP_ORDER_READY, "refusal: ddp bucket order %d", plan->ddp_bucket_order);
+    }
+    goddp_string_free(msg);
+    msg = NULL;
+    goddp_plan_free(plan);
+
+    ddp.flags = 0x200;
     plan = NULL;
     st = goddp_plan_graph(&g, &cfg, &plan, &msg);
     CHECK(st == GODDP_ERR_INVALID_CONFIG && plan == NULL, "unknown DDP flag: status %d", st);
-    CHECK(msg != NULL && strstr(msg, "ddp.flags = 0x80 has unknown bits") != NULL, "unknown DDP flag: message %s",
+    CHECK(msg != NULL && strstr(msg, "ddp.flags = 0x200 has unknown bits") != NULL, "unknown DDP flag: message %s",
           msg ? msg : "(none)");
     goddp_string_free(msg);
 }

@@ -11,7 +11,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps
-from goddp.ddp.refusals import alignment_blocker
+from goddp.ddp.refusals import alignment_facts
+from goddp.native.plan import AlignmentFacts
 from models import ZOO, SquareStack
 
 
@@ -50,7 +51,7 @@ def test_installed_caps_make_ddp_rebuild_exactly_those_buckets_and_keep_comm_hoo
     ddp.register_comm_hook(None, _recording_hook(seen))
     per_layer = (128 * 128 + 128) * 4
     caps = [2 * per_layer, 3 * per_layer, per_layer]
-    assert alignment_blocker(ddp) is None
+    assert alignment_facts(ddp) == (AlignmentFacts(), None)  # nothing refuses alignment
 
     installed = []
     model.register_forward_pre_hook(lambda mod, args: installed.append(install_bucket_caps(ddp, caps)))

@@ -150,7 +150,7 @@ def csr(offsets: bytes, values: bytes) -> list[list[int]]:
 
 def test_constants_mirror_the_extension(ext):
     names = [n for n in dir(_native) if n.isupper() and isinstance(getattr(_native, n), int)]
-    assert len(names) == 34
+    assert len(names) == 47
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
     assert ext.abi_version() == ext.ABI_VERSION
@@ -234,9 +234,18 @@ def test_decisions_cross_the_extension(ext):
     assert plan["align_reason"] == _native.REASON_NOT_COVERED and plan["align_buckets"] is False
     assert "the graph uses 6 of DDP's 7 parameters" in plan["align_detail"]
     assert plan["alignment_name"] == "none"
+    # A fact about DDP refuses alignment, in the planner's words; with
+    # several, the first of Note [Alignment refusals].
+    flags = ddp.get("flags", 0)
+    plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": flags | _native.DDP_MIXED_PRECISION}})
+    assert plan["align_reason"] == _native.REASON_MIXED_PRECISION and plan["align_buckets"] is False
+    assert plan["align_detail"] == "DDP mixed precision is on"
+    both = flags | _native.DDP_SEVERAL_PARAM_GROUPS | _native.DDP_STATIC_GRAPH
+    plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": both}})
+    assert plan["align_reason"] == _native.REASON_STATIC_GRAPH
     # Bad input is named.
-    with pytest.raises(ext.PlannerError, match="ddp.flags = 0x40 has unknown bits") as info:
-        ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": 0x40}})
+    with pytest.raises(ext.PlannerError, match="ddp.flags = 0x200 has unknown bits") as info:
+        ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": 0x200}})
     assert info.value.code == _native.ERR_INVALID_CONFIG
     with pytest.raises(ext.PlannerError, match="DDP's bucket cap is 0 bytes"):
         ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "bucket_cap_bytes": 0}})

@@ -45,14 +45,14 @@ from goddp.compile.inner import inner_name, resolve_inner
 from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
-from goddp.ddp.refusals import STAND_IN, alignment_blocker, stand_in_blocker
+from goddp.ddp.refusals import STAND_IN, alignment_facts, stand_in_blocker
 from goddp.ddp.settings import module_of, note_ddp_settings, note_once, read_ddp_settings
 from goddp.graph.blocks import group_pieces, piece_signature
 from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
-from goddp.native.plan import MIB, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan
+from goddp.native.plan import MIB, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan
 from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
 from goddp.ranks.layout import Layout, layout_of
@@ -161,7 +161,7 @@ class _DDPGraphCompile:
             ignored_names=self.settings.ignored_names,
         )
 
-    def request(self, align: bool = False, num_params: int = 0) -> PlanRequest:
+    def request(self, align: bool = False, num_params: int = 0, facts: AlignmentFacts | None = None) -> PlanRequest:
         """What the planner is told besides the graph: the user's options
         (None: not given) and the DDP module's settings."""
         options = self.options
@@ -177,17 +177,18 @@ class _DDPGraphCompile:
             align_buckets=align,
             block_cuts=options.cuts_at_blocks,
             edges=options.edge_policy,
-            ddp=self.settings.request(num_params),
+            ddp=self.settings.request(num_params, facts),
         )
 
     def plan(self, exported: ExportedGraph) -> Planned:
         """One call into the planner. Whether DDP's buckets may be set to the
-        pieces at all needs DDP's objects (alignment_blocker); whether the
-        plan's buckets can be DDP's is the planner's decision, from each
-        parameter's position in DDP's list (docs/align.md)."""
-        blocker = stand_in_blocker(self.ddp)
+        pieces is the planner's decision, from facts read from DDP
+        (alignment_facts) and each parameter's position in DDP's list
+        (docs/align.md); a stand-in or a DDP goddp cannot inspect is refused
+        here."""
+        blocker, facts = stand_in_blocker(self.ddp), None
         if blocker is None and self.options.aligns_buckets:
-            blocker = alignment_blocker(self.ddp)
+            facts, blocker = alignment_facts(self.ddp)
         align, num_params = self.options.aligns_buckets and blocker is None, 0
         if align:
             try:
@@ -196,7 +197,7 @@ class _DDPGraphCompile:
                 blocker, align = f"could not inspect DDP ({type(exc).__name__}: {exc})", False
             else:
                 exported, num_params = with_ddp_positions(exported, names), len(names)
-        request = self.request(align, num_params)
+        request = self.request(align, num_params, facts)
         plan = decode_plan(call_planner(exported, request), exported, request.mode)
         return Planned(plan, plan.caps, blocker or plan.not_aligned)
 

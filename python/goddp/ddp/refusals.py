@@ -2,10 +2,12 @@
 
 Two things goddp may change on a DDP module, each refused where it is not
 known to be safe, with a reason the user reads:
-- alignment (docs/align.md): ``alignment_blocker`` (DDP's settings),
-  ``rebuild_blocker`` (the moment of the rebuild); goddp then keeps DDP's
-  own buckets. Whether the plan's buckets hold exactly DDP's parameters is
-  the planner's decision (planner/decide.go, GODDP_REASON_NOT_COVERED);
+- alignment (docs/align.md): ``alignment_facts`` reads what about DDP may
+  refuse it, and the planner decides, in its words (Note [Alignment
+  refusals] in planner/refusals.go; only "could not inspect DDP" is said
+  here); ``rebuild_blocker`` (the moment of the rebuild); goddp then keeps
+  DDP's own buckets. Whether the plan's buckets hold exactly DDP's
+  parameters is the planner's decision too (GODDP_REASON_NOT_COVERED);
 - goddp.trace: ``trace_refusal``; the trace is then refused on every rank.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from goddp.ddp import private
+from goddp.native.plan import AlignmentFacts
 
 # Set on a DDP module while a goddp.trace is installed on it.
 TRACE_ACTIVE_ATTR = "_goddp_trace_active"
@@ -34,34 +37,24 @@ def stand_in_blocker(ddp: Any) -> str | None:
     return None
 
 
-def alignment_blocker(ddp: Any) -> str | None:
-    """Why goddp must leave this DDP module's buckets alone, or None."""
+def alignment_facts(ddp: Any) -> tuple[AlignmentFacts | None, str | None]:
+    """What about this DDP module may refuse alignment, for the planner
+    (static_graph travels with its settings); or None and why goddp must
+    leave its buckets alone without asking."""
     try:
-        return _settings_blocker(ddp)
+        return (
+            AlignmentFacts(
+                no_per_bucket_caps=not private.has_per_bucket_caps(ddp),
+                python_reducer=private.uses_python_reducer(ddp),
+                mixed_precision=getattr(ddp, "mixed_precision", None) is not None,
+                builtin_comm_hook=bool(private.builtin_comm_hook(ddp)),
+                delays_allreduce=private.delays_some_allreduces(ddp),
+                several_param_groups=len({(p.dtype, p.device) for p in private.ddp_parameters(ddp)}) != 1,
+            ),
+            None,
+        )
     except Exception as exc:  # a DDP whose private API differs: leave it alone
-        return f"could not inspect DDP ({type(exc).__name__}: {exc})"
-
-
-def _settings_blocker(ddp: Any) -> str | None:
-    if not private.has_per_bucket_caps(ddp):
-        return "this torch's DDP has no per-bucket caps (needs torch >= 2.9)"
-    if private.uses_python_reducer(ddp):
-        return "DDP uses the Python reducer, which has no per-bucket caps"
-    if ddp.static_graph:
-        return "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp"
-    if getattr(ddp, "mixed_precision", None) is not None:
-        return "DDP mixed precision is on"
-    builtin = private.builtin_comm_hook(ddp)
-    if builtin:
-        # A built-in hook (or fused optimizer) is registered on the reducer and
-        # DDP keeps no record from which to register it again.
-        return f"a built-in comm hook ({builtin}) is registered"
-    if private.delays_some_allreduces(ddp):
-        return "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets"
-    keys = {(p.dtype, p.device) for p in private.ddp_parameters(ddp)}
-    if len(keys) != 1:
-        return f"parameters span {len(keys)} (dtype, device) groups; DDP buckets each group apart"
-    return None
+        return None, f"could not inspect DDP ({type(exc).__name__}: {exc})"
 
 
 def rebuild_blocker(ddp: Any) -> str | None:

@@ -19,7 +19,7 @@ from goddp.ddp import private
 from goddp.ddp.align import users_bucket_config
 from goddp.graph.export import parameter_names
 from goddp.options import Options
-from goddp.native.plan import DDPRequest
+from goddp.native.plan import AlignmentFacts, DDPRequest
 
 logger = logging.getLogger("goddp")
 
@@ -39,9 +39,10 @@ class DDPSettings:
     static_graph: bool
     param_name_of: Callable[[torch.Tensor], str | None]
 
-    def request(self, num_params: int = 0) -> DDPRequest:
+    def request(self, num_params: int = 0, facts: AlignmentFacts | None = None) -> DDPRequest:
         """These settings for the planner (goddp_ddp); num_params: how many
-        parameters DDP reduces, when goddp asks to align its buckets."""
+        parameters DDP reduces, and facts, what may refuse alignment
+        (goddp.ddp.refusals), when goddp asks to align its buckets."""
         return DDPRequest(
             bucket_cap_bytes=self.bucket_cap_bytes,
             first_bucket_cap_bytes=self.first_bucket_cap_bytes,
@@ -50,6 +51,7 @@ class DDPSettings:
             find_unused_parameters=self.find_unused_parameters,
             static_graph=self.static_graph,
             num_params=num_params,
+            facts=facts or AlignmentFacts(),
         )
 
 

@@ -34,6 +34,32 @@ EDGE_CODES = {"compile": _native.EDGES_COMPILE, "auto": _native.EDGES_AUTO, "eag
 
 
 @dataclass(frozen=True)
+class AlignmentFacts:
+    """Facts about a DDP module that refuse alignment, as goddp.ddp.refusals
+    reads them; which one (if any) refuses is the planner's decision, in its
+    words (Note [Alignment refusals] in planner/refusals.go)."""
+
+    no_per_bucket_caps: bool = False  # this torch's DDP keeps none (torch < 2.9)
+    python_reducer: bool = False
+    mixed_precision: bool = False
+    builtin_comm_hook: bool = False
+    delays_allreduce: bool = False  # delay_all_reduce_named_params
+    several_param_groups: bool = False  # (dtype, device) groups
+
+    def flags(self) -> int:
+        """The goddp_ddp.flags bits."""
+        bits = (
+            (self.no_per_bucket_caps, _native.DDP_NO_PER_BUCKET_CAPS),
+            (self.python_reducer, _native.DDP_PYTHON_REDUCER),
+            (self.mixed_precision, _native.DDP_MIXED_PRECISION),
+            (self.builtin_comm_hook, _native.DDP_BUILTIN_COMM_HOOK),
+            (self.delays_allreduce, _native.DDP_DELAYS_ALLREDUCE),
+            (self.several_param_groups, _native.DDP_SEVERAL_PARAM_GROUPS),
+        )
+        return sum(bit for fact, bit in bits if fact)
+
+
+@dataclass(frozen=True)
 class DDPRequest:
     """What the planner needs to know about the DDP module (goddp_ddp): its
     own bucket settings and flags, read by goddp.ddp.settings, and, when
@@ -46,12 +72,14 @@ class DDPRequest:
     find_unused_parameters: bool = False
     static_graph: bool = False
     num_params: int = 0  # 0: unknown (no coverage check)
+    facts: AlignmentFacts = AlignmentFacts()
 
     def to_native(self) -> dict[str, Any]:
         flags = (
             (_native.DDP_FIND_UNUSED_PARAMETERS if self.find_unused_parameters else 0)
             | (_native.DDP_STATIC_GRAPH if self.static_graph else 0)
             | (_native.DDP_CAP_IS_DEFAULT if self.cap_is_default else 0)
+            | self.facts.flags()
         )
         return {
             "bucket_cap_bytes": int(self.bucket_cap_bytes),

@@ -1,0 +1,40 @@
+package planner
+
+// This file holds the reasons why DDP's buckets cannot be set to the pieces
+// that follow from facts about the DDP module alone (the caller reads the
+// facts; DDPSettings carries them as flags).
+//
+// Note [Alignment refusals]: goddp aligns DDP's buckets by handing DDP
+// per-bucket caps and rebuilding its reducer. That is refused, in this
+// fixed order (the first that applies is the reason), when: the torch
+// keeps no per-bucket caps; DDP runs its Python reducer (no per-bucket
+// caps there either); static_graph is set (DDP's delayed-allreduce setup
+// is not rebuilt); DDP mixed precision is on; a built-in comm hook is
+// registered (DDP keeps no record from which to register it again);
+// delay_all_reduce_named_params is set (those parameters bypass the
+// buckets); or DDP's parameters span several (dtype, device) groups (DDP
+// buckets each group apart). DDP's buckets are then its own and the plan is
+// the unaligned one. The caller's own refusals (a stand-in DDP, a DDP it
+// could not inspect) come before any of these.
+
+// refusal is the first reason of Note [Alignment refusals] that applies to
+// d, or ReasonAligned when none does.
+func (d *DDPSettings) refusal() AlignReason {
+	switch {
+	case d.NoPerBucketCaps:
+		return ReasonNoPerBucketCaps
+	case d.PythonReducer:
+		return ReasonPythonReducer
+	case d.StaticGraph:
+		return ReasonStaticGraph
+	case d.MixedPrecision:
+		return ReasonMixedPrecision
+	case d.BuiltinCommHook:
+		return ReasonBuiltinCommHook
+	case d.DelaysAllReduce:
+		return ReasonDelayedAllReduce
+	case d.SeveralParamGroups:
+		return ReasonParamGroups
+	}
+	return ReasonAligned
+}
