@@ -181,6 +181,11 @@ def test_real_planner_error_for_bad_caps_falls_back(dist_group, native_module):
     assert_same_training_step(model, reference, out, step(reference, x))
     (record,) = goddp.last_plans()
     assert "PlannerError" in record["fallback"]
+    # No plan: the record's caps are the request (goddp.reports.records), the
+    # bucket cap not given (None), the first cap the user's.
+    assert record["caps"]["bucket_cap_bytes"] is None
+    assert record["caps"]["first_bucket_cap_bytes"] == 1 << 20
+    assert record["caps"]["align_buckets"] is False
 
 
 @pytest.mark.parametrize(
