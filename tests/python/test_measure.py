@@ -16,7 +16,7 @@ from goddp import measure
 from goddp.compile import pipeline
 from goddp.graph import blocks
 from goddp.ranks.plan_check import RanksMissingError, Statement
-from test_backend_blocks import compiled_blocks, train
+from models import ZOO
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -117,21 +117,40 @@ def test_the_check_finds_private_names(tmp_path):
 # ---------------------------------------------------------------- PieceReuseOff
 
 
+def compile_and_train_blocks() -> list:
+    """ZOO["blocks"] (repeated blocks, identical pieces) compiled by goddp
+    and trained two steps; the graphs the inner compiler (aot_eager) got."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    graphs: list = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    entry = ZOO["blocks"]
+    torch._dynamo.reset()
+    goddp.clear_plans()
+    ddp = entry.wrap(entry.build(seed=0), bucket_cap_mb=entry.ddp_cap_mb)
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": counting, "strict": True, "log_plan": False})
+    for step in range(2):
+        entry.loss(compiled(*entry.make_inputs(step))).backward()
+    return graphs
+
+
 def test_piece_reuse_off_compiles_every_piece(dist_group):
-    entry, _, compiled, counting = compiled_blocks(dist_group)
-    train(entry, compiled)
+    """With the switch on, every piece but the eager edges gets its own inner compile."""
+    with_reuse = len(compile_and_train_blocks())
     (plan,) = goddp.last_plans()
-    reused = plan["reused_pieces"]
-    assert reused >= 1 and len(counting.graphs) == plan["distinct_pieces"] - plan["eager_pieces"]
+    assert plan["reused_pieces"] >= 1 and with_reuse == plan["distinct_pieces"] - plan["eager_pieces"]
 
     with measure.PieceReuseOff() as switch:
-        entry, _, compiled, counting = compiled_blocks(dist_group)
-        train(entry, compiled)
+        graphs = compile_and_train_blocks()
     switch.check_used()
     (plan_off,) = goddp.last_plans()
     assert plan_off["fingerprint"] == plan["fingerprint"], "the switch changes what is compiled, not the plan"
     assert plan_off["reused_pieces"] == 0
-    assert len(counting.graphs) == plan_off["num_pieces"] - plan_off["eager_pieces"]
+    assert len(graphs) == plan_off["num_pieces"] - plan_off["eager_pieces"] > with_reuse
     assert pipeline.group_pieces is blocks.group_pieces, "off again on leaving"
 
 
