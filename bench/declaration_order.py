@@ -8,7 +8,8 @@ declaration order at construction. goddp can
 
 - **caps** (what goddp does): give DDP per-bucket caps under which those
   declaration-order buckets are exactly goddp's pieces, merging the pieces
-  whose parameters the declaration order interleaves (planner/declorder.go);
+  whose parameters the declaration order interleaves (see
+  Note [Declaration order] in planner/declorder.go);
 - **DDP's buckets**: leave DDP's caps alone (25 MiB, 1 MiB for the
   first-declared bucket by default) and cut where DDP's real buckets become
   ready.

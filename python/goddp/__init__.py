@@ -19,8 +19,8 @@ Public API:
 Logging goes to the Python logger "goddp" (plan table at INFO, graphs at
 DEBUG); ``TORCH_LOGS=goddp`` / ``TORCH_LOGS=+goddp`` enable it the torch way.
 
-The Go runtime starts only when the first plan is made (never at import),
-so processes forked before that (DataLoader workers) are unaffected.
+The Go runtime starts only when the first plan is made, never at import
+(see Note [Lazy Go runtime] in goddp.native.extension).
 
 What is where (each subpackage's docstring says more; README.md,
 "Architecture"): ``backend`` the entry point, ``options`` the one

@@ -1,6 +1,6 @@
 """The one fallback of the compile pipeline, and what is never a failure.
 
-Failures never cost a training step: when a stage of the pipeline fails
+Note [Fallback]: failures never cost a training step. When a stage of the pipeline fails
 (export, plan, cut, example inputs, compile piece N, stitch), goddp warns,
 naming the stage and the real exception, and compiles the whole graph with
 the inner compiler instead (``strict=True`` raises the exception itself).

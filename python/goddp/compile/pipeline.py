@@ -20,10 +20,9 @@ Each step returns what it made (an ExportedGraph, a Planned, the pieces,
 an Identified, the compiled callables); the plan record is built from those
 values in one place (``_DDPGraphCompile.record``).
 
-Failures never cost a training step: if a stage fails, goddp warns and
-compiles the whole graph with the inner compiler instead (the one fallback
-context: goddp.compile.fallback); a rank that fell back still takes part in
-the agreement. A plan that differs between ranks raises
+A failing stage never costs a training step (see Note [Fallback] in
+goddp.compile.fallback); a rank that fell back still takes part in the
+agreement (Note [Where the ranks meet] in goddp.ranks.agreement). A plan that differs between ranks raises
 on every rank (goddp.ranks.plan_check).
 """
 
@@ -81,7 +80,8 @@ def plan_and_align(
     if reason is not None:
         return plan_with(caps), reason
     # A DDP that never rebuilds its buckets keeps declaration-order ones:
-    # the planner needs each parameter's place in DDP's list for them.
+    # the planner needs each parameter's place in DDP's list for them (see
+    # Note [Declaration order] in planner/declorder.go).
     aligned = dataclasses.replace(caps, align_buckets=True, bucket_order=bucket_order(ddp))
     if aligned.bucket_order == "declaration":
         exported = with_ddp_positions(exported, ddp_parameter_names(ddp))
@@ -207,7 +207,7 @@ class _DDPGraphCompile:
         """Per piece, the piece whose compiled callable it will run: an
         earlier identical one (same code and input metadata, names aside;
         goddp.graph.blocks) with block cuts, else itself; and the edge pieces
-        that run eagerly (option edges; goddp.graph.blocks, "Edges")."""
+        that run eagerly (option edges; see Note [Edges] in goddp.graph.blocks)."""
         eager = edge_pieces(
             exported.nodes,
             exported.arrays.get("node_block_ids"),

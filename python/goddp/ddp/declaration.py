@@ -17,7 +17,8 @@ from goddp.graph.export import parameter_names
 
 
 def bucket_order(ddp: Any) -> str:
-    """"declaration" when this DDP module never rebuilds its buckets, else "ready"."""
+    """"declaration" when this DDP module never rebuilds its buckets, else
+    "ready" (see Note [Declaration order] in planner/declorder.go)."""
     if getattr(ddp, "find_unused_parameters", False) and not getattr(ddp, "static_graph", False):
         return "declaration"
     return "ready"

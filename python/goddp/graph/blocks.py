@@ -219,8 +219,8 @@ def backward_order(leaders: Sequence[int]) -> list[int]:
 
 
 # --------------------------------------------------------------------------
-# Edges
-#
+# Note [Edges]
+# ~~~~~~~~~~~~
 # A graph with repeated blocks has, outside them, a preamble before the first
 # block (embeddings) and a tail after the last (final norm, head); the pieces
 # that lie wholly there are its edges (with block cuts, at most two). Each is

@@ -1,7 +1,7 @@
 """Lazy access to goddp's Go planner, the extension module goddp._goddp.
 
-Loading goddp._goddp starts the Go runtime inside this process, and the Go
-runtime does not survive fork(): a child forked after the load hangs on its
+Note [Lazy Go runtime]: loading goddp._goddp starts the Go runtime inside
+this process, and the Go runtime does not survive fork(): a child forked after the load hangs on its
 first call into Go (the extension raises ForkedChildError instead). So
 nothing imports goddp._goddp at ``import goddp`` time; this module does, on
 the first call to load(), once per process, from any thread.

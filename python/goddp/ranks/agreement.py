@@ -4,8 +4,8 @@ Changing what DDP communicates (its buckets, its reducer) is decided
 identically on every rank of the DDP module's process group, or not done at
 all; a wait across ranks happens only where every rank is certain to arrive.
 
-Where every rank arrives: the DDP module's first training call, that is the
-first call with gradients enabled of any graph goddp compiled inside that
+Note [Where the ranks meet]: every rank arrives at the DDP module's first
+training call, that is the first call with gradients enabled of any graph goddp compiled inside that
 module's forward. Compiling is no such place: rank 0 alone may compile a
 no_grad evaluation graph, one rank alone may recompile for its uneven last
 batch. So goddp compiles without waiting, and each graph it returns for a

@@ -53,7 +53,8 @@ Ranks (the contract): entering and leaving the trace are collective over the
 DDP module's process group. Every rank must enter at the same step and leave
 at the same step, because a fresh reducer makes DDP re-derive its buckets
 after its next step, which includes a broadcast. Each rank waits for the
-others through the c10d store (not the process group) for at most
+others through the c10d store (see Note [The store, not the process group]
+in goddp.ranks.group) for at most
 ``timeout`` seconds (``GODDP_TRACE_TIMEOUT``, default 300); all ranks then
 follow one decision: if any rank refused or did not arrive, nobody changes
 anything (on entry) and ``TraceError`` is raised on every rank that arrived;

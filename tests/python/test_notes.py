@@ -1,0 +1,88 @@
+"""Named notes: each rationale is written once, as ``Note [Name]`` in the
+module that owns the rule, and cited by name elsewhere ("see Note [Name] in
+goddp.x" or "in path/to/file"). Every citation must resolve to the one
+definition, in the place it names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCES = ["python/goddp/**/*.py", "planner/*.go", "bridge/*.go", "csrc/*.[ch]", "docs/*.md", "bench/*.py", "README.md", "tests/README.md"]
+
+NOTE = re.compile(r"Note \[([^\]\n]+)\]")
+# A definition: the name alone on a comment line, or "Note [Name]:" opening
+# a paragraph (a docstring's).
+DEFINITION = re.compile(r"^\s*(?:(?:#|//)\s*Note \[([^\]\n]+)\]\s*$|(?:\S.*?)?Note \[([^\]\n]+)\]:)", re.M)
+PLACE = re.compile(r"Note \[[^\]\n]+\]\s+in\s+`?([\w./]*\w)")
+
+
+def source_files() -> list[Path]:
+    files = {p for pattern in SOURCES for p in REPO.glob(pattern) if p.is_file()}
+    return sorted(p for p in files if "test_notes" not in p.name)
+
+
+def scan() -> tuple[dict[str, list[Path]], list[tuple[Path, str, str | None]]]:
+    definitions: dict[str, list[Path]] = {}
+    citations = []
+    for path in source_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        defined_here = set()
+        for match in DEFINITION.finditer(text):
+            name = match.group(1) or match.group(2)
+            definitions.setdefault(name, []).append(path)
+            defined_here.add(match.start(1) if match.group(1) else match.start(2))
+        for match in NOTE.finditer(text):
+            if match.start(1) in defined_here:
+                continue
+            place = PLACE.match(text, match.start())
+            citations.append((path, match.group(1), place.group(1) if place else None))
+    return definitions, citations
+
+
+def module_path(place: str) -> str:
+    """goddp.ranks.agreement -> python/goddp/ranks/agreement.py; a path stays."""
+    if place.startswith("goddp/"):
+        return "python/" + place
+    if "/" in place or place.endswith((".go", ".py", ".md", ".h", ".c")):
+        return place
+    return "python/" + place.replace(".", "/") + ".py"
+
+
+def test_each_note_is_defined_once():
+    definitions, _ = scan()
+    assert definitions, "no notes found"
+    twice = {name: [str(p.relative_to(REPO)) for p in paths] for name, paths in definitions.items() if len(paths) > 1}
+    assert not twice
+
+
+def test_every_citation_names_a_note_and_its_place():
+    definitions, citations = scan()
+    problems = []
+    for path, name, place in citations:
+        where = str(path.relative_to(REPO))
+        if name not in definitions:
+            problems.append(f"{where}: Note [{name}] is defined nowhere")
+            continue
+        owner = definitions[name][0]
+        if place is not None:
+            target = REPO / module_path(place)
+            if not (target == owner or (target.is_dir() and owner.parent == target) or (REPO / module_path(place + ".__init__")) == owner):
+                problems.append(f"{where}: Note [{name}] is said to be in {place}, but is in {owner.relative_to(REPO)}")
+        elif path != owner:
+            problems.append(f"{where}: Note [{name}] is cited without saying where (add 'in {owner.relative_to(REPO)}')")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_note_is_cited():
+    definitions, citations = scan()
+    cited = {name for _, name, _ in citations}
+    assert sorted(set(definitions) - cited) == []
+
+
+def test_the_scan_tells_definitions_from_citations(tmp_path):
+    text = "# Note [A]\n# why A\nx = 1  # see Note [A] in goddp.a\n\"\"\"Note [B]: why B.\"\"\"\n"
+    defs = [m.group(1) or m.group(2) for m in DEFINITION.finditer(text)]
+    assert defs == ["A", "B"]
+    assert [PLACE.match(text, m.start()).group(1) for m in NOTE.finditer(text) if PLACE.match(text, m.start())] == ["goddp.a"]
