@@ -77,7 +77,7 @@ def compile_pieces(
     """Compiles each piece with inner, in forward order; a piece whose
     same_as names an earlier piece reuses that piece's compiled callable
     (goddp.graph.blocks), and a piece in eager runs its GraphModule as it is
-    (the edges, see Note [Edges] in goddp.graph.blocks; an eager piece neither leads nor
+    (the edges, see Note [Edges] in planner/edges.go; an eager piece neither leads nor
     follows another). Logs a line per piece compiled or left eager at INFO.
     Each piece compiles inside ``guard("compile", piece=i, pieces=n)``
     (goddp.compile.fallback.Stages.guard: a failure names the piece); the

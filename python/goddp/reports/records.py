@@ -81,7 +81,7 @@ def last_plans() -> list[dict[str, Any]]:
       earlier piece.
     - eager_pieces: how many pieces run eagerly instead of through the
       inner compiler: the edges, pieces wholly outside the repeated blocks
-      (option edges; see Note [Edges] in goddp.graph.blocks). The inner compiler ran
+      (option edges; see Note [Edges] in planner/edges.go). The inner compiler ran
       distinct_pieces - eager_pieces times.
     - block_cuts: whether the graph was planned with block-aligned cuts.
     - pieces: per piece (param_names in ddp mode are the parameters first
