@@ -32,6 +32,7 @@ from goddp.graph import blocks
 from goddp.graph.export import export_graph
 from goddp.graph.nodes import is_compute
 from goddp.ranks.group import Group
+from goddp.ranks.layout import Layout
 from goddp.ranks.plan_check import Statement, exchange
 
 MIB = 1 << 20
@@ -137,12 +138,13 @@ def first_use_nodes(gm: fx.GraphModule) -> dict[str, int]:
 def plan_exchange(store: Any, key: str, rank: int, ranks: Sequence[int], timeout_s: float = 60.0) -> Callable[[], dict[int, str]]:
     """A callable that runs one round of the exchange goddp's plan check makes
     at a DDP module's first training step (goddp.ranks.plan_check): every
-    rank in ranks publishes a statement of a typical plan (six pieces of
-    1 MiB) under key in the c10d store and waits, at most timeout_s, for the
-    others'. Returns each rank's statement. Every rank must call it the same
-    number of times."""
+    rank in ranks publishes a statement of the size a typical layout makes
+    (six buckets of four parameters, 1 MiB caps) under key in the c10d
+    store and waits, at most timeout_s, for the others'. Returns each rank's
+    statement. Every rank must call it the same number of times."""
     group = Group(name=f"measure:{key}", ranks=tuple(ranks), rank=rank, timeout_s=timeout_s)
-    payload = Statement(fingerprint=0x1234_5678_9ABC_DEF0, pieces=6, caps=(MIB,) * 6).to_json()
+    layout = Layout(tuple(tuple(range(4 * b, 4 * b + 4)) for b in range(6)), (MIB,) * 6, "ready", "goddp.measure")
+    payload = Statement(layout=layout, digest=0x0123_4567_89AB_CDEF, fingerprint=0x1234_5678_9ABC_DEF0, pieces=6).to_json()
     return lambda: exchange(store, key, group, payload)
 
 

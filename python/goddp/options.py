@@ -14,6 +14,8 @@ match), and the validator's messages use the same choices.
 
 from __future__ import annotations
 
+import warnings
+
 import math
 import re
 import sys
@@ -45,6 +47,7 @@ class OptionDoc:
     valid: str  # the accepted values beyond ``choices`` ("" for none)
     meaning: str
     choices: tuple = ()
+    deprecated: bool = False  # accepted, warned about, no effect: no default to show
 
 
 OPTIONS: tuple[OptionDoc, ...] = (
@@ -115,7 +118,8 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "",
         "",
         "raise instead of warning and compiling the whole graph when planning or a piece's compilation "
-        "fails",
+        "fails, and raise `PlanMismatchError` when the ranks' layouts for DDP's buckets differ (see "
+        "[Several ranks](#several-ranks))",
         BOOLS,
     ),
     OptionDoc("log_plan", "", "", "log the plan table at INFO on logger `goddp`", BOOLS),
@@ -123,9 +127,10 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "check_plans",
         "",
         "",
-        "raise `PlanMismatchError` when the ranks of a DDP group planned differently (see "
-        "[Several ranks](#several-ranks))",
+        "deprecated, no effect (a `DeprecationWarning` says so): the ranks compare DDP's layout, not their "
+        "plans (see [Several ranks](#several-ranks))",
         BOOLS,
+        deprecated=True,
     ),
 )
 
@@ -292,6 +297,22 @@ def check_ddp_mode_only(
         )
 
 
+CHECK_PLANS_DEPRECATED = (
+    "goddp option 'check_plans' is deprecated and has no effect: the ranks of a DDP module now "
+    "compare what DDP will communicate (the layout of its buckets), not how each rank's graph looks, "
+    "and ranks whose layouts differ keep DDP's own buckets and train on (README.md, 'Several ranks'). "
+    "Pass strict=True to make differing layouts an error."
+)
+_warned_check_plans = False
+
+
+def _warn_check_plans() -> None:
+    global _warned_check_plans
+    if not _warned_check_plans:
+        _warned_check_plans = True
+        warnings.warn(CHECK_PLANS_DEPRECATED, DeprecationWarning, stacklevel=4)
+
+
 def parse_options(raw: Mapping[str, Any] | None) -> Options:
     """Validates a mapping of options and returns an Options.
 
@@ -326,6 +347,8 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
     for key in BOOL_KEYS:
         if key in raw:
             values[key] = _check_bool(key, raw[key])
+    if "check_plans" in raw:
+        _warn_check_plans()
     if "align_buckets" in raw:
         values["align_buckets"] = _check_mode_default(
             "align_buckets", raw["align_buckets"], "DDP's buckets close at the cuts", "DDP keeps its own"
@@ -364,7 +387,7 @@ def _code(value: Any) -> str:
 
 
 def default_cell(doc: OptionDoc) -> str:
-    return _code(default_of(doc.key)) + doc.default_note
+    return "—" if doc.deprecated else _code(default_of(doc.key)) + doc.default_note
 
 
 def valid_cell(doc: OptionDoc) -> str:

@@ -15,7 +15,7 @@ SOURCES = ["python/goddp/**/*.py", "planner/*.go", "bridge/*.go", "csrc/*.[ch]",
 NOTE = re.compile(r"Note \[([^\]\n]+)\]")
 # A definition: the name alone on a comment line, or "Note [Name]:" opening
 # a paragraph (a docstring's).
-DEFINITION = re.compile(r"^\s*(?:(?:#|//)\s*Note \[([^\]\n]+)\]\s*$|(?:\S.*?)?Note \[([^\]\n]+)\]:)", re.M)
+DEFINITION = re.compile(r"^\s*(?:(?:#|//)\s*Note \[([^\]\n]+)\]\s*$|(?:#|//|\*|\"\"\")?\s*Note \[([^\]\n]+)\]:)", re.M)
 PLACE = re.compile(r"Note \[[^\]\n]+\]\s+in\s+`?([\w./]*\w)")
 
 
@@ -81,7 +81,10 @@ def test_every_note_is_cited():
 
 
 def test_the_scan_tells_definitions_from_citations(tmp_path):
-    text = "# Note [A]\n# why A\nx = 1  # see Note [A] in goddp.a\n\"\"\"Note [B]: why B.\"\"\"\n"
+    text = (
+        "# Note [A]\n# why A\nx = 1  # see Note [A] in goddp.a\n\"\"\"Note [B]: why B.\"\"\"\n"
+        "// Note [C]: why C\n    Step 3 of Note [A]: a citation, not a definition\n"
+    )
     defs = [m.group(1) or m.group(2) for m in DEFINITION.finditer(text)]
-    assert defs == ["A", "B"]
+    assert defs == ["A", "B", "C"]
     assert [PLACE.match(text, m.start()).group(1) for m in NOTE.finditer(text) if PLACE.match(text, m.start())] == ["goddp.a"]
