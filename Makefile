@@ -87,8 +87,8 @@ pytest-dist: install $(HOOKDIR)/.ext
 test: PYTEST_ENV = GODDP_TESTS_TORCHRUN_LATER=1
 test: gotest ctest pytest pytest-dist ## Run every test: Go, C, Python, Python under torchrun
 
-demo: install ## 2-rank CPU training with goddp: plan table and step times vs eager DDP
-	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 examples/train_demo.py
+demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: GPT, Inductor, 2 CPU ranks (< 3 min)
+	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m bench.demo
 
 bench: install ## Quick benchmarks (< 10 min): shaped two-host link, compile overhead
 	$(PY) -m bench.run --quick
