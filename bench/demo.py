@@ -93,6 +93,10 @@ class Setup:
     # must be bitwise equal); autocast runs need looser ones.
     rtol: float = 1e-4
     atol: float = 1e-5
+    # Autocast: close when no parameter is further from eager DDP's than
+    # this share of the largest update (a rank whose allreduce went missing
+    # lands about a whole update away).
+    update_share: float | None = None
     overrides: dict = field(default_factory=dict)
 
 
@@ -122,9 +126,15 @@ def _sync(device: torch.device) -> None:
 def fresh_inductor_cache(root: str):
     """An empty Inductor cache directory (and empty in-memory caches) for
     the block, so that a variant's first step compiles everything itself."""
+    from torch._inductor import async_compile
     from torch._inductor import utils as inductor_utils
 
     fresh = getattr(inductor_utils, "fresh_cache", None) or inductor_utils.fresh_inductor_cache
+    # Compile workers keep the cache directories they were started with;
+    # the next compile starts new ones, as a user's first compile does.
+    shutdown = getattr(async_compile, "shutdown_compile_workers", None)
+    if shutdown is not None:
+        shutdown()
     # Kept until the run ends: compiled kernels may be loaded lazily.
     with fresh(dir=root, delete=False):
         yield
@@ -254,6 +264,9 @@ def run(setup: Setup) -> dict:
                 every = launches[name]["all_step_stats"]
                 launches[name]["exposed_median_s"] = stats.median(s["exposed_s"] for s in every)
                 launches[name]["exposed_share_median"] = stats.median(1 - s["overlapped"] for s in every)
+        # goddp.trace's ranks leave through the c10d store: where rank 0
+        # hosts it, no rank may exit before all have read the last round.
+        dist.barrier()
     finally:
         logging.getLogger("goddp").removeHandler(handler)
         shutil.rmtree(cache_root, ignore_errors=True)
@@ -267,7 +280,10 @@ def run(setup: Setup) -> dict:
         params = list(v.ddp.module.parameters())
         diff = max((a - b).abs().max().item() for a, b in zip(params, reference))
         equal = all(torch.equal(a, b) for a, b in zip(params, reference))
-        close = all(torch.allclose(a, b, rtol=setup.rtol, atol=setup.atol) for a, b in zip(params, reference))
+        if setup.update_share is not None:
+            close = diff <= setup.update_share * update
+        else:
+            close = all(torch.allclose(a, b, rtol=setup.rtol, atol=setup.atol) for a, b in zip(params, reference))
         numerics[name] = {"max_abs_diff": diff, "bitwise": equal, "close": close,
                           "exact_expected": (inner_of(name, setup) == "aot_eager" or name == REFERENCE)
                           and setup.autocast is None}
@@ -350,7 +366,9 @@ def report(res: dict) -> str:
         "  exposed share: the share of allreduce time not overlapped with backward.",
         f"params vs eager DDP: same start, same per-rank batches, SGD lr {setup.lr} (largest update "
         f"{res['update']:.2g}); bitwise equal expected with aot_eager,",
-        f"  close (allclose rtol {setup.rtol:g}, atol {setup.atol:g}) with Inductor, which fuses and reorders float arithmetic.",
+        ("  close (allclose rtol {setup.rtol:g}, atol {setup.atol:g})".format(setup=setup) if setup.update_share is None
+         else f"  close (within {setup.update_share:.0%} of the largest update)")
+        + " with Inductor, which fuses and reorders float arithmetic.",
     ]
     return t1 + "\n\n" + t2 + "\n" + "\n".join(notes)
 
