@@ -87,7 +87,7 @@ pytest-dist: install $(HOOKDIR)/.ext
 test: PYTEST_ENV = GODDP_TESTS_TORCHRUN_LATER=1
 test: gotest ctest pytest pytest-dist ## Run every test: Go, C, Python, Python under torchrun
 
-demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: GPT, Inductor, 2 CPU ranks (< 3 min)
+demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: GPT, Inductor, 2 CPU ranks (~140 s of CPU)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m bench.demo
 
 gpu-check: install ## goddp on one CUDA GPU (< 8 min): NCCL, Inductor, goddp.trace, bf16; on CPU if there is none
