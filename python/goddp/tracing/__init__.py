@@ -31,6 +31,8 @@ What is recorded, per step (one backward pass that reduced gradients):
 - per bucket: bytes, parameters, when the comm hook was called (launch) and
   when the future it returned completed (done). The duration includes
   waiting for the slower ranks to launch the same bucket.
+- on a CUDA device every time is a CUDA event on the current stream, not the
+  host's clock (Note [Trace clocks on CUDA] in goddp.tracing.recorder).
 
 Exposed communication is the time from the compute end to the last
 allreduce's completion; the overlapped fraction is the share of the time
