@@ -40,6 +40,7 @@ from torch import fx
 from goddp import _ddp_optimizer, _native
 from goddp._agreement import GatedCall, TrainingGate, gate_for_training
 from goddp._align import alignment_blocker, coverage_blocker
+from goddp._control_flow import pass_on, steers_dynamo
 from goddp._blocks import edge_pieces, group_pieces, piece_signature
 from goddp._cut import cut_graph
 from goddp._declaration import bucket_order, ddp_parameter_names, with_ddp_positions
@@ -180,44 +181,62 @@ class _DDPGraphCompile:
         )
 
     def run(self) -> Callable[..., Any]:
+        """Each stage either succeeds, passes a Dynamo control-flow exception
+        on unchanged (goddp._control_flow), or falls back to the whole graph
+        with a warning that names the stage and the exception (strict=True:
+        raises it)."""
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("goddp: original graph:\n%s", self.gm.graph)
         try:
             exported = self.export()
-            if not _holds_ddp_parameters(exported):
-                return self.parameter_free()
+        except Exception as exc:
+            return self.failed("exporting the graph", exc)
+        if not _holds_ddp_parameters(exported):
+            return self.parameter_free()
+        try:
             plan, alignment = self.plan(exported)
         except Exception as exc:
-            if self.options.strict:
-                raise
-            return self.whole_graph(f"planning failed ({_describe(exc)})", exc)
+            return self.failed("planning", exc)
         self.note_plan(plan, alignment)
         if plan.num_pieces <= 1:
             return self.whole_graph()
         try:
-            pieces, piece_inputs = self.cut(exported, plan)
+            pieces = self.cut(exported, plan)
         except Exception as exc:
             self.log_table(plan)
-            if self.options.strict:
-                raise
-            return self.whole_graph(f"cutting the graph along the plan failed ({_describe(exc)})", exc)
+            return self.failed("cutting the graph along the plan", exc)
+        try:
+            piece_inputs = self.example_inputs_of(pieces)
+        except Exception as exc:
+            self.log_table(plan)
+            return self.failed("making the pieces' example inputs", exc)
         log_pieces(pieces)
         try:
             same_as, eager = self.identify(exported, plan, pieces, piece_inputs)
         except Exception as exc:
             self.log_table(plan)
-            if self.options.strict:
-                raise
-            return self.whole_graph(f"comparing the pieces failed ({_describe(exc)})", exc)
+            return self.failed("comparing the pieces", exc)
         self.log_table(plan, same_as, eager)
         try:
             with self.record.timed("compile"):
                 compiled = compile_pieces(self.inner, pieces, piece_inputs, same_as, eager)
         except PieceCompileError as failed:
-            if self.options.strict:
-                raise failed.__cause__ from None
-            return self.whole_graph(f"{failed} ({_describe(failed.__cause__)})", failed.__cause__)
-        return self.stitch(pieces, compiled, plan)
+            return self.failed(str(failed), failed.__cause__)
+        try:
+            return self.stitch(pieces, compiled, plan)
+        except Exception as exc:
+            return self.failed("stitching the pieces", exc)
+
+    def failed(self, stage: str, exc: BaseException) -> Callable[..., Any]:
+        """The one answer to an exception from a stage: a Dynamo
+        control-flow exception leaves unchanged (Note [Dynamo's control-flow
+        exceptions]); under strict=True any other leaves too; else the
+        whole graph, with a warning naming the stage and the exception."""
+        if steers_dynamo(exc):
+            raise pass_on(exc, stage)
+        if self.options.strict:
+            raise exc
+        return self.whole_graph(f"{stage} failed ({_describe(exc)})", exc)
 
     def export(self) -> ExportedGraph:
         with self.record.timed("export"):
@@ -318,12 +337,13 @@ class _DDPGraphCompile:
             piece["eager"] = piece["index"] in eager
         return same_as, eager
 
-    def cut(self, exported: ExportedGraph, plan: GraphPlan) -> tuple[list[Any], list[list[Any]]]:
+    def cut(self, exported: ExportedGraph, plan: GraphPlan) -> list[Any]:
         with self.record.timed("cut"):
-            pieces = cut_graph(self.gm, exported, plan, entry_grad_enabled=torch.is_grad_enabled())
+            return cut_graph(self.gm, exported, plan, entry_grad_enabled=torch.is_grad_enabled())
+
+    def example_inputs_of(self, pieces: list[Any]) -> list[list[Any]]:
         with self.record.timed("example_inputs"):
-            piece_inputs = piece_example_inputs(self.gm, self.example_inputs, pieces)
-        return pieces, piece_inputs
+            return piece_example_inputs(self.gm, self.example_inputs, pieces)
 
     def stitch(self, pieces: list[Any], compiled: list[Callable[..., Any]], plan: GraphPlan) -> Callable[..., Any]:
         with self.record.timed("stitch"):

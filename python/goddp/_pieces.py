@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from goddp._blocks import backward_order
+from goddp._control_flow import pass_on, steers_dynamo
 from goddp._cut import Piece
 from goddp._export import example_value
 
@@ -102,7 +103,9 @@ def compile_pieces(
             try:
                 compiled.append(inner(piece.gm, inputs))
             except Exception as exc:
-                raise PieceCompileError(f"compiling piece {piece.index} of {len(pieces)} failed") from exc
+                if steers_dynamo(exc):
+                    raise pass_on(exc, f"compiling piece {piece.index} of {len(pieces)}")
+                raise PieceCompileError(f"compiling piece {piece.index} of {len(pieces)}") from exc
             metadata.after_compile(leader)
             uses = same_as.count(leader)
             logger.info(
