@@ -81,7 +81,7 @@ func toyConfig(mode planner.Mode) *rawConfig {
 }
 
 func TestABIVersion(t *testing.T) {
-	assert.Equal(t, 5, callABIVersion(), "goddp_abi_version() vs GODDP_ABI_VERSION")
+	assert.Equal(t, 6, callABIVersion(), "goddp_abi_version() vs GODDP_ABI_VERSION")
 }
 
 func TestStatusMapping(t *testing.T) {

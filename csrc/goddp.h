@@ -52,8 +52,9 @@ extern "C" {
  * 3: "partition" renamed "piece" in every field name (one word from Go to Python).
  * 4: goddp_graph.node_block_ids (optional, at the end of the struct).
  * 5: goddp_graph.param_ddp_positions, goddp_config.bucket_order,
- *    goddp_plan.alignment, num_ddp_caps, ddp_caps and merged_cuts. */
-#define GODDP_ABI_VERSION 5
+ *    goddp_plan.alignment, num_ddp_caps, ddp_caps and merged_cuts.
+ * 6: goddp_combine_forward, goddp_forward and goddp_forward_plan. */
+#define GODDP_ABI_VERSION 6
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -233,6 +234,42 @@ goddp_status goddp_plan_graph(const goddp_graph *g, const goddp_config *cfg,
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);
+
+/* ABI 6. The graphs of one forward, each bucketed by an aligned plan
+ * (goddp_config.align_buckets), for goddp_combine_forward. DDP positions
+ * index the list of parameters DDP reduces. */
+typedef struct goddp_forward {
+    int64_t num_params;                 /* parameters DDP reduces */
+    const int64_t *param_bytes;         /* [num_params] numel*element size, by DDP position */
+    int64_t num_graphs;                 /* >= 1, in forward order */
+    const int64_t *graph_bucket_offsets; /* [num_graphs + 1] CSR over the buckets, each graph's in DDP order */
+    const int64_t *bucket_param_offsets; /* [num_buckets + 1] CSR over bucket_params */
+    const int32_t *bucket_params;       /* DDP positions */
+} goddp_forward;
+
+/* One DDP bucket layout for a forward's graphs (planner/forward.go). Every
+ * array is malloc'd by the library and freed by goddp_forward_plan_free. */
+typedef struct goddp_forward_plan {
+    int64_t num_buckets;                /* DDP order: the last graph's buckets first */
+    int64_t *bucket_bytes;              /* [num_buckets] the per-bucket caps to give DDP */
+    int32_t *bucket_graphs;             /* [num_buckets] the graph (forward order) it comes from */
+    int32_t *bucket_sources;            /* [num_buckets] its index among that graph's buckets */
+    int64_t *bucket_param_offsets;      /* [num_buckets + 1] CSR */
+    int32_t *bucket_params;             /* DDP positions */
+    int64_t moved;                      /* parameters in several graphs, kept in the earliest only */
+    int64_t dropped;                    /* buckets left empty by that */
+} goddp_forward_plan;
+
+/* ABI 6. Combines the aligned buckets of a forward's graphs into one DDP
+ * layout: the later graph's buckets first (DDP's backward runs it first),
+ * a parameter of several graphs in the earliest one's bucket. Fails with
+ * GODDP_ERR_INVALID_GRAPH unless the graphs between them hold every
+ * parameter DDP reduces. On GODDP_OK, *out is released with
+ * goddp_forward_plan_free. */
+goddp_status goddp_combine_forward(const goddp_forward *f, goddp_forward_plan **out, char **err_msg);
+
+/* Releases a goddp_forward_plan. NULL is a no-op. */
+void goddp_forward_plan_free(goddp_forward_plan *plan);
 
 /* Releases an error message. NULL is a no-op. */
 void goddp_string_free(char *s);

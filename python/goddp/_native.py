@@ -29,7 +29,7 @@ from typing import Any, Mapping
 EXTENSION_NAME = "goddp._goddp"
 
 # Mirrors of csrc/goddp.h (checked against the extension by the tests).
-ABI_VERSION = 5
+ABI_VERSION = 6
 OP_PLACEHOLDER = 0
 OP_GET_ATTR = 1
 OP_CALL_MODULE = 2
@@ -128,3 +128,9 @@ def set_max_procs(n: int) -> int:
     """Sets the Go runtime's GOMAXPROCS and returns the previous value;
     n <= 0 only returns the current value. Loads the extension."""
     return load().set_max_procs(n)
+
+
+def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any, bucket_params: Any) -> dict[str, Any]:
+    """One DDP bucket layout for the graphs of a forward; see
+    goddp._goddp.combine_forward. Raises PlannerError like plan_graph."""
+    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)

@@ -153,7 +153,7 @@ def test_constants_mirror_the_extension(ext):
     assert len(names) == 27
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
-    assert ext.abi_version() == ext.ABI_VERSION == 5
+    assert ext.abi_version() == ext.ABI_VERSION == 6
 
 
 def test_key_tuples_match_the_builders(ext):
