@@ -39,7 +39,7 @@ from torch import fx
 
 from goddp import _ddp_optimizer, _native
 from goddp._agreement import GatedCall, TrainingGate, gate_for_training
-from goddp._align import alignment_blocker, coverage_blocker
+from goddp._align import STAND_IN, alignment_blocker, coverage_blocker, stand_in_blocker
 from goddp._control_flow import pass_on, steers_dynamo
 from goddp._blocks import edge_pieces, group_pieces, piece_signature
 from goddp._cut import cut_graph
@@ -50,6 +50,7 @@ from goddp._frames import frame_info
 from goddp._options import Options, parse_options
 from goddp._pieces import PieceCompileError, compile_pieces, log_pieces, piece_example_inputs
 from goddp._plan import GraphPlan, PlanSettings, call_planner, decode_plan
+from goddp._layout import Layout, layout_of
 from goddp._plan_check import Statement
 from goddp._records import GraphRecord, add_record
 from goddp._stitch import StitchedPieces
@@ -102,7 +103,9 @@ def plan_and_align(
     def plan_with(settings: PlanSettings) -> GraphPlan:
         return decode_plan(call_planner(exported, options.mode, settings), exported, options.mode, settings)
 
-    reason = alignment_blocker(ddp) if options.aligns_buckets else ALIGNMENT_OFF
+    reason = stand_in_blocker(ddp)
+    if reason is None:
+        reason = alignment_blocker(ddp) if options.aligns_buckets else ALIGNMENT_OFF
     if reason is not None:
         return plan_with(caps), reason
     # A DDP that never rebuilds its buckets keeps declaration-order ones:
@@ -284,7 +287,9 @@ class _DDPGraphCompile:
         record.alignment = plan.alignment if self.caps.align_buckets else "none"
         record.ddp_caps = list(plan.ddp_caps) if self.caps.align_buckets else []
         record.merged_cuts = plan.merged_cuts
-        if reason is not None and self.options.aligns_buckets:
+        if reason == STAND_IN:
+            note_once(self.ddp, f"goddp: {STAND_IN}")
+        elif reason is not None and self.options.aligns_buckets:
             note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {reason}")
         if self.caps.align_buckets and self.caps.bucket_order == "declaration":
             note_once(self.ddp, _declaration_note(plan))
@@ -349,7 +354,7 @@ class _DDPGraphCompile:
         with self.record.timed("stitch"):
             stitched = StitchedPieces(self.gm, pieces, compiled)
             caps = plan.ddp_caps if self.caps.align_buckets else None
-            stitched.before_first_call = self.training_gate(caps, self.not_aligned)
+            stitched.before_first_call = self.training_gate(caps, self.not_aligned, plan)
         add_record(self.record)
         return stitched
 
@@ -366,23 +371,41 @@ class _DDPGraphCompile:
         gate = self.training_gate(None, f"fallback: {reason}" if reason is not None else self.not_aligned)
         return compiled if gate is None else GatedCall(compiled, gate)
 
-    def training_gate(self, caps_bytes: Sequence[int] | None, reason: str | None) -> TrainingGate | None:
+    def training_gate(
+        self, caps_bytes: Sequence[int] | None, reason: str | None, plan: GraphPlan | None = None
+    ) -> TrainingGate | None:
         """What this rank will say at the DDP module's first training call,
         wrapped in the gate that says it; None for a graph compiled with
-        gradients disabled, which never trains."""
+        gradients disabled, which never trains, and for a stand-in DDP,
+        which has no ranks to agree with."""
+        if stand_in_blocker(self.ddp) is not None:
+            return None
         record = self.record
+        layout = digest = None
+        if caps_bytes is not None and plan is not None:
+            try:
+                layout = self.layout(plan, caps_bytes)
+                digest = layout.digest()
+            except Exception as exc:  # a name DDP does not know, a layout the planner refuses
+                layout, reason = None, f"could not state DDP's layout ({_describe(exc)})"
         statement = Statement(
+            layout=layout,
+            digest=digest if layout is not None else None,
+            reason=reason,
+            strict=self.options.strict,
             fingerprint=record.fingerprint,
             pieces=record.num_pieces,
-            caps=None if caps_bytes is None else tuple(caps_bytes),
-            reason=reason,
-            check=self.options.check_plans,
         )
 
         def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
 
         return gate_for_training(self.ddp, statement, report)
+
+    def layout(self, plan: GraphPlan, caps_bytes: Sequence[int]) -> Layout:
+        """The plan's buckets as DDP would hold them (goddp._layout)."""
+        positions = {name: k for k, name in enumerate(ddp_parameter_names(self.ddp))}
+        return layout_of([b.param_names for b in plan.buckets], caps_bytes, self.caps.bucket_order, positions)
 
 
 def _holds_ddp_parameters(exported: ExportedGraph) -> bool:

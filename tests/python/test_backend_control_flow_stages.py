@@ -87,7 +87,7 @@ def call_backend_inside_dynamo(inner=None) -> Outcome:
     def backend(gm, example_inputs):
         try:
             outcome.result = goddp._backend.goddp_backend(
-                gm, example_inputs, options={"inner": inner or "aot_eager", "check_plans": False}
+                gm, example_inputs, options={"inner": inner or "aot_eager"}
             )
         except BaseException as exc:  # noqa: BLE001 - the test inspects it
             outcome.raised = exc
