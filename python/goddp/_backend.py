@@ -46,6 +46,7 @@ from goddp._cut import cut_graph
 from goddp._declaration import bucket_order, ddp_parameter_names, with_ddp_positions
 from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
 from goddp._export import ExportedGraph, export_graph
+from goddp._forward import Member
 from goddp._frames import frame_info
 from goddp._options import Options, parse_options
 from goddp._pieces import PieceCompileError, compile_pieces, log_pieces, piece_example_inputs
@@ -93,9 +94,22 @@ def _inner_name(inner: Any) -> str:
 # Planning, and whether DDP's buckets become the pieces
 
 
+@dataclasses.dataclass(frozen=True)
+class PartOfForward:
+    """plan_and_align's answer for a graph that holds part of DDP's
+    parameters: its aligned settings, and why it cannot set DDP's buckets
+    alone (goddp._forward, Note [Graphs of one forward])."""
+
+    settings: PlanSettings
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.reason}; planned with the forward's other graphs at the module's next training call"
+
+
 def plan_and_align(
     ddp: Any, exported: ExportedGraph, options: Options, caps: PlanSettings
-) -> tuple[GraphPlan, PlanSettings | str]:
+) -> tuple[GraphPlan, PlanSettings | PartOfForward | str]:
     """Plans the graph and decides, in this one place, whether DDP's buckets
     are set to the pieces (docs/align.md). Returns the plan and either the
     caps to align with (align_buckets=True) or the reason not to."""
@@ -116,6 +130,10 @@ def plan_and_align(
     plan = plan_with(aligned)
     reason = coverage_blocker(ddp, [b.param_names for b in plan.buckets])
     if reason is not None:
+        if aligned.bucket_order == "ready" and plan.buckets:
+            # A graph break: planned with the forward's other graphs
+            # (goddp._forward, Note [Graphs of one forward]).
+            return plan, PartOfForward(aligned, reason)
         return plan_with(caps), reason
     if plan.num_pieces <= 1:
         return plan, "one piece: nothing to align"
@@ -174,6 +192,10 @@ class _DDPGraphCompile:
         # Why DDP's buckets stay DDP's; None while this rank proposes the pieces.
         self.not_aligned: str | None = ALIGNMENT_OFF
         self.frame = frame_info(gm)
+        # Set by note_plan: the plan, and whether the graph holds only part
+        # of DDP's parameters (goddp._forward).
+        self.plan_made: GraphPlan | None = None
+        self.part_of_forward: PartOfForward | None = None
         self.record = GraphRecord(
             mode=options.mode,
             block_cuts=options.cuts_at_blocks,
@@ -277,7 +299,11 @@ class _DDPGraphCompile:
         """Records the plan; logs its table unless the graph is cut (then
         identify logs it, with the pieces that reuse compiled code)."""
         record = self.record
-        if isinstance(alignment, PlanSettings):
+        self.plan_made = plan
+        if isinstance(alignment, PartOfForward):
+            self.part_of_forward = alignment
+            self.caps, reason = dataclasses.replace(alignment.settings, align_buckets=False), alignment.describe()
+        elif isinstance(alignment, PlanSettings):
             self.caps, reason = alignment, None
         else:
             self.caps, reason = dataclasses.replace(self.caps, align_buckets=False), alignment
@@ -289,6 +315,8 @@ class _DDPGraphCompile:
         record.merged_cuts = plan.merged_cuts
         if reason == STAND_IN:
             note_once(self.ddp, f"goddp: {STAND_IN}")
+        elif self.part_of_forward is not None:
+            logger.info("goddp: %s: %s", self.frame.describe(), reason)
         elif reason is not None and self.options.aligns_buckets:
             note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {reason}")
         if self.caps.align_buckets and self.caps.bucket_order == "declaration":
@@ -388,10 +416,21 @@ class _DDPGraphCompile:
                 digest = layout.digest()
             except Exception as exc:  # a name DDP does not know, a layout the planner refuses
                 layout, reason = None, f"could not state DDP's layout ({_describe(exc)})"
+        member_layout, member_reason = layout, reason
+        later = False
+        if self.part_of_forward is not None and self.plan_made is not None and record.fallback is None:
+            # Part of DDP's parameters: the ranks decide at the module's next
+            # training forward, with the forward's other graphs.
+            try:
+                member_layout = self.layout(self.plan_made, self.plan_made.ddp_caps)
+                later = True
+            except Exception as exc:  # a name DDP does not know
+                member_reason = f"could not state DDP's layout ({_describe(exc)})"
         statement = Statement(
             layout=layout,
             digest=digest if layout is not None else None,
             reason=reason,
+            later=later,
             strict=self.options.strict,
             fingerprint=record.fingerprint,
             pieces=record.num_pieces,
@@ -400,7 +439,11 @@ class _DDPGraphCompile:
         def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
 
-        return gate_for_training(self.ddp, statement, report)
+        def note(forward: dict[str, Any]) -> None:
+            record.forward = forward
+
+        member = Member(member_layout, member_reason, self.frame.describe(), report, note)
+        return gate_for_training(self.ddp, statement, report, member)
 
     def layout(self, plan: GraphPlan, caps_bytes: Sequence[int]) -> Layout:
         """The plan's buckets as DDP would hold them (goddp._layout)."""

@@ -43,6 +43,8 @@ class GraphRecord:
     ddp_caps: list[int] = dataclasses.field(default_factory=list)
     merged_cuts: int = 0
     frame: dict[str, Any] | None = None
+    # Filled in at the agreement of a forward planned across graphs.
+    forward: dict[str, Any] | None = None
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -120,6 +122,13 @@ def last_plans() -> list[dict[str, Any]]:
     - merged_cuts: the cuts dropped because no bucket could start there.
     - frame: where the graph came from (goddp._frames.FrameInfo): frame,
       compile_id, graph_break (Dynamo's reason) and break_at.
+    - forward: None, unless the graph was one of several of the DDP module's
+      first training forward, planned together at its next training call
+      (goddp._forward, Note [Graphs of one forward]): graphs (each graph's
+      frame, in call order), position (this graph's place in it),
+      bucket_graphs (per combined DDP bucket, DDP order, the position of
+      the graph it comes from), moved (parameters of several graphs, counted
+      in the earliest), dropped, aligned and reason.
     """
     with _lock:
         return [r.to_dict() for r in _records]

@@ -105,9 +105,11 @@ def test_ddp_keeps_its_own_buckets_where_goddp_cannot_set_them(ddp_kwargs, optio
     assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
 
 
-def test_a_graph_break_leaves_ddp_buckets_alone():
+def test_a_graph_break_leaves_ddp_buckets_alone_until_the_next_training_call():
     """Each frame holds only part of DDP's parameters, while DDP buckets the
-    whole model: per-frame caps cannot describe that."""
+    whole model: per-frame caps cannot describe that. The first step leaves
+    DDP's buckets alone; the next one plans both frames together
+    (goddp._forward, Note [Graphs of one forward])."""
     entry = ZOO["graph_break"]
     ddp = entry.wrap(entry.build(), bucket_cap_mb=entry.ddp_cap_mb)
     compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
@@ -116,8 +118,14 @@ def test_a_graph_break_leaves_ddp_buckets_alone():
     assert len(plans) == 2
     for plan in plans:
         assert plan["ddp_buckets"]["aligned"] is False
-        assert "of DDP's" in plan["ddp_buckets"]["reason"]
+    assert "of DDP's" in plans[1]["ddp_buckets"]["reason"]
+    assert "next training call" in plans[0]["ddp_buckets"]["reason"]
     assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    entry.loss(compiled(*entry.make_inputs(1))).backward()
+    plans = goddp.last_plans()
+    assert [p["forward"]["position"] for p in plans] == [0, 1]
+    assert all(p["ddp_buckets"]["aligned"] is True for p in plans)
+    assert hasattr(ddp, ALIGNED_CAPS_ATTR)
 
 
 def _failing_first_init(ddp, failures: int):
