@@ -117,7 +117,7 @@ from goddp._plan_check import (
     Decision,
     PeerFailedError,
     Statement,
-    attempt,
+    agreement_key,
     decide,
     exchange,
     model_key,
@@ -126,8 +126,6 @@ from goddp._plan_check import (
 from goddp._store_round import Group
 
 logger = logging.getLogger("goddp")
-
-STORE_PREFIX = "goddp/agree"
 
 # Called with the plan record's "plan_check" and "ddp_buckets" entries once
 # the gate knows them.
@@ -316,7 +314,7 @@ def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, G
         blocker = rebuild_blocker(ddp)
         if blocker is not None:
             statement = dataclasses.replace(statement, layout=None, digest=None, reason=blocker)
-    key = f"{STORE_PREFIX}/{attempt()}/{group.name}/{_model_key(ddp)}"
+    key = agreement_key(group.name, _model_key(ddp))
     statements = {group.rank: statement}
     if len(group.ranks) > 1:
         payloads = exchange(_store(), key, group, statement.to_json())

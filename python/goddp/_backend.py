@@ -22,8 +22,9 @@ Importing this module switches torch's DDPOptimizer off
 Failures never cost a training step: if planning, cutting or compiling a
 piece fails, goddp warns and compiles the whole graph with the inner
 compiler instead (``strict=True`` raises instead); a rank that fell back
-still takes part in the agreement. A plan that differs between ranks raises
-on every rank (goddp._plan_check).
+still takes part in the agreement. Ranks whose layouts for DDP's buckets
+differ keep DDP's own buckets on every rank (strict=True raises instead;
+goddp._agreement).
 """
 
 from __future__ import annotations

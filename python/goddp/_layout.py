@@ -70,34 +70,40 @@ class Layout:
             build=str(raw["build"]),
         )
 
-    def difference(self, other: "Layout", name_of: Callable[[int], str]) -> str | None:
-        """What first differs between self and other, in words (parameters
-        named by name_of(position)), or None when they are equal."""
+    def difference(
+        self, other: "Layout", name_of: Callable[[int], str], me: str = "this layout", them: str = "the other"
+    ) -> str | None:
+        """What first differs between self (called me) and other (them), in
+        words, naming parameters by name_of(position); None when equal."""
         if self.build != other.build:
-            return f"goddp build {self.build!r} against {other.build!r}"
+            return f"{me} was made by {self.build!r}, {them} by {other.build!r}"
         if self.order != other.order:
-            return f"bucket order {self.order!r} against {other.order!r}"
+            return f"{me} has bucket order {self.order!r}, {them} {other.order!r}"
         for k in range(max(len(self.buckets), len(other.buckets))):
             mine = self.buckets[k] if k < len(self.buckets) else ()
             theirs = other.buckets[k] if k < len(other.buckets) else ()
-            if mine != theirs:
-                return f"bucket {k}: {_names(mine, theirs, name_of)} against {_names(theirs, mine, name_of)}"
+            if mine == theirs:
+                continue
+            if not mine or not theirs:
+                fewer, more = (me, them) if not mine else (them, me)
+                return f"{more} has a bucket {k}, {fewer} has {k} buckets"
+            if set(mine) == set(theirs):
+                return f"bucket {k}: {me} orders its parameters {_names(mine, name_of)}, {them} {_names(theirs, name_of)}"
+            only_mine = [p for p in mine if p not in theirs]
+            only_theirs = [p for p in theirs if p not in mine]
+            return (
+                f"bucket {k}: {me} holds {_names(only_mine, name_of) if only_mine else 'nothing else'} where "
+                f"{them} holds {_names(only_theirs, name_of) if only_theirs else 'nothing else'}"
+            )
         if self.caps != other.caps:
-            k = next((i for i, (a, b) in enumerate(zip(self.caps, other.caps)) if a != b), min(len(self.caps), len(other.caps)))
-            return f"caps {list(self.caps)} against {list(other.caps)} bytes (from bucket {k} on)"
+            return f"{me} gives DDP caps {list(self.caps)} bytes, {them} {list(other.caps)}"
         return None
 
 
-def _names(mine: Sequence[int], theirs: Sequence[int], name_of: Callable[[int], str]) -> str:
-    """mine's parameters, those not in theirs first (at most three named)."""
-    if not mine:
-        return "no such bucket"
-    only = [p for p in mine if p not in theirs]
-    shown = (only or list(mine))[:3]
-    names = ", ".join(name_of(p) for p in shown)
-    more = len(only or mine) - len(shown)
-    what = f"{len(only)} parameter(s) not in the other, " if only else "the same parameters in another order, "
-    return f"[{what}{names}{f' and {more} more' if more > 0 else ''}]"
+def _names(positions: Sequence[int], name_of: Callable[[int], str], shown: int = 3) -> str:
+    names = ", ".join(name_of(p) for p in positions[:shown])
+    more = len(positions) - shown
+    return f"[{names}{f' and {more} more' if more > 0 else ''}]"
 
 
 def layout_of(

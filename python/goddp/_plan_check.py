@@ -183,7 +183,7 @@ def _listing(statements: Mapping[int, Statement]) -> str:
 
 def layout_differences(statements: Mapping[int, Statement], name_of: Callable[[int], str]) -> list[str]:
     """Per rank whose layout differs from the lowest rank's with a layout,
-    what differs ("rank 1 against rank 0: bucket 0: [...] against [...]")."""
+    what differs ("bucket 0: rank 1 holds [...] where rank 0 holds [...]")."""
     proposed = sorted((r, s) for r, s in statements.items() if s.layout is not None)
     if not proposed:
         return []
@@ -191,8 +191,8 @@ def layout_differences(statements: Mapping[int, Statement], name_of: Callable[[i
     out = []
     for r, s in proposed[1:]:
         if s.digest != first.digest:
-            what = s.layout.difference(first.layout, name_of) or "the digests differ"
-            out.append(f"rank {r} against rank {first_rank}: {what}")
+            what = s.layout.difference(first.layout, name_of, f"rank {r}", f"rank {first_rank}")
+            out.append(what or f"the layout digests of rank {r} and rank {first_rank} differ")
     return out
 
 
@@ -297,10 +297,18 @@ def exchange(
     )
 
 
+STORE_PREFIX = "goddp/agree"
+
+
 def attempt() -> str:
     """torchrun's restart count (the same on every rank of an attempt), "0"
-    outside torchrun: the first part of every agreement key."""
+    outside torchrun."""
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def agreement_key(group_name: str, model: str) -> str:
+    """The store key of a DDP module's agreements (see module doc)."""
+    return f"{STORE_PREFIX}/{attempt()}/{group_name}/{model}"
 
 
 def model_key(shapes: Sequence[tuple[tuple[int, ...], str]]) -> str:

@@ -81,7 +81,7 @@ def test_one_rank_that_fell_back_keeps_ddp_buckets_on_every_rank_and_is_named():
 def test_layouts_that_differ_keep_ddp_buckets_naming_rank_bucket_and_parameter():
     decision = decide({0: says(), 1: says(layout=OTHER)}, NAMES.__getitem__)
     assert decision.action == KEEP and decision.disagreed
-    assert decision.reason.startswith("the ranks' layouts differ: rank 1 against rank 0: bucket 0: "), decision.reason
+    assert decision.reason.startswith("the ranks' layouts differ: bucket 0: rank 1 holds [layers.3.weight] where rank 0 holds [layers.5.weight]"), decision.reason
     assert "layers.3.weight" in decision.reason and "layers.5.weight" in decision.reason
 
 
@@ -101,7 +101,7 @@ def test_differing_layouts_raise_under_strict_listing_every_rank():
         decide({0: says(), 1: says(strict=True), 2: says(layout=OTHER)}, NAMES.__getitem__)
     message = str(info.value)
     assert isinstance(info.value, RuntimeError)
-    assert "rank 2 against rank 0: bucket 0" in message
+    assert "bucket 0: rank 2 holds [layers.3.weight] where rank 0 holds [layers.5.weight]" in message
     for r in (0, 1, 2):
         assert f"rank {r}: plan " in message
 
@@ -275,3 +275,20 @@ def test_the_model_key_depends_on_shapes_and_dtypes_only():
     assert a == plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.float32")])
     assert a != plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.bfloat16")])
     assert a != plan_check.model_key([((4,), "torch.float32"), ((4, 4), "torch.float32")])
+
+
+def test_an_elastic_restart_never_pairs_with_a_dead_attempts_round(monkeypatch):
+    """torchrun keeps its store across restarts: rank 0 of the dead attempt
+    arrived, rank 1 died first. Had the restarted ranks counted on the same
+    key, rank 0 would land in round 0 (waiting for the dead rank's slot) and
+    rank 1 in round 1, each waiting for the other until the timeout."""
+    store = dist.HashStore()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    dead = plan_check.agreement_key("0", "m")
+    store.add(f"{dead}/arrivals", 1)
+    store.set(f"{dead}/0/0", "said by the dead attempt")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    key = plan_check.agreement_key("0", "m")
+    assert key != dead and key.startswith("goddp/agree/1/")
+    results = _play(store, key, (0, 1), {0: "a", 1: "b"}, timeout=5.0)
+    assert results == {0: {0: "a", 1: "b"}, 1: {0: "a", 1: "b"}}

@@ -296,6 +296,68 @@ def test_a_module_trained_eagerly_first_aligns_on_every_rank(group, order):
 
 
 # --------------------------------------------------------------------------
+# An install that fails on one rank after the ranks agreed, on a module that
+# trained before (DDP rebuilt its buckets): every rank must end with DDP's
+# own settings on a fresh reducer, never some ranks with the old rebuilt
+# buckets and others with fresh initial ones.
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("eager_first", [False, True], ids=["fresh", "eager-first"])
+def test_an_install_that_fails_on_one_rank_puts_ddp_buckets_back_everywhere(group, monkeypatch, caplog, eager_first):
+    import goddp._align as align
+
+    rebuild = align._rebuild_reducer
+
+    def fails_with_caps_on_rank_1(ddp, config, *args):
+        if rank() == 1 and getattr(config, "per_bucket_bytes_caps", None) == getattr(ddp, "_goddp_test_caps", ()):
+            raise RuntimeError("rebuild failed on purpose on this rank")
+        return rebuild(ddp, config, *args)
+
+    def run(order):
+        _fresh()
+        model = _build(5, fan_in=32, width=64, fan_out=8)
+        ddp, forward = _wrap(model, group, order)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for step in range(STEPS + 1):
+            optimizer.zero_grad(set_to_none=True)
+            loss = (ddp if step == 0 and eager_first else forward)(_rows(100 * rank() + step, 16, 32)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach().clone())
+        return ddp, model, losses
+
+    eager_ddp, eager_model, eager_losses = run(None)
+
+    real_install = align.install_bucket_caps
+
+    def install(ddp, caps):
+        ddp._goddp_test_caps = tuple(max(1, int(c)) for c in caps)
+        return real_install(ddp, caps)
+
+    monkeypatch.setattr(align, "_rebuild_reducer", fails_with_caps_on_rank_1)
+    import goddp._agreement as agreement
+
+    monkeypatch.setattr(agreement, "install_bucket_caps", install)
+    with caplog.at_level(logging.WARNING, logger="goddp"):
+        ddp, model, losses = run("compile(DDP(m))")
+    _assert_same(losses, eager_losses, "loss")
+    _assert_same_weights(model, eager_model)
+    (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plan["ddp_buckets"]["aligned"] is False
+    assert "the ranks agreed, but rank 1: installing the caps failed" in plan["ddp_buckets"]["reason"], plan
+    assert not hasattr(ddp, "_goddp_aligned_caps")
+    # DDP's own settings on a fresh reducer, rebuilt from the compiled
+    # backward's gradient order: the same on both ranks
+    assert ddp._bucket_config == eager_ddp._bucket_config
+    assert ddp._get_ddp_logging_data().get("has_rebuilt_buckets")
+    assert _gather(_ddp_bucket_sizes(ddp), group)[0] == _ddp_bucket_sizes(ddp)
+    assert any("the ranks agreed, but rank 1" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    _fresh()
+
+
+# --------------------------------------------------------------------------
 # Layouts that really differ: rank 1 applies the same layers in the
 # opposite order, so its buckets hold other parameters.
 
@@ -348,7 +410,7 @@ def test_layouts_that_differ_keep_ddp_buckets_and_warn_on_every_rank(group, capl
     differ = [w for w in warnings if "layout" in w and "differ" in w]
     assert differ, warnings
     # it names the rank, the bucket and a parameter that differ
-    assert "rank 1" in differ[0] and "bucket " in differ[0] and "t_layers." in differ[0], differ[0]
+    assert "bucket 0: rank 1 holds [t_layers." in differ[0] and "where rank 0 holds [t_layers." in differ[0], differ[0]
     assert _gather(plan["plan_check"]["reason"], group)[0] == plan["plan_check"]["reason"]
     _fresh()
 
@@ -361,7 +423,7 @@ def test_layouts_that_differ_raise_under_strict(group):
     _fresh()
 
 
-CASES_PER_RANK = 2 + 4 + 2 + 2 + 2
+CASES_PER_RANK = 2 + 4 + 2 + 2 + 2 + 2
 
 
 @pytest.mark.single_process

@@ -57,9 +57,14 @@ def test_round_trip_and_difference():
     names = {p: f"layers.{p}.weight" for p in range(6)}.__getitem__
     assert SAMPLE.difference(SAMPLE, names) is None
     other = Layout(buckets=((1, 0), (3, 2), (5, 4)), caps=SAMPLE.caps, order="ready", build=SAMPLE.build)
-    said = SAMPLE.difference(other, names)
-    assert said.startswith("bucket 0: [2 parameter(s) not in the other, layers.5.weight, layers.4.weight]"), said
-    assert SAMPLE.difference(Layout(SAMPLE.buckets, (1, 2, 3), "ready", SAMPLE.build), names).startswith("caps ")
+    said = SAMPLE.difference(other, names, "rank 0", "rank 1")
+    assert said == "bucket 0: rank 0 holds [layers.5.weight, layers.4.weight] where rank 1 holds [layers.1.weight, layers.0.weight]", said
+    swapped = Layout(((4, 5), (3, 2), (1, 0)), SAMPLE.caps, "ready", SAMPLE.build)
+    assert SAMPLE.difference(swapped, names, "a", "b") == "bucket 0: a orders its parameters [layers.5.weight, layers.4.weight], b [layers.4.weight, layers.5.weight]"
+    assert SAMPLE.difference(Layout(SAMPLE.buckets, (1, 2, 3), "ready", SAMPLE.build), names, "a", "b") == (
+        "a gives DDP caps [4352, 16640, 16900] bytes, b [1, 2, 3]")
+    fewer = Layout(((5, 4), (3, 2, 1, 0)), (1, 2), "ready", SAMPLE.build)
+    assert SAMPLE.difference(fewer, names, "a", "b").startswith("bucket 1: a holds nothing else where b holds [layers.1.weight")
 
 
 def test_layout_of_names_positions_and_clamps_caps():
