@@ -1,4 +1,4 @@
-"""goddp._agreement.agree as a later caller uses it (goddp issue 17: the
+"""goddp.ranks.agreement.agree as a later caller uses it (goddp issue 17: the
 graphs of one forward planned together): a first agreement that defers
 (LATER), then the module's next training call decides for good and DDP's
 buckets follow (Note [Agreeing on DDP's layout]). One rank: the mechanism,
@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from goddp import _agreement
-from goddp._align import ALIGNED_CAPS_ATTR
-from goddp._layout import layout_of
-from goddp._plan_check import INSTALL, LATER, Statement
+from goddp.ddp.align import ALIGNED_CAPS_ATTR
+from goddp.ranks import agreement as _agreement
+from goddp.ranks.layout import layout_of
+from goddp.ranks.plan_check import INSTALL, LATER, Statement
 from models import SquareStack
 
 WIDTH, DEPTH = 128, 6

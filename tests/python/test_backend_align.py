@@ -1,5 +1,5 @@
 """align_buckets: goddp sets DDP's own buckets to the pieces it cut (see
-goddp._align), and leaves DDP alone, saying why, where that is not safe."""
+goddp.ddp.align), and leaves DDP alone, saying why, where that is not safe."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from goddp._align import ALIGNED_CAPS_ATTR, alignment_blocker, install_bucket_caps
+from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps
+from goddp.ddp.refusals import alignment_blocker
 from models import ZOO, SquareStack
 
 
@@ -109,7 +110,7 @@ def test_a_graph_break_leaves_ddp_buckets_alone_until_the_next_training_call():
     """Each frame holds only part of DDP's parameters, while DDP buckets the
     whole model: per-frame caps cannot describe that. The first step leaves
     DDP's buckets alone; the next one plans both frames together
-    (goddp._forward, Note [Graphs of one forward])."""
+    (goddp.ranks.forward, Note [Graphs of one forward])."""
     entry = ZOO["graph_break"]
     ddp = entry.wrap(entry.build(), bucket_cap_mb=entry.ddp_cap_mb)
     compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})

@@ -3,7 +3,7 @@ argument that changes between calls, a branch on ``.item()``, a loop count
 from ``.item()``, ``print()`` and ``torch._dynamo.graph_break()``.
 
 Dynamo steers its own compilation with exceptions (the RestartAnalysis
-family, SkipFrame; goddp._backend, Note [Dynamo's control-flow exceptions]).
+family, SkipFrame; goddp.compile.fallback, Note [Dynamo's control-flow exceptions]).
 They are not failures: goddp lets them pass, Dynamo re-traces the frame, and
 goddp plans the graph it gets then. Each pattern must end with no fallback
 warning, every graph that holds DDP's parameters cut into more than one

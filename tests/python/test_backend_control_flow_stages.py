@@ -1,7 +1,7 @@
 """Dynamo's control-flow exceptions leave goddp's backend unchanged from
 every stage, with no fallback and no warning; any other exception from a
 stage falls back with a warning that names the stage and the exception
-(Note [Dynamo's control-flow exceptions], goddp._control_flow).
+(Note [Dynamo's control-flow exceptions], goddp.compile.fallback).
 
 goddp's backend is called by hand from inside a backend of the test's own,
 so that it runs where Dynamo runs it (inside the DDP forward, with Dynamo's
@@ -22,9 +22,9 @@ from torch._dynamo.backends.registry import lookup_backend
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-import goddp._backend
-import goddp._pieces
-from goddp._control_flow import steering_types, steers_dynamo
+import goddp.compile.pipeline as pipeline
+from goddp.compile.fallback import _control_flow_types as steering_types
+from goddp.compile.fallback import is_dynamo_control_flow as steers_dynamo
 
 WIDTH = 32
 CAP_MB = 0.004  # a few Linear(32, 32) layers per bucket
@@ -64,13 +64,13 @@ def steering_exceptions():
 
 # stage name (as the fallback warning says it) -> (module, attribute) to patch
 STAGES = {
-    "exporting the graph": (goddp._backend, "export_graph"),
-    "planning": (goddp._backend, "call_planner"),
-    "cutting the graph along the plan": (goddp._backend, "cut_graph"),
-    "making the pieces' example inputs": (goddp._backend, "piece_example_inputs"),
-    "comparing the pieces": (goddp._backend, "edge_pieces"),
+    "exporting the graph": (pipeline, "export_graph"),
+    "planning": (pipeline, "call_planner"),
+    "cutting the graph along the plan": (pipeline, "cut_graph"),
+    "making the pieces' example inputs": (pipeline, "piece_example_inputs"),
+    "comparing the pieces": (pipeline, "edge_pieces"),
     "compiling piece 0 of": None,  # the inner compiler raises
-    "stitching the pieces": (goddp._backend, "StitchedPieces"),
+    "stitching the pieces": (pipeline, "StitchedPieces"),
 }
 
 
@@ -86,7 +86,7 @@ def call_backend_inside_dynamo(inner=None) -> Outcome:
 
     def backend(gm, example_inputs):
         try:
-            outcome.result = goddp._backend.goddp_backend(
+            outcome.result = goddp.backend.goddp_backend(
                 gm, example_inputs, options={"inner": inner or "aot_eager"}
             )
         except BaseException as exc:  # noqa: BLE001 - the test inspects it
@@ -194,7 +194,7 @@ def test_strict_passes_a_control_flow_exception_unchanged_too(exc_index, monkeyp
 
     def backend(gm, example_inputs):
         try:
-            goddp._backend.goddp_backend(
+            goddp.backend.goddp_backend(
                 gm, example_inputs, options={"inner": InnerRaisingOnFirstPiece(exc), "strict": True}
             )
         except BaseException as raised:  # noqa: BLE001

@@ -1,4 +1,4 @@
-"""One DDP bucket layout across the graphs of a forward (goddp._forward,
+"""One DDP bucket layout across the graphs of a forward (goddp.ranks.forward,
 Note [Graphs of one forward]): a graph break in the middle of the model
 leaves DDP's parameters in two graphs; at the module's next training call
 the ranks (here one) combine both graphs' buckets, and DDP's rebuilt

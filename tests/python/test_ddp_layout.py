@@ -1,4 +1,4 @@
-"""goddp._layout: what the ranks of a DDP module agree on, and its digest
+"""goddp.ranks.layout: what the ranks of a DDP module agree on, and its digest
 from the Go planner (planner/layout.go pins the same value)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from goddp._layout import Layout, build_id, layout_of
+from goddp.ranks.layout import Layout, build_id, layout_of
 
 SAMPLE = Layout(buckets=((5, 4), (3, 2), (1, 0)), caps=(4352, 16640, 16900), order="ready", build="goddp 0.1.0 abi 5")
 # TestLayoutDigestPinned in planner/layout_test.go
@@ -21,7 +21,7 @@ def test_the_digest_is_the_planners(native_module):
 
 def test_the_digest_is_the_same_in_another_process(native_module):
     code = (
-        "from goddp._layout import Layout; "
+        "from goddp.ranks.layout import Layout; "
         "print(Layout(buckets=((5, 4), (3, 2), (1, 0)), caps=(4352, 16640, 16900), order='ready', "
         "build='goddp 0.1.0 abi 5').digest())"
     )
@@ -46,7 +46,7 @@ def test_what_ddp_communicates_changes_the_digest(native_module, change):
 
 
 def test_a_layout_no_ddp_could_have_is_refused(native_module):
-    from goddp._native import load
+    from goddp.native.extension import load
 
     with pytest.raises(load().PlannerError, match="DDP position 4 is in layout buckets 0 and 1"):
         Layout(buckets=((5, 4), (4, 2)), caps=(1, 1), order="ready", build="b").digest()

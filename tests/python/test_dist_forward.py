@@ -1,5 +1,5 @@
 """One DDP bucket layout across the graphs of a forward, on two ranks
-(goddp._forward, Note [Graphs of one forward]; pytest under torchrun, gloo,
+(goddp.ranks.forward, Note [Graphs of one forward]; pytest under torchrun, gloo,
 CPU). Each case trains goddp and eager DDP side by side on per-rank data
 and requires equal losses and weights (bitwise: aot_eager):
 

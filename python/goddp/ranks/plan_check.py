@@ -1,7 +1,7 @@
 """What the ranks of a DDP module say to each other, and what they decide.
 
 Every rank of a DDP module's process group publishes one ``Statement``: the
-layout it proposes for DDP's buckets (goddp._layout) with its digest, or
+layout it proposes for DDP's buckets (goddp.ranks.layout) with its digest, or
 why it proposes none, or that it will propose later. ``exchange`` passes
 the statements through the default c10d store; ``decide`` turns them into
 one ``Decision``. ``decide`` is a pure function of all statements, and
@@ -10,7 +10,7 @@ decision or raises the same error. The plan's fingerprint travels along for
 the record only: graphs may differ (Note [Agreeing on DDP's layout]).
 
 When the exchange happens, and what a decision changes, is
-goddp._agreement's business; README.md ("Several ranks") explains both.
+goddp.ranks.agreement's business; README.md ("Several ranks") explains both.
 
 Store keys, all under ``goddp/agree/<attempt>/<group name>/<model key>/``
 (attempt: torchrun's restart count, so that an elastic restart never reads
@@ -20,7 +20,7 @@ what a dead attempt left in a store the agent keeps across attempts):
   two DDP modules of the same shapes in one run, never read each other's
   statements. It stays when a round ends: the next round counts on it.
 - ``<round>/...``: the round's statements, outcome and read count
-  (goddp._store_round says how a round settles).
+  (goddp.ranks.store_round says how a round settles).
 - ``installed/...``: the same for the second round, in which the ranks that
   decided to install say whether they did.
 
@@ -37,12 +37,12 @@ import json
 import os
 from typing import Any, Callable, Mapping, Sequence
 
-from goddp._layout import Layout
-from goddp._store_round import Group, env_seconds, settle
+from goddp.ranks.group import Group, missing_ranks_message, process_group_timeout_s
+from goddp.ranks.group import timeout_s as group_timeout_s
+from goddp.ranks.layout import Layout
+from goddp.ranks.store_round import settle
 
 TIMEOUT_ENV = "GODDP_PLAN_CHECK_TIMEOUT"
-# Used when the process group's timeout cannot be read: torch's own default.
-FALLBACK_TIMEOUT_S = 1800.0
 
 # Decision.action
 INSTALL = "install"
@@ -244,24 +244,11 @@ def decide(
 # The exchange
 
 
-def timeout_s(group: Any = None) -> float:
+def timeout_s(process_group: Any = None) -> float:
     """GODDP_PLAN_CHECK_TIMEOUT, else the process group's own timeout: a
     rank may still be compiling (an evaluation graph, say) while the others
     wait, so the wait is as generous as any collective on that group."""
-    value = env_seconds(TIMEOUT_ENV)
-    return value if value is not None else _group_timeout_s(group)
-
-
-def _group_timeout_s(group: Any) -> float:
-    if group is not None:
-        import torch
-
-        for device in ("cpu", "cuda"):
-            try:
-                return float(group._get_backend(torch.device(device)).options._timeout.total_seconds())
-            except Exception:  # no backend for that device, or a backend without options
-                continue
-    return FALLBACK_TIMEOUT_S
+    return group_timeout_s(TIMEOUT_ENV, lambda: process_group_timeout_s(process_group))
 
 
 def exchange(
@@ -269,6 +256,7 @@ def exchange(
     key: str,
     group: Group,
     payload: str,
+    event: str = "the first training step",
     waiting_for: str = "reach the first training step (they may still be compiling)",
 ) -> dict[int, str]:
     """Publishes payload under key for this rank and returns every rank's
@@ -281,19 +269,16 @@ def exchange(
     ended = settle(store, base, group, payload, lambda _: "go", waiting_for)
     if not ended.gave_up:
         return dict(ended.statements)
-    where = f"a DDP module (process group {group.name!r}, ranks {list(group.ranks)})"
-    limit = f"(raise the limit with {TIMEOUT_ENV}=<seconds> or the process group's timeout)"
-    if ended.complete:
-        raise RanksMissingError(
-            f"goddp: rank {group.rank} reached the first training step of {where} after the others had "
-            f"stopped waiting for it ({ended.outcome}); it stops too rather than train alone. Every rank of a "
-            f"DDP module must run its first training step within {group.timeout_s:.0f} s of the first {limit}."
-        )
     raise RanksMissingError(
-        f"goddp: rank {group.rank} waited {ended.waited_s:.0f} s at the first training step of {where} for "
-        f"rank(s) {ended.missing(group)}, which never arrived. Every rank of a DDP module must run its first "
-        f"training step; a rank that crashed, or one still compiling after {group.timeout_s:.0f} s, stops "
-        f"here {limit}."
+        missing_ranks_message(
+            "goddp",
+            group,
+            event,
+            ended,
+            f"Every rank of a DDP module must run its first training step within {group.timeout_s:.0f} s of the "
+            f"first; a rank that crashed, or one still compiling then, stops here (raise the limit with "
+            f"{TIMEOUT_ENV}=<seconds> or the process group's timeout).",
+        )
     )
 
 

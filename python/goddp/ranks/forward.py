@@ -12,7 +12,7 @@ forward together:
 1. At the module's first training call (the first graph's), every rank
    whose graph holds only part of DDP's parameters says so (a Statement with
    ``later=True``), and the ranks decide LATER on every rank alike
-   (goddp._agreement, Note [Agreeing on DDP's layout]). Each rank then
+   (goddp.ranks.agreement, Note [Agreeing on DDP's layout]). Each rank then
    records, in call order, every graph whose first training call falls in
    that same forward, with its aligned buckets (by DDP position).
 2. At the module's next training forward, the first call of any of its
@@ -33,12 +33,12 @@ its grad-enabled calls; every rank of a DDP module runs the same number of
 them, so the second agreement comes at the same call on every rank, however
 each rank's graphs look. The hook is removed once the module has decided.
 A graph holding no parameter of DDP's is never part of a forward's record
-(goddp._backend compiles it whole, with no gate).
+(goddp.compile.pipeline compiles it whole, with no gate).
 
 What stays alone: DDP with ``find_unused_parameters=True`` (its buckets
 follow declaration order, never rebuilt); forwards whose graphs between them
 miss some of DDP's parameters (DDP buckets those too); a forward where some
-graph fell back or cannot align (goddp._align's blockers); ranks whose
+graph fell back or cannot align (goddp.ddp.refusals); ranks whose
 combined layouts differ (every rank keeps DDP's buckets, one WARNING).
 """
 
@@ -52,7 +52,8 @@ from typing import Any, Callable
 
 import torch
 
-from goddp._layout import Layout, build_id
+from goddp.native import extension as _native
+from goddp.ranks.layout import Layout, build_id
 
 logger = logging.getLogger("goddp")
 
@@ -129,7 +130,6 @@ def combine(members: list[Member], param_bytes: list[int]) -> tuple[Layout | Non
     """The one layout for the members (Note [Graphs of one forward]), or
     None and why; and what to record of it. param_bytes: the byte size of
     each of DDP's parameters, by DDP position."""
-    from goddp import _native
 
     info: dict[str, Any] = {"graphs": [m.describe for m in members]}
     missing = [m for m in members if m.layout is None]

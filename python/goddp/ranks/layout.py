@@ -1,5 +1,5 @@
 """What DDP will communicate for one module: the layout that the ranks of a
-DDP module agree on (goddp._agreement, Note [Agreeing on DDP's layout]).
+DDP module agree on (goddp.ranks.agreement, Note [Agreeing on DDP's layout]).
 
 A Layout names DDP's parameters by their position in DDP's own parameter
 list (``ddp_parameters``), which DDP checks at construction to be the same
@@ -13,15 +13,15 @@ import array
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
+from goddp import __version__
+from goddp.native import extension as _native
+
 ORDERS = ("ready", "declaration")
 
 
 def build_id() -> str:
     """The goddp build as the layout names it: version and planner ABI."""
-    from goddp import __version__
-    from goddp._native import ABI_VERSION
-
-    return f"goddp {__version__} abi {ABI_VERSION}"
+    return f"goddp {__version__} abi {_native.ABI_VERSION}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +45,6 @@ class Layout:
     def digest(self) -> int:
         """The planner's 64-bit digest (goddp_layout_digest); raises
         PlannerError for a layout no DDP module could have."""
-        from goddp import _native
-
         offsets = [0]
         for bucket in self.buckets:
             offsets.append(offsets[-1] + len(bucket))
@@ -115,7 +113,7 @@ def layout_of(
     """The layout of a plan's buckets (fully qualified names relative to the
     DDP-wrapped module, per bucket in DDP order) given DDP's caps and
     positions: name -> index in DDP's parameter list. A cap below one byte
-    goes to DDP as one (goddp._align.install_bucket_caps)."""
+    goes to DDP as one (goddp.ddp.align.install_bucket_caps)."""
     if order not in ORDERS:
         raise ValueError(f"goddp: layout order {order!r}; want one of {ORDERS}")
     return Layout(

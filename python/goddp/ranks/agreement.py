@@ -19,7 +19,7 @@ same module) never wait and never re-bucket: they follow the decision, and
 say so in their plan record. Graphs compiled with gradients disabled need no
 gate: Dynamo guards on grad mode, so they never run a training step. A
 module that is not a real DDP (no process group or reducer, such as torch's
-test stand-in FakeDDP) gets no gate: nothing to agree on (goddp._backend).
+test stand-in FakeDDP) gets no gate: nothing to agree on (goddp.compile.pipeline).
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ from __future__ import annotations
 #
 #   agree(ddp, statement, report, may_defer=True) -> Decision
 #
-# 1. propose: each rank brings a Statement (goddp._plan_check): a Layout
-#    (goddp._layout) with its digest; or none, with the
+# 1. propose: each rank brings a Statement (goddp.ranks.plan_check): a Layout
+#    (goddp.ranks.layout) with its digest; or none, with the
 #    reason (alignment off, a blocker, a fallback); or later=True: its graphs so
 #    far hold only part of DDP's parameters and it will bring a combined
 #    layout to the module's next training call.
 # 2. agree: inside DDP's forward (after DDP's pre-forward, before any of
 #    the step's allreduces), at a training call every rank of the module's
 #    group is certain to reach, the proposals go through one bounded store
-#    round (goddp._store_round) and every rank computes the same Decision
+#    round (goddp.ranks.store_round) and every rank computes the same Decision
 #    (decide: pure, from the same statements): INSTALL when every rank
 #    proposed the same layout digest; LATER when some rank said later and
 #    no rank has a reason that rules alignment out for good; otherwise KEEP
@@ -84,7 +84,7 @@ from __future__ import annotations
 # inside a Join context (DDP handed the old reducer this step's Join state);
 # static_graph, DDP mixed precision, a built-in comm hook, the Python
 # reducer, delay_all_reduce_named_params, parameters over several (dtype,
-# device) groups (goddp._align); ranks whose layouts differ; a module that
+# device) groups (goddp.ddp.refusals); ranks whose layouts differ; a module that
 # is not a real DDP (no process group or reducer: nothing to agree on, one
 # INFO line). A graph that first appears after the decision follows it and
 # never re-buckets training in the middle.
@@ -97,20 +97,14 @@ import weakref
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
-from goddp import _forward
-
-from goddp._align import (
-    ALIGNED_CAPS_ATTR,
-    ReducerLost,
-    ddp_parameters,
-    install_bucket_caps,
-    rebuild_blocker,
-    remove_bucket_caps,
-)
-from goddp._declaration import ddp_parameter_names
-from goddp._plan_check import (
+from goddp.ranks import forward as _forward
+from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps, remove_bucket_caps, reset_to_ddp_buckets
+from goddp.ddp.declaration import ddp_parameter_names
+from goddp.ddp.private import ReducerLost, ddp_parameters
+from goddp.ddp.refusals import rebuild_blocker
+from goddp.ranks.group import Group, group_of, store_for
+from goddp.ranks.plan_check import (
     INSTALL,
     KEEP,
     LATER,
@@ -123,7 +117,6 @@ from goddp._plan_check import (
     model_key,
     timeout_s,
 )
-from goddp._store_round import Group
 
 logger = logging.getLogger("goddp")
 
@@ -166,11 +159,11 @@ def round_due(ddp: Any) -> bool:
 class TrainingGate:
     """Runs before a compiled graph's first training call (see module doc),
     and at its later calls while ``armed``: while the module's decision
-    waits for its next training forward (LATER; goddp._forward, Note
+    waits for its next training forward (LATER; goddp.ranks.forward, Note
     [Graphs of one forward]). Raises when the DDP module cannot train on.
 
     member: what this graph brings to a forward planned across graphs (its
-    aligned layout, or why it has none; goddp._forward.Member)."""
+    aligned layout, or why it has none; goddp.ranks.forward.Member)."""
 
     def __init__(self, ddp: Any, statement: Statement, report: Report, member: Any = None) -> None:
         self._ddp = weakref.ref(ddp)
@@ -214,7 +207,7 @@ class TrainingGate:
 
     def _second_round(self, ddp: Any) -> None:
         """The agreement at the module's next training forward: this rank's
-        recorded graphs combined into one layout (goddp._forward)."""
+        recorded graphs combined into one layout (goddp.ranks.forward)."""
         members = _forward.finish(ddp)
         sizes = [p.numel() * p.element_size() for p in ddp_parameters(ddp)]
         layout, reason, info = _forward.combine(members, sizes)
@@ -297,39 +290,23 @@ def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True
     return decision
 
 
-def group_of(ddp: Any) -> Group:
-    """The DDP module's process group as a store round sees it."""
-    group = ddp.process_group
-    return Group(
-        name=str(group.group_name),
-        ranks=tuple(dist.get_process_group_ranks(group)),
-        rank=dist.get_rank(),
-        timeout_s=timeout_s(group),
-    )
-
-
 def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, Group]:
-    group = group_of(ddp)
+    group = group_of(ddp, timeout_s)
     if statement.layout is not None:
         blocker = rebuild_blocker(ddp)
         if blocker is not None:
             statement = dataclasses.replace(statement, layout=None, digest=None, reason=blocker)
     key = agreement_key(group.name, _model_key(ddp))
     statements = {group.rank: statement}
-    if len(group.ranks) > 1:
-        payloads = exchange(_store(), key, group, statement.to_json())
+    store = store_for(group)
+    if store is not None:
+        payloads = exchange(store, key, group, statement.to_json())
         statements = {r: Statement.from_json(p) for r, p in payloads.items()}
     decision = decide(statements, _namer(ddp), may_defer)
     if decision.action == INSTALL:
         decision = _install(ddp, decision, group, key)
     _log(decision, group)
     return decision, group
-
-
-def _store() -> Any:
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    return _get_default_store()
 
 
 def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
@@ -342,12 +319,25 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
         install_bucket_caps(ddp, decision.caps)
     except ReducerLost as exc:
         lost = exc
-    except Exception as exc:  # DDP's own settings are back, on a fresh reducer (_align)
+    except Exception as exc:
         failed = f"installing the caps failed ({type(exc).__name__}: {exc})"
+        # Whatever the failure left (the old reducer, or one rebuilt with
+        # DDP's settings), end like the others will: DDP's own settings on a
+        # fresh reducer.
+        try:
+            reset_to_ddp_buckets(ddp)
+        except Exception as again:
+            lost = again if isinstance(again, ReducerLost) else ReducerLost(
+                f"goddp: could not give DDP a fresh reducer with its own buckets after a failed install "
+                f"({type(again).__name__}: {again}); this rank would allreduce buckets the others do not"
+            )
     mine = {"failed": failed, "lost": None if lost is None else str(lost)}
     said = {group.rank: mine}
-    if len(group.ranks) > 1:
-        payloads = exchange(_store(), f"{key}/installed", group, json.dumps(mine), "install DDP's new buckets")
+    store = store_for(group)
+    if store is not None:
+        payloads = exchange(
+            store, f"{key}/installed", group, json.dumps(mine), "installing DDP's new buckets", "install DDP's new buckets"
+        )
         said = {r: json.loads(p) for r, p in payloads.items()}
     if lost is not None:
         raise lost  # the others stop too (PeerFailedError), having read why
