@@ -166,3 +166,22 @@ def test_a_forward_without_a_break_keeps_aligning_at_its_first_call():
     assert reducers == [reducers[0]] * 3  # the new reducer came at step 1's call
     sizes, _ = rebuilt(ddp)
     assert sizes == plan["ddp_caps"]
+
+
+def test_the_trace_shows_buckets_closing_at_the_cuts_of_both_graphs():
+    torch.manual_seed(0)
+    model = BrokenHalves("graph_break")
+    ddp = DDP(model, bucket_cap_mb=CAP_MB)
+    compiled = torch.compile(ddp, backend=goddp.backend(inner="aot_eager", log_plan=False))
+    for _ in range(3):
+        compiled(torch.randn(4, WIDTH)).sum().backward()
+    with goddp.trace(compiled) as tr:
+        for _ in range(2):
+            compiled(torch.randn(4, WIDTH)).sum().backward()
+    text = tr.summary()
+    assert "goddp forward: 2 graph(s) planned together, DDP's buckets close at the cuts of each" in text, text
+    together = [p for p in model_plans() if p["forward"] is not None]
+    bucket_graphs = together[0]["forward"]["bucket_graphs"]
+    rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit() and "KiB" in line]
+    # bucket, bytes, unit, params, graph, ...
+    assert [int(r[4]) for r in rows[: len(bucket_graphs)]] == bucket_graphs, text
