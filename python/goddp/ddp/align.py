@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from goddp.ddp import private
+from goddp.ddp.private import ReducerLost
 
 # Set on a DDP module once goddp has installed its caps: the caps, and DDP's
 # own bucket settings from before, which planning keeps reading.
@@ -35,10 +36,11 @@ def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
     forward, after its pre-forward. Returns False if the caps were already in
     place. Raises what the rebuild raises (goddp.ddp.private.rebuild_reducer:
     DDP's previous reducer is back, or ReducerLost)."""
-    # A bucket of zero-byte parameters only (possible for the forward-first
-    # piece) gets cap 1 rather than 0, which would make DDP give each of
-    # them a bucket of its own.
-    caps = tuple(max(1, int(c)) for c in caps_bytes)
+    # The planner's caps are at least 1 byte each (planner/decide.go,
+    # clampCaps); a cap of 0 would make DDP give each parameter its own bucket.
+    caps = tuple(int(c) for c in caps_bytes)
+    if any(c < 1 for c in caps):
+        raise ValueError(f"goddp: DDP bucket caps must be at least 1 byte, got {list(caps)}")
     if getattr(ddp, ALIGNED_CAPS_ATTR, None) == caps:
         return False
     if not hasattr(ddp, ORIGINAL_CONFIG_ATTR):
@@ -58,6 +60,25 @@ def remove_bucket_caps(ddp: Any) -> bool:
     private.rebuild_reducer(ddp, config=getattr(ddp, ORIGINAL_CONFIG_ATTR), in_forward=True)
     delattr(ddp, ALIGNED_CAPS_ATTR)
     return True
+
+
+def install_or_reset(ddp: Any, caps_bytes: Sequence[int]) -> str | None:
+    """install_bucket_caps; None when the caps are in place. When the
+    install fails, DDP ends with its own bucket settings on a fresh reducer
+    (the rebuild's rollback made one, or, where the failure came before the
+    old reducer was replaced, reset_to_ddp_buckets does), and the failure is
+    returned in words. ReducerLost propagates."""
+    before = private.reducer_of(ddp)
+    try:
+        install_bucket_caps(ddp, caps_bytes)
+        return None
+    except ReducerLost:
+        raise
+    except Exception as exc:
+        why = f"installing the caps failed ({type(exc).__name__}: {exc})"
+    if private.reducer_of(ddp) is before:
+        reset_to_ddp_buckets(ddp)
+    return why
 
 
 def reset_to_ddp_buckets(ddp: Any) -> None:

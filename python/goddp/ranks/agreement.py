@@ -99,7 +99,7 @@ from typing import Any, Callable
 import torch
 
 from goddp.ranks import forward as _forward
-from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps, remove_bucket_caps, reset_to_ddp_buckets
+from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_or_reset, remove_bucket_caps
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
 from goddp.ddp.refusals import rebuild_blocker
@@ -316,21 +316,14 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
     lost: ReducerLost | None = None
     failed: str | None = None
     try:
-        install_bucket_caps(ddp, decision.caps)
+        failed = install_or_reset(ddp, decision.caps)
     except ReducerLost as exc:
         lost = exc
-    except Exception as exc:
-        failed = f"installing the caps failed ({type(exc).__name__}: {exc})"
-        # Whatever the failure left (the old reducer, or one rebuilt with
-        # DDP's settings), end like the others will: DDP's own settings on a
-        # fresh reducer.
-        try:
-            reset_to_ddp_buckets(ddp)
-        except Exception as again:
-            lost = again if isinstance(again, ReducerLost) else ReducerLost(
-                f"goddp: could not give DDP a fresh reducer with its own buckets after a failed install "
-                f"({type(again).__name__}: {again}); this rank would allreduce buckets the others do not"
-            )
+    except Exception as exc:  # even DDP's own settings could not be put back
+        lost = ReducerLost(
+            f"goddp: could not give DDP a fresh reducer with its own buckets after a failed install "
+            f"({type(exc).__name__}: {exc}); this rank would allreduce buckets the others do not"
+        )
     mine = {"failed": failed, "lost": None if lost is None else str(lost)}
     said = {group.rank: mine}
     store = store_for(group)

@@ -112,13 +112,13 @@ def layout_of(
 ) -> Layout:
     """The layout of a plan's buckets (fully qualified names relative to the
     DDP-wrapped module, per bucket in DDP order) given DDP's caps and
-    positions: name -> index in DDP's parameter list. A cap below one byte
-    goes to DDP as one (goddp.ddp.align.install_bucket_caps)."""
+    positions: name -> index in DDP's parameter list. The caps are the
+    planner's (at least one byte each; the digest refuses others)."""
     if order not in ORDERS:
         raise ValueError(f"goddp: layout order {order!r}; want one of {ORDERS}")
     return Layout(
         buckets=tuple(tuple(positions[name] for name in bucket) for bucket in bucket_param_names),
-        caps=tuple(max(1, int(c)) for c in caps),
+        caps=tuple(int(c) for c in caps),
         order=order,
         build=build_id(),
     )
