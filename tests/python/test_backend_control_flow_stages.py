@@ -68,7 +68,7 @@ STAGES = {
     "planning": (pipeline, "call_planner"),
     "cutting the graph along the plan": (pipeline, "cut_graph"),
     "making the pieces' example inputs": (pipeline, "piece_example_inputs"),
-    "comparing the pieces": (pipeline, "edge_pieces"),
+    "comparing the pieces": (pipeline, "group_pieces"),
     "compiling piece 0 of": None,  # the inner compiler raises
     "stitching the pieces": (pipeline, "StitchedPieces"),
 }
