@@ -185,3 +185,47 @@ def test_the_trace_shows_buckets_closing_at_the_cuts_of_both_graphs():
     rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit() and "KiB" in line]
     # bucket, bytes, unit, params, graph, ...
     assert [int(r[4]) for r in rows[: len(bucket_graphs)]] == bucket_graphs, text
+
+
+class TiedAcrossTheBreak(nn.Module):
+    """The first layer's weight is used again after the graph break: its
+    gradient completes in the first graph's backward (planner/forward.go)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(4))
+        self.second = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.first:
+            x = torch.tanh(layer(x))
+        torch._dynamo.graph_break()
+        for layer in self.second:
+            x = torch.tanh(layer(x))
+        return torch.tanh(x @ self.first[0].weight.t())
+
+
+def test_a_weight_tied_across_the_break_is_counted_in_the_earliest_graph():
+    torch.manual_seed(0)
+    base = TiedAcrossTheBreak()
+    model, reference = copy.deepcopy(base), copy.deepcopy(base)
+    ddp = DDP(model, bucket_cap_mb=CAP_MB)
+    compiled = torch.compile(ddp, backend=goddp.backend(inner="aot_eager", log_plan=False))
+    eager = DDP(reference, bucket_cap_mb=CAP_MB)
+    for step in range(4):
+        x = torch.randn(4, WIDTH)
+        for m in (model, reference):
+            m.zero_grad(set_to_none=True)
+        compiled(x).square().sum().backward()
+        eager(x).square().sum().backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p.grad, q.grad), f"step {step}: {name}"
+    together = [p for p in model_plans() if p["forward"] is not None]
+    assert len(together) == 2 and all(p["ddp_buckets"]["aligned"] for p in together), model_plans()
+    assert together[0]["forward"]["moved"] == 1
+    sizes, members = rebuilt(ddp)
+    assert sizes == together[0]["plan_check"]["caps"]
+    names = [n for n, _ in ddp.module.named_parameters()]
+    tied = names.index("first.0.weight")
+    (home,) = [b for b in members if tied in b]
+    assert all(names[p].startswith("first.") for p in home), [names[p] for p in home]

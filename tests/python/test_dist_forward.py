@@ -5,8 +5,8 @@ and requires equal losses and weights (bitwise: aot_eager):
 
 - a graph break in the middle of the model: both graphs planned together,
   DDP's buckets close at the cuts of both, on both ranks;
-- a branch whose graph first runs at step 3: DDP's buckets stay as they
-  were;
+- a branch whose graph first runs at step 3 (on both ranks, or on one):
+  DDP's buckets stay as they were, and nobody waits;
 - ranks that break at different places: nobody aligns, nobody stalls, one
   WARNING says what differs;
 - one rank breaks, the other does not: the same decision on both, no stall.
@@ -153,6 +153,20 @@ def test_a_branch_first_taken_at_step_3_keeps_ddp_buckets(group):
 
 
 @needs_two_ranks
+def test_a_branch_taken_at_step_3_on_one_rank_only_waits_for_nobody(group):
+    started = time.monotonic()
+    ddp, reducers = _train_both(group, "compile(DDP(m))", break_at=4, late_from=2 if rank() == 1 else None, steps=6)
+    assert time.monotonic() - started < GROUP_TIMEOUT_S / 2
+    assert reducers[1:] == [reducers[1]] * 5
+    together = _together()
+    assert len(together) == 2 and all(p["ddp_buckets"]["aligned"] for p in together)
+    assert _rebuilt_sizes(ddp) == together[0]["plan_check"]["caps"]
+    late = [p for p in goddp.last_plans() if p["forward"] is None and p["plan_check"] is not None]
+    assert bool(late) == (rank() == 1)
+    _fresh()
+
+
+@needs_two_ranks
 def test_ranks_that_break_at_different_places_do_not_align_and_do_not_stall(group, caplog):
     caplog.set_level(logging.INFO, logger="goddp")
     started = time.monotonic()
@@ -184,7 +198,7 @@ def test_one_rank_breaks_and_the_other_does_not(group):
     _fresh()
 
 
-CASES_PER_RANK = 2 + 1 + 1 + 1
+CASES_PER_RANK = 2 + 1 + 1 + 1 + 1
 
 
 @pytest.mark.single_process
