@@ -14,8 +14,12 @@ SOURCES = ["python/goddp/**/*.py", "planner/*.go", "bridge/*.go", "csrc/*.[ch]",
 
 NOTE = re.compile(r"Note \[([^\]\n]+)\]")
 # A definition: the name alone on a comment line, or "Note [Name]:" opening
-# a paragraph (a docstring's).
-DEFINITION = re.compile(r"^\s*(?:(?:#|//)\s*Note \[([^\]\n]+)\]\s*$|(?:#|//|\*|\"\"\")?\s*Note \[([^\]\n]+)\]:)", re.M)
+# a paragraph (a docstring's), or the name alone underlined with ~~~.
+DEFINITION = re.compile(
+    r"^\s*(?:(?:#|//)\s*Note \[([^\]\n]+)\]\s*$|(?:#|//|\*|\"\"\")?\s*Note \[([^\]\n]+)\]:"
+    r"|Note \[([^\]\n]+)\]\s*\n\s*~{3,}\s*$)",
+    re.M,
+)
 PLACE = re.compile(r"Note \[[^\]\n]+\]\s+in\s+`?([\w./]*\w)")
 
 
@@ -31,9 +35,9 @@ def scan() -> tuple[dict[str, list[Path]], list[tuple[Path, str, str | None]]]:
         text = path.read_text(encoding="utf-8", errors="replace")
         defined_here = set()
         for match in DEFINITION.finditer(text):
-            name = match.group(1) or match.group(2)
-            definitions.setdefault(name, []).append(path)
-            defined_here.add(match.start(1) if match.group(1) else match.start(2))
+            group = next(g for g in (1, 2, 3) if match.group(g))
+            definitions.setdefault(match.group(group), []).append(path)
+            defined_here.add(match.start(group))
         for match in NOTE.finditer(text):
             if match.start(1) in defined_here:
                 continue
@@ -85,7 +89,8 @@ def test_the_scan_tells_definitions_from_citations(tmp_path):
     text = (
         "# Note [A]\n# why A\nx = 1  # see Note [A] in goddp.a\n\"\"\"Note [B]: why B.\"\"\"\n"
         "// Note [C]: why C\n    Step 3 of Note [A]: a citation, not a definition\n"
+        "Note [D]\n~~~~~~~~\nwhy D\nsee Note [D]\n~ not an underline\n"
     )
-    defs = [m.group(1) or m.group(2) for m in DEFINITION.finditer(text)]
-    assert defs == ["A", "B", "C"]
+    defs = [m.group(1) or m.group(2) or m.group(3) for m in DEFINITION.finditer(text)]
+    assert defs == ["A", "B", "C", "D"]
     assert [PLACE.match(text, m.start()).group(1) for m in NOTE.finditer(text) if PLACE.match(text, m.start())] == ["goddp.a"]
