@@ -59,7 +59,9 @@ extern "C" {
  *    align_detail, alignment_name, num_counted_params, piece_params,
  *    eager_pieces and node_block_ids.
  * Added without a bump (new, nothing changed): goddp_layout and
- * goddp_layout_digest.
+ * goddp_layout_digest; goddp_forward, goddp_forward_plan,
+ * goddp_combine_forward and goddp_forward_plan_free;
+ * GODDP_REASON_PART_OF_FORWARD.
  * 7: goddp_plan.ddp_bucket_order (DDP's own bucket order, aligned or not).
  *    Added within 7 (new values, no layout change): GODDP_REASON_NO_PARAMS and
  *    the alignment refusals, GODDP_DDP_NO_PER_BUCKET_CAPS ..
@@ -119,17 +121,19 @@ enum goddp_align_reason {
     GODDP_REASON_OFF = 1,         /* config.align_buckets was 0 */
     GODDP_REASON_NOT_COVERED = 2, /* aligned buckets would not hold exactly DDP's parameters: planned unaligned */
     GODDP_REASON_ONE_PIECE = 3,   /* the aligned plan is one piece: nothing to align */
-    GODDP_REASON_NO_PARAMS = 4,   /* the graph holds no parameter DDP reduces: one piece, no bucket,
+    GODDP_REASON_PART_OF_FORWARD = 4, /* as NOT_COVERED, ready order: the aligned plan is kept for
+                                       * goddp_combine_forward with the forward's other graphs */
+    GODDP_REASON_NO_PARAMS = 5,   /* the graph holds no parameter DDP reduces: one piece, no bucket,
                                    * planned before any cap is checked (Note [Parameter-free graphs]) */
     /* A fact about the DDP module refuses alignment (goddp_ddp.flags; Note
      * [Alignment refusals], in this order); planned unaligned. */
-    GODDP_REASON_NO_PER_BUCKET_CAPS = 5, /* GODDP_DDP_NO_PER_BUCKET_CAPS */
-    GODDP_REASON_PYTHON_REDUCER = 6,     /* GODDP_DDP_PYTHON_REDUCER */
-    GODDP_REASON_STATIC_GRAPH = 7,       /* GODDP_DDP_STATIC_GRAPH */
-    GODDP_REASON_MIXED_PRECISION = 8,    /* GODDP_DDP_MIXED_PRECISION */
-    GODDP_REASON_BUILTIN_COMM_HOOK = 9,  /* GODDP_DDP_BUILTIN_COMM_HOOK */
-    GODDP_REASON_DELAYED_ALLREDUCE = 10, /* GODDP_DDP_DELAYS_ALLREDUCE */
-    GODDP_REASON_PARAM_GROUPS = 11       /* GODDP_DDP_SEVERAL_PARAM_GROUPS */
+    GODDP_REASON_NO_PER_BUCKET_CAPS = 6, /* GODDP_DDP_NO_PER_BUCKET_CAPS */
+    GODDP_REASON_PYTHON_REDUCER = 7,     /* GODDP_DDP_PYTHON_REDUCER */
+    GODDP_REASON_STATIC_GRAPH = 8,       /* GODDP_DDP_STATIC_GRAPH */
+    GODDP_REASON_MIXED_PRECISION = 9,    /* GODDP_DDP_MIXED_PRECISION */
+    GODDP_REASON_BUILTIN_COMM_HOOK = 10, /* GODDP_DDP_BUILTIN_COMM_HOOK */
+    GODDP_REASON_DELAYED_ALLREDUCE = 11, /* GODDP_DDP_DELAYS_ALLREDUCE */
+    GODDP_REASON_PARAM_GROUPS = 12       /* GODDP_DDP_SEVERAL_PARAM_GROUPS */
 };
 
 /* Which edge pieces (outside the repeated blocks) run eagerly
@@ -383,6 +387,42 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);
+
+/* The graphs of one forward, each bucketed by an aligned plan
+ * (goddp_config.align_buckets), for goddp_combine_forward. DDP positions
+ * index the list of parameters DDP reduces. */
+typedef struct goddp_forward {
+    int64_t num_params;                 /* parameters DDP reduces */
+    const int64_t *param_bytes;         /* [num_params] numel*element size, by DDP position */
+    int64_t num_graphs;                 /* >= 1, in forward order */
+    const int64_t *graph_bucket_offsets; /* [num_graphs + 1] CSR over the buckets, each graph's in DDP order */
+    const int64_t *bucket_param_offsets; /* [num_buckets + 1] CSR over bucket_params */
+    const int32_t *bucket_params;       /* DDP positions */
+} goddp_forward;
+
+/* One DDP bucket layout for a forward's graphs (planner/forward.go). Every
+ * array is malloc'd by the library and freed by goddp_forward_plan_free. */
+typedef struct goddp_forward_plan {
+    int64_t num_buckets;                /* DDP order: the last graph's buckets first */
+    int64_t *bucket_bytes;              /* [num_buckets] the per-bucket caps to give DDP */
+    int32_t *bucket_graphs;             /* [num_buckets] the graph (forward order) it comes from */
+    int32_t *bucket_sources;            /* [num_buckets] its index among that graph's buckets */
+    int64_t *bucket_param_offsets;      /* [num_buckets + 1] CSR */
+    int32_t *bucket_params;             /* DDP positions */
+    int64_t moved;                      /* parameters in several graphs, kept in the earliest only */
+    int64_t dropped;                    /* buckets left empty by that */
+} goddp_forward_plan;
+
+/* Combines the aligned buckets of a forward's graphs into one DDP
+ * layout: the later graph's buckets first (DDP's backward runs it first),
+ * a parameter of several graphs in the earliest one's bucket. Fails with
+ * GODDP_ERR_INVALID_GRAPH unless the graphs between them hold every
+ * parameter DDP reduces. On GODDP_OK, *out is released with
+ * goddp_forward_plan_free. */
+goddp_status goddp_combine_forward(const goddp_forward *f, goddp_forward_plan **out, char **err_msg);
+
+/* Releases a goddp_forward_plan. NULL is a no-op. */
+void goddp_forward_plan_free(goddp_forward_plan *plan);
 
 /* Releases an error message. NULL is a no-op. */
 void goddp_string_free(char *s);

@@ -41,20 +41,27 @@ const (
 	// ReasonOnePiece: the aligned plan has a single piece, so there is
 	// nothing to align; the plan is that single piece.
 	ReasonOnePiece AlignReason = 3
+	// ReasonPartOfForward: as ReasonNotCovered (a graph break left part of
+	// DDP's parameters in other graphs), in ready order: the plan stays the
+	// aligned one (the same cuts), whose buckets and DDPCaps the caller
+	// combines with the forward's other graphs (CombineForward,
+	// forward.go); Config.AlignBuckets is false, since no cap list of this
+	// graph alone may go to DDP.
+	ReasonPartOfForward AlignReason = 4
 	// ReasonNoParams: the graph holds no parameter DDP reduces (a graph
 	// break's parameter-free frame); the plan is one piece, made without
 	// Build: nothing to cut, align or agree on (Note [Parameter-free graphs]).
-	ReasonNoParams AlignReason = 4
+	ReasonNoParams AlignReason = 5
 	// ReasonNoPerBucketCaps .. ReasonParamGroups: facts about the DDP
 	// module refuse alignment (Note [Alignment refusals], refusals.go); the
 	// plan is the unaligned one.
-	ReasonNoPerBucketCaps  AlignReason = 5
-	ReasonPythonReducer    AlignReason = 6
-	ReasonStaticGraph      AlignReason = 7
-	ReasonMixedPrecision   AlignReason = 8
-	ReasonBuiltinCommHook  AlignReason = 9
-	ReasonDelayedAllReduce AlignReason = 10
-	ReasonParamGroups      AlignReason = 11
+	ReasonNoPerBucketCaps  AlignReason = 6
+	ReasonPythonReducer    AlignReason = 7
+	ReasonStaticGraph      AlignReason = 8
+	ReasonMixedPrecision   AlignReason = 9
+	ReasonBuiltinCommHook  AlignReason = 10
+	ReasonDelayedAllReduce AlignReason = 11
+	ReasonParamGroups      AlignReason = 12
 )
 
 // String is the reason as plan records and logs say it.
@@ -84,6 +91,8 @@ func (r AlignReason) String() string {
 		return "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets"
 	case ReasonParamGroups:
 		return "parameters span several (dtype, device) groups; DDP buckets each group apart"
+	case ReasonPartOfForward:
+		return "the graph holds part of DDP's parameters: planned with the forward's other graphs"
 	}
 	return "unknown"
 }
@@ -126,6 +135,9 @@ type decider struct {
 	s   *Settings
 	g   Graph // the request's graph with the derived BlockIDs
 	out Decision
+	// partOnly: the aligned buckets hold DDP's parameters, each once, but
+	// not all of them (set by covers).
+	partOnly bool
 }
 
 // Decide validates req and makes every decision of Note [One call]. Like
@@ -228,6 +240,12 @@ func (d *decider) plan() error {
 	} else if !covered {
 		detail := fmt.Sprintf("the graph uses %d of DDP's %d parameters (a graph break, or parameters used outside this graph); DDP buckets the whole model",
 			planned, s.DDP.NumParams)
+		if d.partOnly && d.out.Config.BucketOrder == OrderReady && len(d.out.Plan.Buckets) > 0 {
+			d.out.Config.AlignBuckets = false
+			d.out.AlignReason = ReasonPartOfForward
+			d.out.AlignDetail = detail + "; planned with the forward's other graphs at the module's next training call"
+			return nil
+		}
 		return d.build(s.resolve(false), ReasonNotCovered, detail)
 	}
 	if d.out.Plan.NumPieces <= 1 {
@@ -279,6 +297,7 @@ func (d *decider) covers() (planned int, covered bool, err error) {
 			seen[pos] = true
 		}
 	}
+	d.partOnly = covered && planned < n
 	return planned, covered && planned == n, nil
 }
 

@@ -125,7 +125,9 @@ func checkDecide(t *testing.T, req *Request) {
 		}
 	} else {
 		require.False(t, cfg.AlignBuckets)
-		require.Empty(t, pl.DDPCaps)
+		if dec.AlignReason != ReasonPartOfForward { // its caps go to CombineForward, not to DDP
+			require.Empty(t, pl.DDPCaps)
+		}
 		if d := s.DDP; d != nil && s.AlignBuckets && d.refusal() != ReasonAligned {
 			require.Equal(t, d.refusal(), dec.AlignReason, "the first refusal")
 		}

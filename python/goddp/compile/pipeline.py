@@ -22,11 +22,11 @@ Each step returns what it made (an ExportedGraph, a Planned, the pieces,
 an Identified, the compiled callables); the plan record is built from those
 values in one place (``_DDPGraphCompile.record``).
 
-Failures never cost a training step: if a stage fails, goddp warns and
-compiles the whole graph with the inner compiler instead (the one fallback
-context: goddp.compile.fallback); a rank that fell back still takes part in
-the agreement. Ranks whose layouts for DDP's buckets differ keep DDP's own
-buckets on every rank (strict=True raises instead; goddp.ranks.agreement).
+A failing stage never costs a training step (see Note [Fallback] in
+goddp.compile.fallback); a rank that fell back still takes part in the
+agreement (Note [Where the ranks meet] in goddp.ranks.agreement). Ranks whose
+layouts for DDP's buckets differ keep DDP's own buckets on every rank
+(strict=True raises instead; goddp.ranks.agreement).
 """
 
 
@@ -52,9 +52,11 @@ from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
+from goddp.native.extension import REASON_PART_OF_FORWARD
 from goddp.native.plan import MIB, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan
 from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
+from goddp.ranks.forward import Member
 from goddp.ranks.layout import Layout, layout_of
 from goddp.ranks.plan_check import Statement
 from goddp.reports.records import GraphRecord, add_record, new_timings
@@ -76,6 +78,9 @@ class Planned:
     plan: GraphPlan
     caps: PlanSettings
     not_aligned: str | None
+    # The graph holds part of DDP's parameters: planned with the forward's
+    # other graphs (goddp.ranks.forward, Note [Graphs of one forward]).
+    part_of_forward: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +204,8 @@ class _DDPGraphCompile:
                 exported, num_params = with_ddp_positions(exported, names), len(names)
         request = self.request(align, num_params, facts)
         plan = decode_plan(call_planner(exported, request), exported, request.mode)
-        return Planned(plan, plan.caps, blocker or plan.not_aligned)
+        part = plan.align_reason == REASON_PART_OF_FORWARD
+        return Planned(plan, plan.caps, blocker or plan.not_aligned, part_of_forward=part)
 
     def identify(
         self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Piece], piece_inputs: list[list[Any]]
@@ -263,6 +269,8 @@ class _DDPGraphCompile:
         note_ddp_settings(self.ddp, planned.plan.ddp_bucket_order, self.options)
         if planned.not_aligned == STAND_IN:
             note_once(self.ddp, f"goddp: {STAND_IN}")
+        elif planned.part_of_forward:
+            logger.info("goddp: %s: %s", self.frame.describe(), planned.not_aligned)
         elif planned.not_aligned is not None and self.options.aligns_buckets:
             note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {planned.not_aligned}")
         if planned.caps.align_buckets and planned.caps.bucket_order == "declaration":
@@ -340,10 +348,20 @@ class _DDPGraphCompile:
                 digest = layout.digest()
             except Exception as exc:  # a name DDP does not know, a layout the planner refuses
                 layout, reason = None, f"could not state DDP's layout ({type(exc).__name__}: {exc})"
+        member_layout, member_reason, later = layout, reason, False
+        if planned is not None and planned.part_of_forward and record.fallback is None:
+            # Part of DDP's parameters: the ranks decide at the module's next
+            # training forward, with the forward's other graphs.
+            try:
+                member_layout = self.layout(planned.plan, planned.plan.ddp_caps, "ready")
+                later = True
+            except Exception as exc:  # a name DDP does not know
+                member_reason = f"could not state DDP's layout ({type(exc).__name__}: {exc})"
         statement = Statement(
             layout=layout,
             digest=digest if layout is not None else None,
             reason=reason,
+            later=later,
             strict=self.options.strict,
             fingerprint=None if planned is None else planned.plan.fingerprint,
             pieces=1 if planned is None else planned.plan.num_pieces,
@@ -352,7 +370,11 @@ class _DDPGraphCompile:
         def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
 
-        return gate_for_training(self.ddp, statement, report)
+        def note(forward: dict[str, Any]) -> None:
+            record.forward = forward
+
+        member = Member(member_layout, member_reason, self.frame.describe(), report, note)
+        return gate_for_training(self.ddp, statement, report, member)
 
     def layout(self, plan: GraphPlan, caps_bytes: Sequence[int], order: str) -> Layout:
         """The plan's buckets as DDP would hold them (goddp.ranks.layout)."""

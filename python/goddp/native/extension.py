@@ -1,7 +1,7 @@
 """Lazy access to goddp's Go planner, the extension module goddp._goddp.
 
-Loading goddp._goddp starts the Go runtime inside this process, and the Go
-runtime does not survive fork(): a child forked after the load hangs on its
+Note [Lazy Go runtime]: loading goddp._goddp starts the Go runtime inside
+this process, and the Go runtime does not survive fork(): a child forked after the load hangs on its
 first call into Go (the extension raises ForkedChildError instead). So
 nothing imports goddp._goddp at ``import goddp`` time; this module does, on
 the first call to load(), once per process, from any thread.
@@ -50,14 +50,15 @@ REASON_ALIGNED = 0
 REASON_OFF = 1
 REASON_NOT_COVERED = 2
 REASON_ONE_PIECE = 3
-REASON_NO_PARAMS = 4
-REASON_NO_PER_BUCKET_CAPS = 5
-REASON_PYTHON_REDUCER = 6
-REASON_STATIC_GRAPH = 7
-REASON_MIXED_PRECISION = 8
-REASON_BUILTIN_COMM_HOOK = 9
-REASON_DELAYED_ALLREDUCE = 10
-REASON_PARAM_GROUPS = 11
+REASON_PART_OF_FORWARD = 4
+REASON_NO_PARAMS = 5
+REASON_NO_PER_BUCKET_CAPS = 6
+REASON_PYTHON_REDUCER = 7
+REASON_STATIC_GRAPH = 8
+REASON_MIXED_PRECISION = 9
+REASON_BUILTIN_COMM_HOOK = 10
+REASON_DELAYED_ALLREDUCE = 11
+REASON_PARAM_GROUPS = 12
 EDGES_COMPILE = 0
 EDGES_AUTO = 1
 EDGES_EAGER = 2
@@ -156,3 +157,9 @@ def set_max_procs(n: int) -> int:
     """Sets the Go runtime's GOMAXPROCS and returns the previous value;
     n <= 0 only returns the current value. Loads the extension."""
     return load().set_max_procs(n)
+
+
+def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any, bucket_params: Any) -> dict[str, Any]:
+    """One DDP bucket layout for the graphs of a forward; see
+    goddp._goddp.combine_forward. Raises PlannerError like plan_graph."""
+    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
