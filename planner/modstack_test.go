@@ -276,7 +276,7 @@ func checkBlockRule(t *testing.T, data []byte) {
 	}
 	require.NoError(t, derr)
 	if dec.AlignReason == ReasonNoParams {
-		// Note [Parameter-free graphs]: one piece, no blocks, no Build.
+		// One piece, no blocks, no Build (Note [Parameter-free graphs]).
 		require.Equal(t, pl.NumPieces > 0, dec.Plan.NumPieces == 1)
 		require.Nil(t, dec.BlockIDs)
 		return
