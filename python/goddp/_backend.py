@@ -40,7 +40,8 @@ from torch import fx
 from goddp import _ddp_optimizer, _native
 from goddp._agreement import GatedCall, TrainingGate, gate_for_training
 from goddp._align import alignment_blocker, coverage_blocker
-from goddp._blocks import edge_pieces, group_pieces, piece_signature
+from goddp._blocks import block_ids, edge_pieces, group_pieces, piece_signature
+from goddp._checkpoints import companions, flattened_nodes, log_splits, split_checkpoints
 from goddp._cut import cut_graph
 from goddp._declaration import bucket_order, ddp_parameter_names, with_ddp_positions
 from goddp._ddp_settings import active_ddp_module, caps_for, note_ddp_settings, note_once, read_ddp_settings
@@ -160,6 +161,9 @@ class _DDPGraphCompile:
         ddp: Any,
     ) -> None:
         self.gm = gm
+        # What a fallback compiles: Dynamo's graph as it came (self.gm may
+        # become a copy with checkpoints split, see export).
+        self.dynamo_gm = gm
         self.example_inputs = example_inputs
         self.options = options
         self.inner = inner
@@ -221,6 +225,11 @@ class _DDPGraphCompile:
 
     def export(self) -> ExportedGraph:
         with self.record.timed("export"):
+            if self.options.cuts_at_blocks:
+                # Note [Checkpoint bodies]: a checkpoint spanning several
+                # blocks becomes one checkpoint per block before planning.
+                self.gm, splits = split_checkpoints(self.gm, _body_block_ids)
+                log_splits(splits)
             exported = export_graph(
                 self.gm,
                 param_name_of=self.settings.param_name_of,
@@ -247,7 +256,7 @@ class _DDPGraphCompile:
             with self.record.timed("compile"):
                 # No training gate: every rank sees the same graph holds no
                 # parameters, so every rank leaves it out of the agreement.
-                return self.inner(self.gm, self.example_inputs)
+                return self.inner(self.dynamo_gm, self.example_inputs)
         finally:
             add_record(self.record)
 
@@ -300,6 +309,7 @@ class _DDPGraphCompile:
                 exported.arrays.get("node_block_ids"),
                 [plan.node_pieces[node.name] for node in exported.nodes],
                 self.options.edge_policy,
+                _node_weights(self.gm, exported.nodes),
             )
             if self.options.cuts_at_blocks:
                 # An eager piece shares nothing: no compiled piece may run its
@@ -339,7 +349,7 @@ class _DDPGraphCompile:
             _warn_fallback(reason, cause)
         try:
             with self.record.timed("compile"):
-                compiled = self.inner(self.gm, self.example_inputs)
+                compiled = self.inner(self.dynamo_gm, self.example_inputs)
         finally:
             add_record(self.record)
         # A rank that fell back still takes part in the agreement, and says why.
@@ -363,6 +373,23 @@ class _DDPGraphCompile:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
 
         return gate_for_training(self.ddp, statement, report)
+
+
+def _node_weights(gm: fx.GraphModule, nodes: Sequence[fx.Node]) -> list[int]:
+    """How many compute nodes each node stands for: a checkpoint call its
+    body's (Note [Checkpoint bodies]), its get_attr and getitems none, any
+    other node one."""
+    weights = [len(flattened_nodes(gm, node)) for node in nodes]
+    index = {node: i for i, node in enumerate(nodes)}
+    for node in nodes:
+        for companion in companions(gm, node):
+            if companion in index:
+                weights[index[companion]] = 0
+    return weights
+
+
+def _body_block_ids(body: fx.GraphModule) -> list[int]:
+    return block_ids(list(body.graph.nodes), body)
 
 
 def _holds_ddp_parameters(exported: ExportedGraph) -> bool:

@@ -6,7 +6,8 @@ the same graph when goddp cuts at block boundaries (the planner does that,
 see planner/blocks.go). Two facts are gathered here:
 
 - ``block_ids``: per node, which instance of a repeated block it belongs to,
-  read from Dynamo's ``node.meta["nn_module_stack"]``;
+  read from Dynamo's ``node.meta["nn_module_stack"]`` (a checkpoint call
+  through the nodes of its body, Note [Checkpoint bodies]);
 - ``piece_signature``: a key that is equal for two pieces exactly when one
   compiled callable can serve both: same nodes, targets, constants and
   wiring, and same input metadata, names aside.
@@ -28,6 +29,7 @@ from typing import Any, Sequence
 import torch
 from torch import fx, nn
 
+from goddp import _checkpoints
 from goddp._export import resolve_attr
 
 # A module path that ends in an index: "L['self'].blocks.3" or "...blocks[3]".
@@ -61,7 +63,7 @@ def _stack_entries(node: fx.Node) -> list[tuple[tuple[str, str], str]]:
     return entries
 
 
-def block_ids(nodes: Sequence[fx.Node]) -> list[int]:
+def block_ids(nodes: Sequence[fx.Node], gm: fx.GraphModule | None = None) -> list[int]:
     """Per node, the repeated block instance it belongs to (numbered in order
     of first appearance), or -1.
 
@@ -71,18 +73,25 @@ def block_ids(nodes: Sequence[fx.Node]) -> list[int]:
     MIN_BLOCK_NODES compute nodes each on average. A node belongs to the
     outermost such module on its stack. Placeholders and the output belong
     to none. Only graph facts are used, so every rank numbers alike.
+
+    With gm (the nodes' graph module), a higher-order-op call counts as the
+    nodes of its body, each with its own stack: it belongs to the block they
+    all belong to, or to none when they span several; its body's get_attr
+    and its getitems go with it (Note [Checkpoint bodies]).
     """
-    stacks: list[list[tuple[tuple[str, str], str]]] = []
+    stacks: list[list[list[tuple[tuple[str, str], str]]]] = []
     members: dict[tuple[str, str], dict[str, int]] = {}
     for node in nodes:
         if node.op in ("placeholder", "output"):
             stacks.append([])
             continue
-        entries = _stack_entries(node)
-        stacks.append(entries)
-        for key, path in entries:
-            counts = members.setdefault(key, {})
-            counts[path] = counts.get(path, 0) + 1
+        flat = _checkpoints.flattened_nodes(gm, node) if gm is not None else [node]
+        per_node = [_stack_entries(n) for n in flat]
+        stacks.append(per_node)
+        for entries in per_node:
+            for key, path in entries:
+                counts = members.setdefault(key, {})
+                counts[path] = counts.get(path, 0) + 1
     repeated = {
         key
         for key, counts in members.items()
@@ -90,13 +99,23 @@ def block_ids(nodes: Sequence[fx.Node]) -> list[int]:
     }
     numbers: dict[str, int] = {}
     result = []
-    for entries in stacks:
-        block = -1
-        for key, path in entries:
-            if key in repeated:
-                block = numbers.setdefault(path, len(numbers))
-                break
-        result.append(block)
+    for per_node in stacks:
+        found: set[int] = set()
+        first = -1
+        for entries in per_node:
+            for key, path in entries:
+                if key in repeated:
+                    block = numbers.setdefault(path, len(numbers))
+                    found.add(block)
+                    first = block if first < 0 else first
+                    break
+        result.append(first if len(found) == 1 else -1)
+    if gm is not None:
+        index = {node: i for i, node in enumerate(nodes)}
+        for i, node in enumerate(nodes):
+            for companion in _checkpoints.companions(gm, node):
+                if companion in index:
+                    result[index[companion]] = result[i]
     return result
 
 
@@ -153,6 +172,20 @@ def _input_meta(value: Any) -> Any:
     return ("value", type(value).__name__, value)
 
 
+def _target_key(gm: fx.GraphModule, node: fx.Node) -> Any:
+    """What a node's target contributes to its piece's signature: a body
+    (a GraphModule attribute: a checkpoint's) by its structure, recursively
+    (Note [Checkpoint bodies]); other attributes and submodules by identity."""
+    if node.op == "get_attr":
+        value = resolve_attr(gm, str(node.target))
+        if isinstance(value, fx.GraphModule):
+            return ("body", _checkpoints.graph_key(value, _canonical, _target_key))
+        return ("attr", id(value))
+    if node.op == "call_module":
+        return ("module", id(gm.get_submodule(str(node.target))))
+    return node.target
+
+
 def piece_signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple | None:
     """A hashable key, equal for pieces that one compiled callable can serve,
     or None when this piece must be compiled on its own.
@@ -163,7 +196,8 @@ def piece_signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple 
     get_attr never match), and each example input's metadata (shape,
     strides, dtype, device, grad requirement, whether it is a parameter),
     plus which inputs are the same object. Node names are left out: they
-    differ from block to block.
+    differ from block to block. A checkpoint's body counts by its structure
+    and its checkpoint policy (see _target_key).
     """
     index: dict[fx.Node, int] = {}
     entries: list[Any] = []
@@ -173,13 +207,7 @@ def piece_signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple 
             if node.op == "placeholder":
                 entries.append(("placeholder",))
                 continue
-            if node.op == "get_attr":
-                target: Any = ("attr", id(resolve_attr(gm, str(node.target))))
-            elif node.op == "call_module":
-                target = ("module", id(gm.get_submodule(str(node.target))))
-            else:
-                target = node.target
-            entries.append((node.op, target, _canonical(node.args, index), _canonical(node.kwargs, index)))
+            entries.append((node.op, _target_key(gm, node), _canonical(node.args, index), _canonical(node.kwargs, index)))
         first_seen: dict[int, int] = {}
         inputs = []
         for i, value in enumerate(example_inputs):
@@ -247,13 +275,16 @@ def edge_pieces(
     node_blocks: Sequence[int] | None,
     node_pieces: Sequence[int],
     policy: str,
+    node_weights: Sequence[int] | None = None,
 ) -> list[int]:
     """The pieces to run eagerly under option ``edges`` (policy: "auto",
     "compile" or "eager"), ascending: the pieces whose compute nodes all lie
     before the first node of a repeated block or after the last, in a graph
     that has repeated blocks (node_blocks, per node, from block_ids; None
     when it has none); "auto" keeps only those no bigger than the mean
-    block. node_pieces is each node's piece (-1 for none)."""
+    block. node_pieces is each node's piece (-1 for none); node_weights,
+    when given, how many compute nodes each node stands for (a checkpoint
+    call: its body's, Note [Checkpoint bodies]), else one each."""
     if policy == "compile" or node_blocks is None:
         return []
     in_block = [i for i, (node, block) in enumerate(zip(nodes, node_blocks)) if block >= 0 and _is_compute(node)]
@@ -266,9 +297,10 @@ def edge_pieces(
     for i, (node, block, piece) in enumerate(zip(nodes, node_blocks, node_pieces)):
         if piece < 0 or not _is_compute(node):
             continue
-        piece_size[piece] = piece_size.get(piece, 0) + 1
+        weight = node_weights[i] if node_weights is not None else 1
+        piece_size[piece] = piece_size.get(piece, 0) + weight
         if block >= 0:
-            block_size[block] = block_size.get(block, 0) + 1
+            block_size[block] = block_size.get(block, 0) + weight
         if first <= i <= last:
             inside.add(piece)
     edges = sorted(p for p in piece_size if p not in inside)

@@ -343,7 +343,7 @@ class _Exporter:
             return {}
         from goddp._blocks import block_ids  # goddp._blocks reads attributes through this module
 
-        ids = block_ids(self.nodes)
+        ids = block_ids(self.nodes, self.gm)
         if all(block < 0 for block in ids):
             return {}
         return {"node_block_ids": array("i", ids)}
