@@ -11,8 +11,8 @@ import torch
 import torch.utils.checkpoint as cp
 from torch import fx
 
-from goddp._blocks import block_ids, piece_signature
-from goddp._checkpoints import plan_split, policy_key, split_checkpoints
+from goddp.graph.blocks import block_ids, piece_signature
+from goddp.graph.checkpoints import plan_split, policy_key, split_checkpoints
 from checkpoint_models import SAVED_OPS, build, make_tokens, sac_context
 from test_blocks import dynamo_graph
 

@@ -58,17 +58,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 
+from goddp.graph.nodes import example_value, is_compute, resolve_attr
+
 logger = logging.getLogger("goddp")
 
 CONTEXT_FN_KEY = "_checkpoint_context_fn"
 _CHECKPOINT = torch.ops.higher_order.tag_activation_checkpoint
-
-
-def _resolve(root: Any, target: str) -> Any:
-    obj = root
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def body_of(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:
@@ -79,7 +74,7 @@ def body_of(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:
     if not node.args or not isinstance(node.args[0], fx.Node) or node.args[0].op != "get_attr":
         return None
     try:
-        body = _resolve(gm, str(node.args[0].target))
+        body = resolve_attr(gm, str(node.args[0].target))
     except AttributeError:
         return None
     return body if isinstance(body, fx.GraphModule) else None
@@ -97,7 +92,7 @@ def flattened_nodes(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
         return [node]
     out: list[fx.Node] = []
     for inner in body.graph.nodes:
-        if inner.op not in ("placeholder", "output", "get_attr"):
+        if is_compute(inner) and inner.op != "get_attr":
             out.extend(flattened_nodes(body, inner))
     return out
 
@@ -138,7 +133,7 @@ def graph_key(
     """A hashable key for a graph's code: per node its op, target_key and
     arguments (other nodes by position, constants by canonical), names
     aside, and the graph module's meta (the checkpoint policy). target_key
-    recurses into bodies (goddp._blocks.piece_signature)."""
+    recurses into bodies (goddp.graph.blocks.piece_signature)."""
     index: dict[fx.Node, int] = {}
     entries: list[Any] = []
     for i, node in enumerate(gm.graph.nodes):
@@ -219,7 +214,7 @@ def _carries(value: Any) -> bool:
 
 
 def _example(node: fx.Node) -> Any:
-    return node.meta.get("example_value", node.meta.get("val"))
+    return example_value(node, None)
 
 
 @dataclass
@@ -328,7 +323,7 @@ def plan_split(gm: fx.GraphModule, call: fx.Node, body_blocks: Callable[[fx.Grap
     reason = _policy_blocker(body)
     if reason is not None:
         return whole(reason)
-    compute = [n for n in nodes if n.op not in ("placeholder", "output")]
+    compute = [n for n in nodes if is_compute(n)]
     for node in compute:
         reason = _node_blocker(body, node)
         if reason is not None:
@@ -367,7 +362,7 @@ def _region_body(body: fx.GraphModule, region: Region) -> fx.GraphModule:
     for node in region.nodes:
         env[node] = graph.node_copy(node, env.__getitem__)
     graph.output(tuple(env[n] for n in region.outputs))
-    attrs = {str(n.target): _resolve(body, str(n.target)) for n in region.nodes if n.op == "get_attr"}
+    attrs = {str(n.target): resolve_attr(body, str(n.target)) for n in region.nodes if n.op == "get_attr"}
     sub = fx.GraphModule(attrs, graph, class_name="GoddpCheckpointRegion")
     sub.meta = dict(getattr(body, "meta", {}))
     return sub
@@ -418,7 +413,7 @@ def split_checkpoints(
         env[node] = graph.node_copy(node, env.__getitem__)
         if node.op == "placeholder" and hasattr(node, "_dynamo_source"):
             env[node]._dynamo_source = node._dynamo_source
-    attrs = {str(n.target): _resolve(gm, str(n.target)) for n in gm.graph.nodes if n.op == "get_attr"}
+    attrs = {str(n.target): resolve_attr(gm, str(n.target)) for n in gm.graph.nodes if n.op == "get_attr"}
     for split in splits:
         if split.regions is not None:
             _rewrite(graph, attrs, env[split.call], split.regions)

@@ -29,8 +29,8 @@ from typing import Any, Sequence
 import torch
 from torch import fx, nn
 
-from goddp import _checkpoints
-from goddp._export import resolve_attr
+from goddp.graph import checkpoints as _checkpoints
+from goddp.graph.nodes import is_compute, resolve_attr
 
 # A module path that ends in an index: "L['self'].blocks.3" or "...blocks[3]".
 _INDEXED_PATH = re.compile(r"^(?P<parent>.+?)(?:\.(?P<dot>\d+)|\[(?P<bracket>\d+)\])$")
@@ -82,7 +82,7 @@ def block_ids(nodes: Sequence[fx.Node], gm: fx.GraphModule | None = None) -> lis
     stacks: list[list[list[tuple[tuple[str, str], str]]]] = []
     members: dict[tuple[str, str], dict[str, int]] = {}
     for node in nodes:
-        if node.op in ("placeholder", "output"):
+        if not is_compute(node):
             stacks.append([])
             continue
         flat = _checkpoints.flattened_nodes(gm, node) if gm is not None else [node]
@@ -265,11 +265,6 @@ def backward_order(leaders: Sequence[int]) -> list[int]:
 # eagerly changes nothing DDP communicates, so ranks need not agree on it.
 
 
-def _is_compute(node: fx.Node) -> bool:
-    # As the planner counts nodes (planner/common.go, isCompute).
-    return node.op not in ("placeholder", "output")
-
-
 def edge_pieces(
     nodes: Sequence[fx.Node],
     node_blocks: Sequence[int] | None,
@@ -287,7 +282,7 @@ def edge_pieces(
     call: its body's, Note [Checkpoint bodies]), else one each."""
     if policy == "compile" or node_blocks is None:
         return []
-    in_block = [i for i, (node, block) in enumerate(zip(nodes, node_blocks)) if block >= 0 and _is_compute(node)]
+    in_block = [i for i, (node, block) in enumerate(zip(nodes, node_blocks)) if block >= 0 and is_compute(node)]
     if not in_block:
         return []
     first, last = in_block[0], in_block[-1]
@@ -295,7 +290,7 @@ def edge_pieces(
     piece_size: dict[int, int] = {}
     inside: set[int] = set()
     for i, (node, block, piece) in enumerate(zip(nodes, node_blocks, node_pieces)):
-        if piece < 0 or not _is_compute(node):
+        if piece < 0 or not is_compute(node):
             continue
         weight = node_weights[i] if node_weights is not None else 1
         piece_size[piece] = piece_size.get(piece, 0) + weight
