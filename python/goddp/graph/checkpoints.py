@@ -19,10 +19,13 @@ partitioner recomputes them in backward; every call of a compiled piece is
 its own autograd node.
 
 So, for goddp:
-- Blocks: a call stands for the nodes of its body (flattened, recursively):
-  their module stacks place it in a block (``flattened_nodes``); its body's
-  get_attr and its getitems go with it. A call whose body spans several
-  blocks belongs to none, unless it is split first (below).
+- Blocks: the planner's block rule (Note [Block rule]) reads each node's
+  module stack; a call's is the modules its whole body runs inside, the
+  common prefix of its body's stacks (``stacks_through_bodies``), and its
+  body's get_attr and its getitems get the call's. A call inside one block
+  lands in it; a call whose body spans several blocks in none, unless it is
+  split first (below). The rule counts a call as the three outer nodes it
+  is, not its body's nodes (see Limits in README.md for the edges).
 - Identity: two calls are the same code when their bodies have the same
   structure, names aside, recursively, with the same settings and the same
   policy (``graph_key``; a policy partial compares by function and bound
@@ -103,6 +106,37 @@ def companions(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
     if body_of(gm, node) is None:
         return []
     return [node.args[0]] + [u for u in node.users if u.op == "call_function" and u.target is operator.getitem]
+
+
+def stacks_through_bodies(gm: fx.GraphModule, nodes: Sequence[fx.Node], stack_of: Callable[[fx.Node], list]) -> list[list]:
+    """Per node, the module stack the planner's block rule reads: its own
+    (stack_of), but for a higher-order-op call the modules its whole body
+    runs inside, i.e. the common prefix of its body's nodes' stacks (those
+    with one), recursively; its body's get_attr and its getitems get the
+    call's. A call inside one block thus lands in that block; one spanning
+    several blocks in none of them (Note [Checkpoint bodies])."""
+    stacks = [stack_of(node) for node in nodes]
+    index = {node: i for i, node in enumerate(nodes)}
+    for i, node in enumerate(nodes):
+        if body_of(gm, node) is None:
+            continue
+        prefix: list | None = None
+        for inner in flattened_nodes(gm, node):
+            stack = stack_of(inner)
+            if not stack:
+                continue
+            if prefix is None:
+                prefix = list(stack)
+                continue
+            keep = 0
+            while keep < min(len(prefix), len(stack)) and prefix[keep] == stack[keep]:
+                keep += 1
+            del prefix[keep:]
+        stacks[i] = prefix or []
+        for companion in companions(gm, node):
+            if companion in index:
+                stacks[index[companion]] = stacks[i]
+    return stacks
 
 
 # --------------------------------------------------------------------------
