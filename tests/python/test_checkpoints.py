@@ -11,8 +11,10 @@ import torch
 import torch.utils.checkpoint as cp
 from torch import fx
 
-from goddp.graph.blocks import block_ids, piece_signature
-from goddp.graph.checkpoints import plan_split, policy_key, split_checkpoints
+from goddp.graph.blocks import piece_signature
+from goddp.graph.export import module_stack
+from goddp.native.plan import plan_graph_module
+from goddp.graph.checkpoints import plan_split, policy_key, split_checkpoints, stacks_through_bodies
 from checkpoint_models import SAVED_OPS, build, make_tokens, sac_context
 from test_blocks import dynamo_graph
 
@@ -35,24 +37,36 @@ class TestPolicyKey:
         assert policy_key(functools.partial(other, 1), canonical) != policy_key(functools.partial(other, 2), canonical)
 
 
+def planner_blocks(gm):
+    plan = plan_graph_module(gm, block_cuts=True)
+    return plan.node_block_ids or [-1] * len(gm.graph.nodes)
+
+
 class TestBlocksThroughBodies:
-    def test_each_checkpoint_call_joins_its_block(self):
+    def test_each_checkpoint_call_joins_its_block(self, native_module):
         gm = dynamo_graph(build("per_block", "residual"), make_tokens(0))
         nodes = list(gm.graph.nodes)
-        # without seeing through, a call has no module stack: no blocks
-        assert set(block_ids(nodes)) == {-1}
-        ids = block_ids(nodes, gm)
+        # a call has no module stack of its own
         calls = [i for i, n in enumerate(nodes) if n.target is CHECKPOINT]
+        assert all(module_stack(nodes[i]) == [] for i in calls)
+        stacks = stacks_through_bodies(gm, nodes, module_stack)
+        assert [stacks[i][-1][0] for i in calls] == [f"L['self'].blocks.{k}" for k in range(4)]
+        ids = planner_blocks(gm)
         assert [ids[i] for i in calls] == [0, 1, 2, 3]
         for i in calls:
             body_attr, results = nodes[i].args[0], list(nodes[i].users)
+            assert stacks[nodes.index(body_attr)] == stacks[i]
             assert ids[nodes.index(body_attr)] == ids[i]
             assert all(ids[nodes.index(r)] == ids[i] for r in results)
 
-    def test_a_call_spanning_blocks_belongs_to_none(self):
+    def test_a_call_spanning_blocks_belongs_to_none(self, native_module):
         gm = dynamo_graph(build("whole", "residual"), make_tokens(0))
         nodes = list(gm.graph.nodes)
-        assert set(block_ids(nodes, gm)) == {-1}
+        (call,) = [n for n in nodes if n.target is CHECKPOINT]
+        assert stacks_through_bodies(gm, nodes, module_stack)[nodes.index(call)] == []
+        assert set(planner_blocks(gm)) == {-1}
+        # its body alone holds the four blocks
+        assert sorted(set(planner_blocks(getattr(gm, call.args[0].target))) - {-1}) == [0, 1, 2, 3]
 
     def test_bodies_compare_by_structure_names_aside(self):
         gm = dynamo_graph(build("per_block", "residual"), make_tokens(0))
