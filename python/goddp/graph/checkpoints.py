@@ -24,8 +24,10 @@ So, for goddp:
   common prefix of its body's stacks (``stacks_through_bodies``), and its
   body's get_attr and its getitems get the call's. A call inside one block
   lands in it; a call whose body spans several blocks in none, unless it is
-  split first (below). The rule counts a call as the three outer nodes it
-  is, not its body's nodes (see Limits in README.md for the edges).
+  split first (below). The call weighs its body's compute nodes, its
+  get_attr and getitems nothing (``weights_through_bodies``; Note [Node
+  weights] in planner/modstack.go), so that the block rule's sizes and the
+  edges' (Note [Edges]) count what the model runs.
 - Identity: two calls are the same code when their bodies have the same
   structure, names aside, recursively, with the same settings and the same
   policy (``graph_key``; a policy partial compares by function and bound
@@ -137,6 +139,22 @@ def stacks_through_bodies(gm: fx.GraphModule, nodes: Sequence[fx.Node], stack_of
             if companion in index:
                 stacks[index[companion]] = stacks[i]
     return stacks
+
+
+def weights_through_bodies(gm: fx.GraphModule, nodes: Sequence[fx.Node]) -> list[int] | None:
+    """Per node, how many compute nodes it stands for (planner/modstack.go,
+    Note [Node weights]): a higher-order-op call its body's, its body's
+    get_attr and its getitems 0, any other node 1; None when the graph has
+    no such call (the planner then counts one each)."""
+    weights = [len(flattened_nodes(gm, node)) for node in nodes]
+    index = {node: i for i, node in enumerate(nodes)}
+    found = False
+    for node in nodes:
+        for companion in companions(gm, node):
+            found = True
+            if companion in index:
+                weights[index[companion]] = 0
+    return weights if found else None
 
 
 # --------------------------------------------------------------------------

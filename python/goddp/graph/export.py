@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import fx, nn
 
-from goddp.graph.checkpoints import stacks_through_bodies
+from goddp.graph.checkpoints import stacks_through_bodies, weights_through_bodies
 from goddp.graph.nodes import resolve_attr
 from goddp.native import extension as _native
 
@@ -354,12 +354,14 @@ class _Exporter:
                 paths.append(intern(path))
                 types.append(intern(kind))
             stack_offsets.append(len(paths))
+        weights = weights_through_bodies(self.gm, self.nodes)
         return {
             "module_string_offsets": string_offsets,
             "module_strings": bytes(strings),
             "node_stack_offsets": stack_offsets,
             "node_stack_paths": paths,
             "node_stack_types": types,
+            **({} if weights is None else {"node_weights": array("i", weights)}),
         }
 
     def param_flags(self, param: torch.Tensor, name: str) -> int:
