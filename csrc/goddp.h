@@ -57,7 +57,8 @@ extern "C" {
  *    goddp_graph's module stacks, goddp_config.defaults, block_cuts, edges
  *    and ddp (goddp_ddp), and goddp_plan's settings, align_reason,
  *    align_detail, alignment_name, num_counted_params, piece_params,
- *    eager_pieces and node_block_ids. */
+ *    eager_pieces and node_block_ids.
+ * 7: goddp_graph.node_weights (optional, at the end of the struct). */
 #define GODDP_ABI_VERSION 7
 
 /* FX node kinds, as in torch.fx.Node.op. */
