@@ -125,14 +125,19 @@ def _canonical_names(gm):
     return gm
 
 
+# The PieceReuseOff switch goddp_each and goddp_canon turn on (goddp.measure).
+_REUSE_OFF: list = []
+
+
 def _compiled(torch, ddp, tool: str, inner: str):
     if tool in ("goddp_each", "goddp_canon"):
-        # Bench-only: turn goddp's reuse of one callable off, to measure
-        # what the inner compiler's caches give instead.
-        import goddp.compile.pipeline as backend
+        # goddp's reuse of one callable off (for this whole process), to
+        # measure what the inner compiler's caches give instead.
         from torch._dynamo.backends.registry import lookup_backend
 
-        backend.group_pieces = lambda signatures: list(range(len(signatures)))
+        from goddp import measure
+
+        _REUSE_OFF.append(measure.PieceReuseOff().on())
         named = lookup_backend(inner)
 
         def each(gm, example_inputs):
@@ -215,6 +220,8 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
+        for switch in _REUSE_OFF:
+            switch.check_used()  # else this run measured goddp with reuse
         c1 = _cpu_seconds()
         steady, steady_cpu = [], []
         for _ in range(3):

@@ -58,6 +58,10 @@ extern "C" {
  *    and ddp (goddp_ddp), and goddp_plan's settings, align_reason,
  *    align_detail, alignment_name, num_counted_params, piece_params,
  *    eager_pieces and node_block_ids.
+ * Added without a bump (new, nothing changed): goddp_layout and
+ * goddp_layout_digest; goddp_forward, goddp_forward_plan,
+ * goddp_combine_forward and goddp_forward_plan_free;
+ * GODDP_REASON_PART_OF_FORWARD.
  * 7: goddp_graph.node_weights (optional, at the end of the struct). */
 #define GODDP_ABI_VERSION 7
 
@@ -112,7 +116,9 @@ enum goddp_align_reason {
     GODDP_REASON_ALIGNED = 0,     /* the buckets are DDP's; ddp_caps are its caps */
     GODDP_REASON_OFF = 1,         /* config.align_buckets was 0 */
     GODDP_REASON_NOT_COVERED = 2, /* aligned buckets would not hold exactly DDP's parameters: planned unaligned */
-    GODDP_REASON_ONE_PIECE = 3    /* the aligned plan is one piece: nothing to align */
+    GODDP_REASON_ONE_PIECE = 3,   /* the aligned plan is one piece: nothing to align */
+    GODDP_REASON_PART_OF_FORWARD = 4 /* as NOT_COVERED, ready order: the aligned plan is kept for
+                                      * goddp_combine_forward with the forward's other graphs */
 };
 
 /* Which edge pieces (outside the repeated blocks) run eagerly
@@ -335,8 +341,63 @@ goddp_status goddp_set_max_procs(int32_t n, int32_t *previous);
 goddp_status goddp_plan_graph(const goddp_graph *g, const goddp_config *cfg,
                               goddp_plan **out, char **err_msg);
 
+/* What DDP will communicate for one module once goddp has set its buckets
+ * (python/goddp/_agreement.py, Note [Agreeing on DDP's layout]): the ranks
+ * of a DDP module compare its digest, never their graphs. */
+typedef struct goddp_layout {
+    int32_t num_buckets;                /* >= 1, DDP order */
+    const int64_t *bucket_offsets;      /* [num_buckets + 1] into positions (CSR) */
+    const int32_t *positions;           /* DDP parameter positions, ready order per bucket */
+    int32_t bucket_order;               /* enum goddp_bucket_order */
+    const char *build;                  /* NUL-terminated: goddp version and ABI */
+    int32_t num_caps;                   /* >= 1 */
+    const int64_t *caps;                /* [num_caps] per-bucket caps given to DDP, in DDP's walk order */
+} goddp_layout;
+
+/* Stores in *digest a 64-bit digest of layout, equal on every process and
+ * machine for equal layouts. GODDP_ERR_INVALID_CONFIG for a layout no DDP
+ * module could have (no bucket or cap, an empty bucket, a repeated or
+ * negative position, a cap below one byte). */
+goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, char **err_msg);
+
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);
+
+/* The graphs of one forward, each bucketed by an aligned plan
+ * (goddp_config.align_buckets), for goddp_combine_forward. DDP positions
+ * index the list of parameters DDP reduces. */
+typedef struct goddp_forward {
+    int64_t num_params;                 /* parameters DDP reduces */
+    const int64_t *param_bytes;         /* [num_params] numel*element size, by DDP position */
+    int64_t num_graphs;                 /* >= 1, in forward order */
+    const int64_t *graph_bucket_offsets; /* [num_graphs + 1] CSR over the buckets, each graph's in DDP order */
+    const int64_t *bucket_param_offsets; /* [num_buckets + 1] CSR over bucket_params */
+    const int32_t *bucket_params;       /* DDP positions */
+} goddp_forward;
+
+/* One DDP bucket layout for a forward's graphs (planner/forward.go). Every
+ * array is malloc'd by the library and freed by goddp_forward_plan_free. */
+typedef struct goddp_forward_plan {
+    int64_t num_buckets;                /* DDP order: the last graph's buckets first */
+    int64_t *bucket_bytes;              /* [num_buckets] the per-bucket caps to give DDP */
+    int32_t *bucket_graphs;             /* [num_buckets] the graph (forward order) it comes from */
+    int32_t *bucket_sources;            /* [num_buckets] its index among that graph's buckets */
+    int64_t *bucket_param_offsets;      /* [num_buckets + 1] CSR */
+    int32_t *bucket_params;             /* DDP positions */
+    int64_t moved;                      /* parameters in several graphs, kept in the earliest only */
+    int64_t dropped;                    /* buckets left empty by that */
+} goddp_forward_plan;
+
+/* Combines the aligned buckets of a forward's graphs into one DDP
+ * layout: the later graph's buckets first (DDP's backward runs it first),
+ * a parameter of several graphs in the earliest one's bucket. Fails with
+ * GODDP_ERR_INVALID_GRAPH unless the graphs between them hold every
+ * parameter DDP reduces. On GODDP_OK, *out is released with
+ * goddp_forward_plan_free. */
+goddp_status goddp_combine_forward(const goddp_forward *f, goddp_forward_plan **out, char **err_msg);
+
+/* Releases a goddp_forward_plan. NULL is a no-op. */
+void goddp_forward_plan_free(goddp_forward_plan *plan);
 
 /* Releases an error message. NULL is a no-op. */
 void goddp_string_free(char *s);

@@ -811,6 +811,120 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------------- */
+/* combine_forward                                                          */
+
+/* Exports obj as a C-contiguous buffer of native integers of itemsize
+ * bytes; what names the argument in errors. */
+static int get_int_view(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *what, const char *hint) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous buffer of %s, not %.100s", what, hint,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (view->itemsize != itemsize || !is_native_integer_format(view->format)) {
+        PyErr_Format(PyExc_ValueError, "%s must hold %s; got format '%s' with item size %zd", what, hint,
+                     view->format ? view->format : "B", view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *forward_plan_to_dict(const goddp_forward_plan *p) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    int64_t nb = p->num_buckets;
+    if (nb < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "goddp: library returned a forward plan with negative counts");
+        goto fail;
+    }
+    if (set_int(d, "num_buckets", PyLong_FromLongLong(nb)) < 0 ||
+        set_bytes(d, "bucket_bytes", p->bucket_bytes, nb, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "bucket_graphs", p->bucket_graphs, nb, sizeof(int32_t)) < 0 ||
+        set_bytes(d, "bucket_sources", p->bucket_sources, nb, sizeof(int32_t)) < 0 ||
+        set_bytes(d, "bucket_param_offsets", p->bucket_param_offsets, nb + 1, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "bucket_params", p->bucket_params, csr_total(p->bucket_param_offsets, nb), sizeof(int32_t)) <
+            0 ||
+        set_int(d, "moved", PyLong_FromLongLong(p->moved)) < 0 ||
+        set_int(d, "dropped", PyLong_FromLongLong(p->dropped)) < 0) {
+        goto fail;
+    }
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+PyDoc_STRVAR(combine_forward_doc,
+             "combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params) -> dict\n\n"
+             "One DDP bucket layout for the graphs of a forward (goddp_combine_forward in\n"
+             "csrc/goddp.h): param_bytes (int64, by DDP position), graph_bucket_offsets and\n"
+             "bucket_param_offsets (int64 CSR offsets), bucket_params (int32 DDP positions).\n"
+             "The result's keys are the field names of goddp_forward_plan; arrays come back\n"
+             "as bytes of native values. Raises PlannerError when the planner rejects it.");
+
+static PyObject *py_combine_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *objs[4];
+    if (!PyArg_ParseTuple(args, "OOOO:combine_forward", &objs[0], &objs[1], &objs[2], &objs[3])) return NULL;
+    if (refuse_in_forked_child() < 0) return NULL;
+    static const char *const names[4] = {"param_bytes", "graph_bucket_offsets", "bucket_param_offsets",
+                                         "bucket_params"};
+    static const Py_ssize_t sizes[4] = {8, 8, 8, 4};
+    Py_buffer views[4];
+    int held = 0;
+    PyObject *result = NULL;
+    for (; held < 4; held++) {
+        if (get_int_view(objs[held], &views[held], sizes[held], names[held],
+                         sizes[held] == 8 ? "int64, e.g. array('q')" : "int32, e.g. array('i')") < 0)
+            goto done;
+    }
+    Py_ssize_t num_graph_offsets = views[1].len / 8, num_bucket_offsets = views[2].len / 8;
+    if (num_graph_offsets < 2 || num_bucket_offsets < 1) {
+        PyErr_SetString(PyExc_ValueError, "combine_forward: a forward has at least one graph, and CSR offsets "
+                                          "have one more entry than items");
+        goto done;
+    }
+    const int64_t *graph_offs = views[1].buf, *bucket_offs = views[2].buf;
+    if (graph_offs[num_graph_offsets - 1] != num_bucket_offsets - 1 ||
+        bucket_offs[num_bucket_offsets - 1] != views[3].len / 4) {
+        PyErr_SetString(PyExc_ValueError,
+                        "combine_forward: the last offset of each CSR array must equal the length of what it indexes");
+        goto done;
+    }
+    goddp_forward f = {
+        .num_params = views[0].len / 8,
+        .param_bytes = views[0].buf,
+        .num_graphs = num_graph_offsets - 1,
+        .graph_bucket_offsets = graph_offs,
+        .bucket_param_offsets = bucket_offs,
+        .bucket_params = views[3].buf,
+    };
+    goddp_forward_plan *plan = NULL;
+    char *msg = NULL;
+    goddp_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = goddp_combine_forward(&f, &plan, &msg);
+    Py_END_ALLOW_THREADS
+    if (status != GODDP_OK) {
+        goddp_forward_plan_free(plan);
+        raise_planner_error(status, msg);
+        goto done;
+    }
+    goddp_string_free(msg);
+    if (plan == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "goddp: library returned GODDP_OK without a forward plan");
+        goto done;
+    }
+    result = forward_plan_to_dict(plan);
+    goddp_forward_plan_free(plan);
+done:
+    for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    return result;
+}
+
 PyDoc_STRVAR(abi_version_doc, "abi_version() -> int\n\nGODDP_ABI_VERSION of the linked Go library.");
 
 static PyObject *py_abi_version(PyObject *self, PyObject *unused) {
@@ -849,6 +963,54 @@ static PyObject *py_set_max_procs(PyObject *self, PyObject *arg) {
     return PyLong_FromLong((long)previous);
 }
 
+PyDoc_STRVAR(layout_digest_doc,
+             "layout_digest(offsets, positions, caps, bucket_order, build) -> int\n\n"
+             "The 64-bit digest of a DDP layout (goddp_layout_digest in goddp.h): offsets\n"
+             "(int64, num_buckets + 1, CSR into positions), positions (int32 DDP parameter\n"
+             "positions) and caps (int64, the caps given to DDP) are buffers; bucket_order\n"
+             "is an enum goddp_bucket_order; build names the goddp build.");
+
+static PyObject *py_layout_digest(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer offsets, positions, caps;
+    int bucket_order;
+    const char *build;
+    if (!PyArg_ParseTuple(args, "y*y*y*is:layout_digest", &offsets, &positions, &caps, &bucket_order, &build))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = offsets.len / (Py_ssize_t)sizeof(int64_t) - 1;
+    Py_ssize_t nc = caps.len / (Py_ssize_t)sizeof(int64_t);
+    if (offsets.len % (Py_ssize_t)sizeof(int64_t) != 0 || caps.len % (Py_ssize_t)sizeof(int64_t) != 0 ||
+        positions.len % (Py_ssize_t)sizeof(int32_t) != 0 || n < 0 || n > INT32_MAX || nc > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError,
+                        "layout_digest: offsets and caps must hold int64, positions int32");
+        goto done;
+    }
+    if (refuse_in_forked_child() < 0) goto done;
+    goddp_layout layout = {
+        .num_buckets = (int32_t)n,
+        .bucket_offsets = (const int64_t *)offsets.buf,
+        .positions = positions.len ? (const int32_t *)positions.buf : NULL,
+        .bucket_order = (int32_t)bucket_order,
+        .build = build,
+        .num_caps = (int32_t)nc,
+        .caps = (const int64_t *)caps.buf,
+    };
+    uint64_t digest = 0;
+    char *msg = NULL;
+    goddp_status status = goddp_layout_digest(&layout, &digest, &msg);
+    if (status != GODDP_OK) {
+        raise_planner_error(status, msg);
+        goto done;
+    }
+    result = PyLong_FromUnsignedLongLong((unsigned long long)digest);
+done:
+    PyBuffer_Release(&caps);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&positions);
+    return result;
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -875,7 +1037,9 @@ static PyObject *py_debug_panic(PyObject *self, PyObject *unused) {
 static PyMethodDef goddp_methods[] = {
     {"plan_graph", (PyCFunction)(void (*)(void))py_plan_graph, METH_VARARGS | METH_KEYWORDS, plan_graph_doc},
     {"abi_version", py_abi_version, METH_NOARGS, abi_version_doc},
+    {"combine_forward", py_combine_forward, METH_VARARGS, combine_forward_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
+    {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif
@@ -935,6 +1099,7 @@ static int add_constants(PyObject *m) {
         {"REASON_OFF", GODDP_REASON_OFF},
         {"REASON_NOT_COVERED", GODDP_REASON_NOT_COVERED},
         {"REASON_ONE_PIECE", GODDP_REASON_ONE_PIECE},
+        {"REASON_PART_OF_FORWARD", GODDP_REASON_PART_OF_FORWARD},
         {"EDGES_COMPILE", GODDP_EDGES_COMPILE},
         {"EDGES_AUTO", GODDP_EDGES_AUTO},
         {"EDGES_EAGER", GODDP_EDGES_EAGER},

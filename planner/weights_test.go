@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Note [Node weights]: a checkpointed block is three outer nodes (the
+// Node weights (Note [Node weights]): a checkpointed block is three outer nodes (the
 // body's get_attr, the call, a getitem) that stand for its body's nodes.
 
 func TestWeightsCountInstances(t *testing.T) {

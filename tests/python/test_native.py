@@ -150,7 +150,7 @@ def csr(offsets: bytes, values: bytes) -> list[list[int]]:
 
 def test_constants_mirror_the_extension(ext):
     names = [n for n in dir(_native) if n.isupper() and isinstance(getattr(_native, n), int)]
-    assert len(names) == 37
+    assert len(names) == 38
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
     assert ext.abi_version() == ext.ABI_VERSION
@@ -243,11 +243,12 @@ def test_decisions_cross_the_extension(ext):
     assert csr(plan["piece_param_offsets"], plan["piece_params"]) == [[0, 1], [2, 3], [4, 5]]
     assert unpack(plan["node_block_ids"], "i")[2 * layers + 1: -1] == [0, 0, 1, 1, 2, 2]
     assert unpack(plan["eager_pieces"], "i") == []
-    # DDP reduces one more parameter than the graph uses: planned unaligned.
+    # DDP reduces one more parameter than the graph uses (a graph break):
+    # the aligned plan is kept for the forward's combined layout, not DDP's.
     plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "num_params": 2 * layers + 1}})
-    assert plan["align_reason"] == _native.REASON_NOT_COVERED and plan["align_buckets"] is False
+    assert plan["align_reason"] == _native.REASON_PART_OF_FORWARD and plan["align_buckets"] is False
     assert "the graph uses 6 of DDP's 7 parameters" in plan["align_detail"]
-    assert plan["alignment_name"] == "none"
+    assert plan["alignment_name"] == "ready-order caps"
     # Bad input is named.
     with pytest.raises(ext.PlannerError, match="ddp.flags = 0x40 has unknown bits") as info:
         ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": 0x40}})

@@ -22,11 +22,11 @@ Each step returns what it made (an ExportedGraph, a Planned, the pieces,
 an Identified, the compiled callables); the plan record is built from those
 values in one place (``_DDPGraphCompile.record``).
 
-Failures never cost a training step: if a stage fails, goddp warns and
-compiles the whole graph with the inner compiler instead (the one fallback
-context: goddp.compile.fallback); a rank that fell back still takes part in
-the agreement. A plan that differs between ranks raises
-on every rank (goddp.ranks.plan_check).
+A failing stage never costs a training step (see Note [Fallback] in
+goddp.compile.fallback); a rank that fell back still takes part in the
+agreement (Note [Where the ranks meet] in goddp.ranks.agreement). Ranks whose
+layouts for DDP's buckets differ keep DDP's own buckets on every rank
+(strict=True raises instead; goddp.ranks.agreement).
 """
 
 
@@ -45,7 +45,7 @@ from goddp.compile.inner import inner_name, resolve_inner
 from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
-from goddp.ddp.refusals import alignment_blocker
+from goddp.ddp.refusals import STAND_IN, alignment_blocker, stand_in_blocker
 from goddp.ddp.settings import module_of, note_ddp_settings, note_once, read_ddp_settings
 from goddp.graph.blocks import group_pieces, piece_signature
 from goddp.graph.checkpoints import log_splits, split_checkpoints
@@ -53,9 +53,12 @@ from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
+from goddp.native.extension import REASON_PART_OF_FORWARD
 from goddp.native.plan import MIB, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan, plan_graph_module
 from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
+from goddp.ranks.forward import Member
+from goddp.ranks.layout import Layout, layout_of
 from goddp.ranks.plan_check import Statement
 from goddp.reports.records import GraphRecord, add_record, new_timings
 from goddp.reports.table import plan_table
@@ -76,6 +79,9 @@ class Planned:
     plan: GraphPlan
     caps: PlanSettings
     not_aligned: str | None
+    # The graph holds part of DDP's parameters: planned with the forward's
+    # other graphs (goddp.ranks.forward, Note [Graphs of one forward]).
+    part_of_forward: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +166,7 @@ class _DDPGraphCompile:
 
     def export(self) -> ExportedGraph:
         if self.options.cuts_at_blocks:
-            # Note [Checkpoint bodies]: a checkpoint spanning several blocks
+            # A checkpoint spanning several blocks (Note [Checkpoint bodies])
             # becomes one checkpoint per block before planning.
             self.gm, splits = split_checkpoints(self.gm, _body_block_ids)
             log_splits(splits)
@@ -194,7 +200,9 @@ class _DDPGraphCompile:
         pieces at all needs DDP's objects (alignment_blocker); whether the
         plan's buckets can be DDP's is the planner's decision, from each
         parameter's position in DDP's list (docs/align.md)."""
-        blocker = alignment_blocker(self.ddp) if self.options.aligns_buckets else None
+        blocker = stand_in_blocker(self.ddp)
+        if blocker is None and self.options.aligns_buckets:
+            blocker = alignment_blocker(self.ddp)
         align, num_params = self.options.aligns_buckets and blocker is None, 0
         if align:
             try:
@@ -205,7 +213,8 @@ class _DDPGraphCompile:
                 exported, num_params = with_ddp_positions(exported, names), len(names)
         request = self.request(align, num_params)
         plan = decode_plan(call_planner(exported, request), exported, request.mode)
-        return Planned(plan, plan.caps, blocker or plan.not_aligned)
+        part = plan.align_reason == REASON_PART_OF_FORWARD
+        return Planned(plan, plan.caps, blocker or plan.not_aligned, part_of_forward=part)
 
     def identify(
         self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Piece], piece_inputs: list[list[Any]]
@@ -266,7 +275,11 @@ class _DDPGraphCompile:
 
     def note(self, planned: Planned) -> None:
         """The INFO notes a plan deserves, once per DDP module."""
-        if planned.not_aligned is not None and self.options.aligns_buckets:
+        if planned.not_aligned == STAND_IN:
+            note_once(self.ddp, f"goddp: {STAND_IN}")
+        elif planned.part_of_forward:
+            logger.info("goddp: %s: %s", self.frame.describe(), planned.not_aligned)
+        elif planned.not_aligned is not None and self.options.aligns_buckets:
             note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {planned.not_aligned}")
         if planned.caps.align_buckets and planned.caps.bucket_order == "declaration":
             note_once(self.ddp, _declaration_note(planned.plan))
@@ -332,19 +345,49 @@ class _DDPGraphCompile:
     ) -> TrainingGate | None:
         """What this rank will say at the DDP module's first training call,
         wrapped in the gate that says it; None for a graph compiled with
-        gradients disabled, which never trains."""
+        gradients disabled, which never trains, and for a stand-in DDP,
+        which has no ranks to agree with."""
+        if stand_in_blocker(self.ddp) is not None:
+            return None
+        layout = digest = None
+        if caps_bytes is not None and planned is not None:
+            try:
+                layout = self.layout(planned.plan, caps_bytes, planned.caps.bucket_order)
+                digest = layout.digest()
+            except Exception as exc:  # a name DDP does not know, a layout the planner refuses
+                layout, reason = None, f"could not state DDP's layout ({type(exc).__name__}: {exc})"
+        member_layout, member_reason, later = layout, reason, False
+        if planned is not None and planned.part_of_forward and record.fallback is None:
+            # Part of DDP's parameters: the ranks decide at the module's next
+            # training forward, with the forward's other graphs.
+            try:
+                member_layout = self.layout(planned.plan, planned.plan.ddp_caps, "ready")
+                later = True
+            except Exception as exc:  # a name DDP does not know
+                member_reason = f"could not state DDP's layout ({type(exc).__name__}: {exc})"
         statement = Statement(
+            layout=layout,
+            digest=digest if layout is not None else None,
+            reason=reason,
+            later=later,
+            strict=self.options.strict,
             fingerprint=None if planned is None else planned.plan.fingerprint,
             pieces=1 if planned is None else planned.plan.num_pieces,
-            caps=None if caps_bytes is None else tuple(caps_bytes),
-            reason=reason,
-            check=self.options.check_plans,
         )
 
         def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
 
-        return gate_for_training(self.ddp, statement, report)
+        def note(forward: dict[str, Any]) -> None:
+            record.forward = forward
+
+        member = Member(member_layout, member_reason, self.frame.describe(), report, note)
+        return gate_for_training(self.ddp, statement, report, member)
+
+    def layout(self, plan: GraphPlan, caps_bytes: Sequence[int], order: str) -> Layout:
+        """The plan's buckets as DDP would hold them (goddp.ranks.layout)."""
+        positions = {name: k for k, name in enumerate(ddp_parameter_names(self.ddp))}
+        return layout_of([b.param_names for b in plan.buckets], caps_bytes, order, positions)
 
 
 def _body_block_ids(body: fx.GraphModule) -> list[int]:

@@ -16,7 +16,8 @@ partitioning and Inductor's lowering of every repeat, works with caches
 off, and costs nothing at run time, since every call of an aot_autograd
 callable creates its own autograd node (gradients stay per piece). The
 one shared state is the per-piece forward metadata that aot_autograd's lazy
-backward compile reads from DDPOptimizerContext (see ``backward_order``).
+backward compile reads (``backward_order``; see Note [Backward metadata] in
+goddp.compile.pieces).
 """
 
 from __future__ import annotations
@@ -144,11 +145,8 @@ def backward_order(leaders: Sequence[int]) -> list[int]:
     """The compiled callables (named by their leader piece) in the order in
     which aot_autograd will compile their backward: backward runs the pieces
     last to first and compiles a callable's backward at its first backward
-    call, i.e. at the callable's last piece in forward order.
-
-    DDPOptimizerContext hands out forward metadata by a counter that goes
-    down by one per backward compile; goddp lists the metadata in the
-    reverse of this order so that each backward compile gets its own.
+    call, i.e. at the callable's last piece in forward order (why it
+    matters: see Note [Backward metadata] in goddp.compile.pieces).
     """
     last: dict[int, int] = {}
     for piece, leader in enumerate(leaders):

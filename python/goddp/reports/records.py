@@ -48,6 +48,8 @@ class GraphRecord:
     frame: dict[str, Any] | None = None
     fallback_stage: str | None = None
     ddp_module: dict[str, Any] | None = None
+    # Filled in at the agreement of a forward planned across graphs.
+    forward: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A deep, JSON-serialisable copy."""
@@ -81,7 +83,7 @@ def last_plans() -> list[dict[str, Any]]:
       earlier piece.
     - eager_pieces: how many pieces run eagerly instead of through the
       inner compiler: the edges, pieces wholly outside the repeated blocks
-      (option edges; goddp.graph.blocks, "Edges"). The inner compiler ran
+      (option edges; see Note [Edges] in planner/edges.go). The inner compiler ran
       distinct_pieces - eager_pieces times.
     - block_cuts: whether the graph was planned with block-aligned cuts.
     - pieces: per piece (param_names in ddp mode are the parameters first
@@ -92,12 +94,14 @@ def last_plans() -> list[dict[str, Any]]:
     - timings: seconds spent in export, plan, cut, example_inputs,
       identify, compile, stitch.
     - fallback: None, or why the whole graph was compiled instead.
-    - plan_check: None until the graph's first training call, and for
-      graphs compiled with gradients disabled; then what the ranks of the
-      DDP module's process group said and decided there (aligned, caps,
-      reason, ranks, group, size, seconds; goddp.ranks.plan_check), or, for a
-      later graph of a decided module, that it followed that decision
-      (aligned, followed).
+    - plan_check: None until the graph's first training call, for graphs
+      compiled with gradients disabled, and for a stand-in DDP; then what
+      the ranks of the DDP module's process group said and decided there
+      (aligned, action, caps, layout_digest, reason, ranks (each rank's
+      fingerprint, pieces, layout_digest, caps, reason, later), group,
+      size, seconds; goddp.ranks.plan_check, Note [Agreeing on DDP's layout]),
+      or, for a later graph of a decided module, that it followed that
+      decision (aligned, followed).
     - graph: sizes of the Dynamo graph (num_params is None when export
       failed): num_nodes, num_params.
     - ddp_buckets: whether DDP's buckets were set to the pieces:
@@ -121,6 +125,13 @@ def last_plans() -> list[dict[str, Any]]:
       (goddp.ddp.settings.module_of): key (unique in this process, the
       same for all its graphs), type (the wrapped module's qualified class
       name) and process_group (its process group's name).
+    - forward: None, unless the graph was one of several of the DDP module's
+      first training forward, planned together at its next training call
+      (goddp.ranks.forward, Note [Graphs of one forward]): graphs (each graph's
+      frame, in call order), position (this graph's place in it),
+      bucket_graphs (per combined DDP bucket, DDP order, the position of
+      the graph it comes from), moved (parameters of several graphs, counted
+      in the earliest), dropped, aligned and reason.
     """
     with _lock:
         return [r.to_dict() for r in _records]
