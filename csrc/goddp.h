@@ -61,8 +61,9 @@ extern "C" {
  * Added without a bump (new, nothing changed): goddp_layout and
  * goddp_layout_digest; goddp_forward, goddp_forward_plan,
  * goddp_combine_forward and goddp_forward_plan_free;
- * GODDP_REASON_PART_OF_FORWARD. */
-#define GODDP_ABI_VERSION 6
+ * GODDP_REASON_PART_OF_FORWARD.
+ * 7: goddp_graph.node_weights (optional, at the end of the struct). */
+#define GODDP_ABI_VERSION 7
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -199,6 +200,13 @@ typedef struct goddp_graph {
     const int64_t *node_stack_offsets;    /* [num_nodes + 1] or NULL */
     const int32_t *node_stack_paths;      /* [node_stack_offsets[num_nodes]] string index of the path */
     const int32_t *node_stack_types;      /* [node_stack_offsets[num_nodes]] string index of the type */
+
+    /* Optional (ABI 7), read with the module stacks; NULL: one each. How
+     * many compute nodes each node stands for in the block rule's instance
+     * sizes and the edges' sizes: an activation checkpoint call its body's,
+     * its get_attr and getitems 0 (planner/modstack.go, Note [Node
+     * weights]). Negative weights are GODDP_ERR_INVALID_GRAPH. */
+    const int32_t *node_weights;          /* [num_nodes] or NULL */
 } goddp_graph;
 
 /* A DistributedDataParallel module's own settings (goddp_config.ddp, ABI 6). */
