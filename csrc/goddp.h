@@ -62,12 +62,13 @@ extern "C" {
  * goddp_layout_digest; goddp_forward, goddp_forward_plan,
  * goddp_combine_forward and goddp_forward_plan_free;
  * GODDP_REASON_PART_OF_FORWARD.
- * 7: goddp_plan.ddp_bucket_order (DDP's own bucket order, aligned or not).
- *    Added within 7 (new values, no layout change): GODDP_REASON_NO_PARAMS and
+ * 7: goddp_graph.node_weights (optional, at the end of the struct).
+ * 8: goddp_plan.ddp_bucket_order (DDP's own bucket order, aligned or not).
+ *    Added within 8 (new values, no layout change): GODDP_REASON_NO_PARAMS and
  *    the alignment refusals, GODDP_DDP_NO_PER_BUCKET_CAPS ..
  *    GODDP_DDP_SEVERAL_PARAM_GROUPS with GODDP_REASON_NO_PER_BUCKET_CAPS ..
  *    GODDP_REASON_PARAM_GROUPS. */
-#define GODDP_ABI_VERSION 7
+#define GODDP_ABI_VERSION 8
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -225,6 +226,13 @@ typedef struct goddp_graph {
     const int64_t *node_stack_offsets;    /* [num_nodes + 1] or NULL */
     const int32_t *node_stack_paths;      /* [node_stack_offsets[num_nodes]] string index of the path */
     const int32_t *node_stack_types;      /* [node_stack_offsets[num_nodes]] string index of the type */
+
+    /* Optional (ABI 7), read with the module stacks; NULL: one each. How
+     * many compute nodes each node stands for in the block rule's instance
+     * sizes and the edges' sizes: an activation checkpoint call its body's,
+     * its get_attr and getitems 0 (planner/modstack.go, Note [Node
+     * weights]). Negative weights are GODDP_ERR_INVALID_GRAPH. */
+    const int32_t *node_weights;          /* [num_nodes] or NULL */
 } goddp_graph;
 
 /* A DistributedDataParallel module's own settings (goddp_config.ddp, ABI 6). */
@@ -344,7 +352,7 @@ typedef struct goddp_plan {
     int32_t *eager_pieces;              /* [num_eager_pieces] ascending: run eagerly (config.edges) */
     int32_t *node_block_ids;            /* [num_nodes] the block of each node, or NULL: no blocks */
 
-    /* ABI 7. enum goddp_bucket_order: the order in which the DDP module
+    /* ABI 8. enum goddp_bucket_order: the order in which the DDP module
      * (config.ddp) fills its own buckets, from its flags, whether or not
      * they are set to the pieces: GODDP_ORDER_DECLARATION exactly when it
      * finds unused parameters without a static graph (it never rebuilds);

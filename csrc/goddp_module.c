@@ -190,6 +190,7 @@ enum graph_array {
     NODE_STACK_OFFSETS,
     NODE_STACK_PATHS,
     NODE_STACK_TYPES,
+    NODE_WEIGHTS,
     NUM_GRAPH_ARRAYS
 };
 #define FIRST_OPTIONAL_ARRAY NODE_BLOCK_IDS
@@ -220,6 +221,7 @@ static const struct {
     [NODE_STACK_OFFSETS] = {"node_stack_offsets", 8, "int64, e.g. array('q')"},
     [NODE_STACK_PATHS] = {"node_stack_paths", 4, "int32, e.g. array('i')"},
     [NODE_STACK_TYPES] = {"node_stack_types", 4, "int32, e.g. array('i')"},
+    [NODE_WEIGHTS] = {"node_weights", 4, "int32, e.g. array('i')"},
 };
 
 static const char *const graph_keys[] = {
@@ -231,6 +233,7 @@ static const char *const graph_keys[] = {
     "param_ddp_positions", /* optional (ABI 5): absent or None means NULL */
     /* optional (ABI 6), all or none: the module stacks */
     "module_string_offsets", "module_strings", "node_stack_offsets", "node_stack_paths", "node_stack_types",
+    "node_weights", /* optional (ABI 7): absent or None means one each */
 };
 #define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
 #define NUM_REQUIRED_GRAPH_KEYS 16 /* the optional ones come last */
@@ -267,7 +270,7 @@ static const char *const plan_keys[] = {
     "align_buckets",        "bucket_order",         "align_reason",         "align_detail",
     "alignment_name",       "num_counted_params",   "piece_param_offsets",  "piece_params",
     "eager_pieces",         "node_block_ids",
-    /* ABI 7 */
+    /* ABI 8 */
     "ddp_bucket_order",
 };
 #define NUM_PLAN_KEYS (sizeof plan_keys / sizeof plan_keys[0])
@@ -426,6 +429,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
     if (gv->held[PARAM_DDP_POSITIONS] && check_len(gv, PARAM_DDP_POSITIONS, num_params, "num_params") < 0) return -1;
     int64_t num_module_strings = 0;
     if (stacks_from_views(gv, num_nodes, &num_module_strings) < 0) return -1;
+    if (gv->held[NODE_WEIGHTS] && check_len(gv, NODE_WEIGHTS, num_nodes, "num_nodes") < 0) return -1;
 
     if (check_len(gv, NODE_OPS, num_nodes, "num_nodes") < 0 ||
         check_len(gv, NODE_MODULE_IDS, num_nodes, "num_nodes") < 0 ||
@@ -478,6 +482,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         g->node_stack_paths = gv->views[NODE_STACK_PATHS].buf;
         g->node_stack_types = gv->views[NODE_STACK_TYPES].buf;
     }
+    g->node_weights = gv->held[NODE_WEIGHTS] ? gv->views[NODE_WEIGHTS].buf : NULL;
     return 0;
 }
 
@@ -751,7 +756,8 @@ PyDoc_STRVAR(plan_graph_doc,
              "planner fills them in), config['block_cuts'], ['edges'] and ['ddp'] (a dict of\n"
              "DDP_KEYS, goddp_ddp's fields, or None) are optional, and so are the graph's module\n"
              "stacks (module_string_offsets, module_strings, node_stack_offsets, node_stack_paths,\n"
-             "node_stack_types: all or none). The reply's ABI 6 keys are the decisions: the\n"
+             "node_stack_types: all or none); ABI 7: graph['node_weights'] is optional (absent or\n"
+             "None: one each). The reply's ABI 6 keys are the decisions: the\n"
              "settings the plan stands for (bucket_cap_bytes, first_bucket_cap_bytes,\n"
              "bucket_caps_bytes, max_pieces, align_buckets, bucket_order), align_reason and\n"
              "align_detail (str), alignment_name (str), num_counted_params, piece_param_offsets\n"

@@ -172,7 +172,7 @@ func Decide(req *Request) (*Decision, error) {
 	}
 	d.clampCaps()
 	d.pieceParams()
-	d.out.EagerPieces = eagerPieces(&d.g, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
+	d.out.EagerPieces = eagerPieces(&d.g, d.req.Stacks, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
 	d.out.BlockIDs = d.g.BlockIDs
 	return &d.out, nil
 }

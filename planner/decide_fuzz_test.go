@@ -69,6 +69,12 @@ func decodeFuzzRequest(data []byte) *Request {
 	if s.chance(160) && validateGraph(g) == nil && len(g.Ops) > 0 {
 		g.BlockIDs = nil
 		stacks = stacksOf(randomStacks(s, g), s.chance(128))
+		if s.chance(80) { // checkpoint calls weighing their bodies (Note [Node weights])
+			stacks.Weights = make([]int32, len(g.Ops))
+			for i := range stacks.Weights {
+				stacks.Weights[i] = int32(s.intn(4)) // 0 too: a node inside a checkpoint body
+			}
+		}
 	}
 	return &Request{Graph: g, Stacks: stacks, Settings: set}
 }
@@ -149,7 +155,7 @@ func checkDecide(t *testing.T, req *Request) {
 			require.NotContains(t, dec.EagerPieces, p, "eager piece %d holds node %d inside the block span [%d, %d]", p, i, first, last)
 		}
 	}
-	require.Equal(t, naiveEagerPieces(&g, pl, s.Edges), dec.EagerPieces, "eager pieces")
+	require.Equal(t, naiveEagerPieces(&g, req.Stacks, pl, s.Edges), dec.EagerPieces, "eager pieces")
 
 	// Piece parameters: the naive reference.
 	ref := referencePieceParams(&g, pl, cfg.Mode)
@@ -183,9 +189,16 @@ func blockSpan(g *Graph) (first, last int) {
 
 // naiveEagerPieces is Note [Edges] written from its words: a piece whose
 // compute nodes all lie outside the block span is an edge; EdgesEager runs
-// every edge eagerly, EdgesAuto those whose compute-node count is at most
-// the mean compute-node count of the blocks.
-func naiveEagerPieces(g *Graph, pl *Plan, policy EdgePolicy) []int32 {
+// every edge eagerly, EdgesAuto those whose size is at most the mean size
+// of the blocks; sizes are compute nodes, each weighing its weight in st
+// (Note [Node weights]; one without weights).
+func naiveEagerPieces(g *Graph, st *ModuleStacks, pl *Plan, policy EdgePolicy) []int32 {
+	weight := func(i int) float64 {
+		if st == nil || st.Weights == nil {
+			return 1
+		}
+		return float64(st.Weights[i])
+	}
 	first, last := blockSpan(g)
 	if policy == EdgesCompile || first < 0 {
 		return nil
@@ -193,7 +206,7 @@ func naiveEagerPieces(g *Graph, pl *Plan, policy EdgePolicy) []int32 {
 	perBlock := map[int32]float64{}
 	for i, op := range g.Ops {
 		if isCompute(op) && g.BlockIDs[i] >= 0 {
-			perBlock[g.BlockIDs[i]]++
+			perBlock[g.BlockIDs[i]] += weight(i)
 		}
 	}
 	total := 0.0
@@ -204,16 +217,18 @@ func naiveEagerPieces(g *Graph, pl *Plan, policy EdgePolicy) []int32 {
 	var out []int32
 	for p := range pl.NumPieces {
 		var nodes []int
+		size := 0.0
 		for i, q := range pl.NodePiece {
 			if int(q) == p && isCompute(g.Ops[i]) {
 				nodes = append(nodes, i)
+				size += weight(i)
 			}
 		}
-		edge := len(nodes) > 0
+		edge := size > 0
 		for _, i := range nodes {
 			edge = edge && (i < first || i > last)
 		}
-		if edge && (policy == EdgesEager || float64(len(nodes)) <= mean) {
+		if edge && (policy == EdgesEager || size <= mean) {
 			out = append(out, int32(p))
 		}
 	}

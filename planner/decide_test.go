@@ -450,11 +450,11 @@ func TestEagerPieces(t *testing.T) {
 	}
 	for _, tc := range cases {
 		g, pieces, n := edgeGraph(tc.layout)
-		assert.Equal(t, tc.want, eagerPieces(g, pieces, n, tc.policy), tc.name)
+		assert.Equal(t, tc.want, eagerPieces(g, nil, pieces, n, tc.policy), tc.name)
 	}
 	g, pieces, n := edgeGraph([][]int32{{-1}, {0, 0}, {1, 1}, {-1}})
 	g.BlockIDs = nil
-	assert.Nil(t, eagerPieces(g, pieces, n, EdgesEager), "no block ids")
+	assert.Nil(t, eagerPieces(g, nil, pieces, n, EdgesEager), "no block ids")
 }
 
 // gptStacks is the module stacks that give gptModel's blocks: each block

@@ -158,11 +158,25 @@ def test_constants_mirror_the_extension(ext):
 
 def test_key_tuples_match_the_builders(ext):
     # chain_graph and toy_config leave out the optional keys, as callers
-    # written before ABI 2, 4, 5 and 6 do.
-    assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"} | set(STACK_KEYS)
+    # written before ABI 2, 4, 5, 6 and 7 do.
+    assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"} | set(STACK_KEYS) | {
+        "node_weights"
+    }
     assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp"}
     assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
     assert len(ext.PLAN_KEYS) == 34
+
+
+def test_node_weights_are_checked(ext):
+    """node_weights (ABI 7, optional, Note [Node weights]): None plans as
+    absent; a wrong length or a negative weight is refused."""
+    graph = chain_graph(2)
+    cfg = toy_config()
+    plain = ext.plan_graph(graph, cfg)
+    n = graph["num_nodes"]
+    assert ext.plan_graph({**graph, "node_weights": None}, cfg) == plain
+    with pytest.raises(ValueError, match="node_weights"):
+        ext.plan_graph({**graph, "node_weights": array("i", [1] * (n - 1))}, cfg)
 
 
 def test_node_block_ids_cut_at_blocks(ext):

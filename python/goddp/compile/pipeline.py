@@ -48,12 +48,13 @@ from goddp.ddp.private import active_ddp_module
 from goddp.ddp.refusals import STAND_IN, alignment_facts, stand_in_blocker
 from goddp.ddp.settings import module_of, note_ddp_settings, note_once, read_ddp_settings
 from goddp.graph.blocks import group_pieces, piece_signature
+from goddp.graph.checkpoints import log_splits, split_checkpoints
 from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
 from goddp.native.extension import REASON_PART_OF_FORWARD
-from goddp.native.plan import MIB, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan
+from goddp.native.plan import MIB, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan, plan_graph_module
 from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
 from goddp.ranks.forward import Member
@@ -107,6 +108,9 @@ class _DDPGraphCompile:
         ddp: Any,
     ) -> None:
         self.gm = gm
+        # What a fallback compiles: Dynamo's graph as it came (self.gm may
+        # become a copy with checkpoints split, see export).
+        self.dynamo_gm = gm
         self.example_inputs = example_inputs
         self.options = options
         self.inner = inner
@@ -160,6 +164,11 @@ class _DDPGraphCompile:
     # -- the steps, each returning what it made
 
     def export(self) -> ExportedGraph:
+        if self.options.cuts_at_blocks:
+            # A checkpoint spanning several blocks (Note [Checkpoint bodies])
+            # becomes one checkpoint per block before planning.
+            self.gm, splits = split_checkpoints(self.gm, _body_block_ids)
+            log_splits(splits)
         return export_graph(
             self.gm,
             param_name_of=self.settings.param_name_of,
@@ -240,7 +249,7 @@ class _DDPGraphCompile:
             with self.stages.timed("compile"):
                 # No training gate: every rank sees the same graph holds no
                 # parameters, so every rank leaves it out of the agreement.
-                return self.inner(self.gm, self.example_inputs)
+                return self.inner(self.dynamo_gm, self.example_inputs)
         finally:
             add_record(
                 self.record(exported, caps=planned.caps, ddp_buckets={"aligned": False, "reason": planned.plan.not_aligned})
@@ -254,7 +263,7 @@ class _DDPGraphCompile:
         record = self.record(exported, planned, fell=fell)
         try:
             with self.stages.timed("compile"):
-                compiled = self.inner(self.gm, self.example_inputs)
+                compiled = self.inner(self.dynamo_gm, self.example_inputs)
         finally:
             add_record(record)
         # A rank that fell back still takes part in the agreement, and says why.
@@ -301,7 +310,7 @@ class _DDPGraphCompile:
             mode=self.options.mode,
             block_cuts=self.options.cuts_at_blocks,
             caps=(caps or self.request()).to_dict(),
-            graph={"num_nodes": len(self.gm.graph.nodes), "num_params": None if exported is None else len(exported.params)},
+            graph={"num_nodes": len(self.dynamo_gm.graph.nodes), "num_params": None if exported is None else len(exported.params)},
             inner=inner_name(self.options.inner),
             frame=self.frame.to_dict(),
             timings=self.stages.timings,
@@ -380,6 +389,13 @@ class _DDPGraphCompile:
         """The plan's buckets as DDP would hold them (goddp.ranks.layout)."""
         positions = {name: k for k, name in enumerate(ddp_parameter_names(self.ddp))}
         return layout_of([b.param_names for b in plan.buckets], caps_bytes, order, positions)
+
+
+def _body_block_ids(body: fx.GraphModule) -> list[int]:
+    """Each body node's repeated block, -1 for none: the planner's block
+    rule (Note [Block rule]) applied to the body alone."""
+    plan = plan_graph_module(body, block_cuts=True)
+    return list(plan.node_block_ids) if plan.node_block_ids is not None else [-1] * len(body.graph.nodes)
 
 
 def _declaration_note(plan: GraphPlan) -> str:
