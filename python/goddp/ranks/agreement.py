@@ -84,7 +84,7 @@ from __future__ import annotations
 # inside a Join context (DDP handed the old reducer this step's Join state);
 # static_graph, DDP mixed precision, a built-in comm hook, the Python
 # reducer, delay_all_reduce_named_params, parameters over several (dtype,
-# device) groups (goddp.ddp.refusals); ranks whose layouts differ; a module that
+# device) groups (Note [Alignment refusals] in planner/refusals.go); ranks whose layouts differ; a module that
 # is not a real DDP (no process group or reducer: nothing to agree on, one
 # INFO line). A graph that first appears after the decision follows it and
 # never re-buckets training in the middle.
