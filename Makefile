@@ -20,7 +20,8 @@ GO_SRC   := $(shell find planner bridge -name '*.go' -not -name '*_test.go') go.
 # locations; CI runs as root in a fresh clone.
 export CGO_ENABLED := 1
 
-.PHONY: help venv install lib testhooks ctest gotest pytest pytest-dist test demo bench bench-full clean
+.PHONY: help venv install lib testhooks ctest gotest pytest pytest-dist test demo bench bench-full clean \
+	wheel sdist wheel-tools test-wheel test-torch
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -82,6 +83,68 @@ pytest-dist: install $(HOOKDIR)/.ext
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
 	    tests/python/test_backend_*.py tests/python/test_dist_*.py
 
+# ---------------------------------------------------------------------------
+# Distributions: `make sdist`, `make wheel`.
+#
+# Note [Manylinux toolchain]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A wheel built with this machine's gcc needs this machine's glibc (2.34+
+# symbols), and no index or older cluster takes that. The wheel is built
+# instead with zig's C compiler from PyPI (ziglang, pinned in
+# requirements-wheel.txt) as cgo's CC and as the extension's compiler and
+# linker: `zig cc -target x86_64-linux-gnu.2.28` compiles and links against
+# the headers and stub libraries of glibc 2.28, which zig carries for every
+# glibc version, so the result runs on any glibc >= 2.28 and needs no old
+# sysroot, container or root. 2.28 is torch's own floor (its wheels are
+# manylinux_2_28): an older tag would let pip install goddp where torch
+# cannot go. MANYLINUX=2_17 builds one for glibc 2.17 all the same.
+# The alternatives, and why not: the manylinux containers (the reference,
+# but need a container runtime this machine has not); a Debian or CentOS
+# sysroot (no such package carries an old enough glibc for gcc here); and
+# gcc with symbol-version pinning (.symver) by hand, which breaks with every
+# new symbol. scripts/check_wheel.py checks the result (Note [Wheel checks]).
+VERSION      := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' python/goddp/__init__.py)
+MANYLINUX    ?= 2_28
+WHEEL_PLAT   := manylinux_$(MANYLINUX)_x86_64
+SDIST        := dist/goddp-$(VERSION).tar.gz
+WHEEL_STAMP  := dist/.goddp-$(VERSION)-$(WHEEL_PLAT).stamp
+WHEEL_BUILD  := $(BUILD)/wheel
+# zig cc turns UBSan on by default; its runtime would pull some 70 more libc
+# symbols (statx: glibc 2.28) into the extension, so it is turned off.
+ZIG_CC       := $(abspath $(PY)) -m ziglang cc -target x86_64-linux-gnu.$(subst _,.,$(MANYLINUX)) -fno-sanitize=undefined
+# Debug sections are dropped (2 MB instead of 8); the symbol table and Go's
+# own tables, which its tracebacks read, stay.
+ZIG_LDSHARED := $(ZIG_CC) -shared -O2 -Wl,--strip-debug
+PKG_SRC      := $(shell find python/goddp -name '*.py')
+DIST_SRC     := $(GO_SRC) go.sum csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml MANIFEST.in README.md $(PKG_SRC)
+
+$(VENV)/.wheel-tools: $(VENV)/.requirements requirements-wheel.txt
+	$(PIP) install -q -r requirements-wheel.txt
+	touch $@
+
+wheel-tools: $(VENV)/.wheel-tools ## Install the pinned wheel toolchain (zig cc, auditwheel) into .venv
+
+$(SDIST): $(VENV)/.wheel-tools $(DIST_SRC)
+	rm -f dist/goddp-*.tar.gz
+	$(PY) -m build -q --sdist --no-isolation --outdir dist .
+
+sdist: $(SDIST) ## Build dist/goddp-VERSION.tar.gz (installing it builds the Go core: needs Go >= 1.26 and a C compiler)
+
+# The wheel is built from the sdist, so a file missing from the sdist breaks
+# the wheel too; it is checked in $(WHEEL_BUILD) and only then moved to dist/.
+$(WHEEL_STAMP): $(SDIST) $(VENV)/.wheel-tools scripts/check_wheel.py
+	rm -rf $(WHEEL_BUILD) && mkdir -p $(WHEEL_BUILD)
+	CC="$(ZIG_CC)" LDSHARED="$(ZIG_LDSHARED)" CFLAGS= LDFLAGS= \
+	    ZIG_GLOBAL_CACHE_DIR=$(abspath $(BUILD))/zig-cache ZIG_LOCAL_CACHE_DIR=$(abspath $(BUILD))/zig-cache \
+	    $(PIP) wheel -q --no-deps --no-build-isolation --no-cache-dir -w $(WHEEL_BUILD) $(SDIST)
+	$(PY) -m wheel tags --remove --platform-tag $(WHEEL_PLAT) $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) scripts/check_wheel.py --max-manylinux 2_28 $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl
+	rm -f dist/goddp-*.whl dist/.goddp-*.stamp
+	mv $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl dist/
+	touch $@
+
+wheel: $(WHEEL_STAMP) ## Build and check dist/goddp-VERSION-...-manylinux_2_28_x86_64.whl (needs no Go to install)
+
 # Within `make test` the plain pytest step leaves the two-rank cases to
 # pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).
 test: PYTEST_ENV = GODDP_TESTS_TORCHRUN_LATER=1
@@ -96,6 +159,6 @@ bench: install ## Quick benchmarks (< 10 min): shaped two-host link, compile ove
 bench-full: install ## Full benchmarks (long)
 	$(PY) -m bench.run --full
 
-clean: ## Remove build outputs (keeps .venv)
+clean: ## Remove build outputs and dist/ (keeps .venv)
 	rm -rf $(BUILD) dist *.egg-info python/*.egg-info python/goddp/_goddp*.so $(VENV)/.goddp
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +
