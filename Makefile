@@ -145,10 +145,45 @@ $(WHEEL_STAMP): $(SDIST) $(VENV)/.wheel-tools scripts/check_wheel.py
 
 wheel: $(WHEEL_STAMP) ## Build and check dist/goddp-VERSION-...-manylinux_2_28_x86_64.whl (needs no Go to install)
 
+# The user's path (tests/wheel): the wheel in a fresh venv with no Go on PATH,
+# a 2-rank training from outside the checkout; the sdist without Go.
+test-wheel: $(WHEEL_STAMP) ## The user's path: install the wheel without Go, train 2 ranks outside the checkout; the sdist without Go
+	GODDP_WHEEL="$$(ls dist/goddp-$(VERSION)-*.whl)" GODDP_SDIST=$(SDIST) OMP_NUM_THREADS=1 \
+	    $(PY) -m pytest -q -p no:cacheprovider tests/wheel
+
+# ---------------------------------------------------------------------------
+# Other torch releases: `make test-torch TORCH=2.14.1`.
+#
+# Its own venv, .venv-torch-$(TORCH), with that torch and the rest of
+# requirements-dev.txt, and goddp installed editable from this checkout (same
+# CPython as .venv, so the extension built in place serves both); then the
+# one-process suites and the two-rank suites, as `make test` runs them.
+TORCH       ?=
+TORCH_VENV  := .venv-torch-$(TORCH)
+TORCH_PY    := $(TORCH_VENV)/bin/python
+
+$(TORCH_VENV)/.requirements: requirements-dev.txt
+	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=x.y.z (a torch release on PyPI, e.g. 2.14.1)"; exit 2; }
+	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install -q --upgrade pip
+	grep -v '^torch==' requirements-dev.txt > $(TORCH_VENV)/requirements.txt
+	$(TORCH_PY) -m pip install -q torch==$(TORCH) -r $(TORCH_VENV)/requirements.txt
+	$(TORCH_PY) -c 'import torch, sys; v = torch.__version__.split("+")[0]; sys.exit(0 if v == "$(TORCH)" else f"installed torch {v}, not $(TORCH)")'
+	touch $@
+
+$(TORCH_VENV)/.goddp: $(TORCH_VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml
+	$(TORCH_PY) -m pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, then two ranks) against torch TORCH=x.y.z in .venv-torch-x.y.z
+	GODDP_TESTS_TORCHRUN_LATER=1 $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider tests/python
+	OMP_NUM_THREADS=1 $(TORCH_VENV)/bin/torchrun --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
+	    tests/python/test_backend_*.py tests/python/test_dist_*.py
+
 # Within `make test` the plain pytest step leaves the two-rank cases to
 # pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).
 test: PYTEST_ENV = GODDP_TESTS_TORCHRUN_LATER=1
-test: gotest ctest pytest pytest-dist ## Run every test: Go, C, Python, Python under torchrun
+test: gotest ctest pytest pytest-dist test-wheel ## Run every test: Go, C, Python, Python under torchrun, the wheel's user path
 
 demo: install ## 2-rank CPU training with goddp: plan table and step times vs eager DDP
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 examples/train_demo.py
