@@ -35,7 +35,9 @@ $(VENV)/.requirements: requirements-dev.txt
 
 venv: $(VENV)/.requirements ## Create .venv with the pinned requirements
 
+# An extension of another name (a build from before abi3) would shadow the new one.
 $(VENV)/.goddp: $(VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml
+	rm -f python/goddp/_goddp.cpython-*.so
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
 
@@ -52,6 +54,7 @@ $(HOOKDIR)/libgoddp.so: $(GO_SRC) csrc/goddp.h
 # The Python test variant of goddp._goddp, for the panic tests (they load it
 # from here explicitly; see tests/python/_testhooks.py).
 $(HOOKDIR)/.ext: $(VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py
+	rm -rf $(HOOKDIR)/ext
 	GODDP_TESTHOOKS=1 $(PY) setup.py -q build_ext --build-lib $(HOOKDIR)/ext --build-temp $(HOOKDIR)/temp
 	touch $@
 
@@ -138,7 +141,7 @@ $(WHEEL_STAMP): $(SDIST) $(VENV)/.wheel-tools scripts/check_wheel.py
 	    ZIG_GLOBAL_CACHE_DIR=$(abspath $(BUILD))/zig-cache ZIG_LOCAL_CACHE_DIR=$(abspath $(BUILD))/zig-cache \
 	    $(PIP) wheel -q --no-deps --no-build-isolation --no-cache-dir -w $(WHEEL_BUILD) $(SDIST)
 	$(PY) -m wheel tags --remove --platform-tag $(WHEEL_PLAT) $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) scripts/check_wheel.py --max-manylinux 2_28 $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) scripts/check_wheel.py --max-manylinux 2_28 --abi3 $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl
 	rm -f dist/goddp-*.whl dist/.goddp-*.stamp
 	mv $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl dist/
 	touch $@
@@ -146,7 +149,8 @@ $(WHEEL_STAMP): $(SDIST) $(VENV)/.wheel-tools scripts/check_wheel.py
 wheel: $(WHEEL_STAMP) ## Build and check dist/goddp-VERSION-...-manylinux_2_28_x86_64.whl (needs no Go to install)
 
 # The user's path (tests/wheel): the wheel in a fresh venv with no Go on PATH,
-# a 2-rank training from outside the checkout; the sdist without Go.
+# a 2-rank training from outside the checkout; the sdist without Go; the one
+# abi3 extension on every CPython >= 3.10 found here.
 test-wheel: $(WHEEL_STAMP) ## The user's path: install the wheel without Go, train 2 ranks outside the checkout; the sdist without Go
 	GODDP_WHEEL="$$(ls dist/goddp-$(VERSION)-*.whl)" GODDP_SDIST=$(SDIST) OMP_NUM_THREADS=1 \
 	    $(PY) -m pytest -q -p no:cacheprovider tests/wheel
@@ -172,6 +176,7 @@ $(TORCH_VENV)/.requirements: requirements-dev.txt
 	touch $@
 
 $(TORCH_VENV)/.goddp: $(TORCH_VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml
+	rm -f python/goddp/_goddp.cpython-*.so
 	$(TORCH_PY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 

@@ -180,14 +180,23 @@ class BuildGoExtension(build_ext):
         super().build_extension(ext)
 
 
+# CPython's limited API as of 3.10: one abi3 extension (and wheel) for every
+# CPython >= 3.10 (Note [abi3] in csrc/goddp_module.c).
+LIMITED_API = ("Py_LIMITED_API", "0x030A0000")
+
 goddp_extension = Extension(
     "goddp._goddp",
+    py_limited_api=True,
     sources=["csrc/goddp_module.c"],
     include_dirs=["csrc"],
     depends=["csrc/goddp.h"],
     libraries=["pthread"],
     extra_compile_args=["-fvisibility=hidden"],
-    define_macros=[("GODDP_TESTHOOKS", "1")] if TESTHOOKS else [],
+    define_macros=[LIMITED_API, *([("GODDP_TESTHOOKS", "1")] if TESTHOOKS else [])],
 )
 
-setup(ext_modules=[goddp_extension], cmdclass={"build_ext": BuildGoExtension})
+setup(
+    ext_modules=[goddp_extension],
+    cmdclass={"build_ext": BuildGoExtension},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)

@@ -8,15 +8,33 @@
  * (goddp/_native.py) imports this module lazily, because loading it starts
  * the Go runtime.
  *
+ * It uses only CPython's limited API as of 3.10 (Py_LIMITED_API, set by
+ * setup.py), so one abi3 build serves every CPython >= 3.10 (Note [abi3]).
+ *
  * Rules kept here:
- *   - the GIL is released while Go plans; the caller's buffers stay
- *     exported (and so cannot be resized) until the call returns;
+ *   - the GIL is released while Go plans, on private copies of the
+ *     caller's arrays (the caller may change its own meanwhile);
  *   - a process forked after this module was loaded must never call into Go
  *     (the Go runtime does not survive fork and the call would hang): every
  *     entry point that calls Go checks a flag set by a pthread_atfork child
  *     handler and raises ForkedChildError instead;
  *   - every C plan and message from the library is freed before returning.
  */
+/* Note [abi3]
+ * ~~~~~~~~~~~~
+ * The buffer protocol (Py_buffer, PyObject_GetBuffer) joined the limited API
+ * only in 3.11. To serve 3.10 as well, each graph array is read through a
+ * memoryview instead: its format, itemsize and c_contiguous attributes are
+ * checked as the buffer's were, and memoryview.tobytes() copies it into a
+ * bytes object whose pointer the limited API does give. One copy per
+ * array per plan is a few hundred kilobytes on the largest graphs, far
+ * below the cost of planning them, and the copies are private, so the Go
+ * call never reads memory the caller can touch. Type names in messages
+ * come from type.__name__ (tp_name is not in the limited API).
+ */
+#ifndef Py_LIMITED_API
+#error "goddp_module.c is built with Py_LIMITED_API (setup.py defines it)"
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -63,7 +81,7 @@ static void raise_planner_error(goddp_status status, char *msg) {
     }
     goddp_string_free(msg);
     if (text == NULL) return;
-    PyObject *exc = PyObject_CallOneArg(PlannerError, text);
+    PyObject *exc = PyObject_CallFunctionObjArgs(PlannerError, text, NULL);
     Py_DECREF(text);
     if (exc == NULL) return;
     PyObject *code = PyLong_FromLong((long)status);
@@ -75,6 +93,19 @@ static void raise_planner_error(goddp_status status, char *msg) {
     Py_DECREF(code);
     PyErr_SetObject(PlannerError, exc);
     Py_DECREF(exc);
+}
+
+/* The name of obj's type for an error message (Note [abi3]). *holder
+ * receives a reference that the caller drops after formatting; on failure
+ * the name is "?" and no error is left set. */
+static const char *type_name(PyObject *obj, PyObject **holder) {
+    *holder = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__name__");
+    const char *name = *holder != NULL ? PyUnicode_AsUTF8AndSize(*holder, NULL) : NULL;
+    if (name == NULL) {
+        PyErr_Clear();
+        return "?";
+    }
+    return name;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -115,7 +146,7 @@ static int check_keys(PyObject *d, const char *what, const char *const *keys, si
             Py_DECREF(r);
         }
     }
-    if (PyList_GET_SIZE(unknown) == 0 && PyList_GET_SIZE(missing) == 0) {
+    if (PyList_Size(unknown) == 0 && PyList_Size(missing) == 0) {
         result = 0;
         goto done;
     }
@@ -124,10 +155,10 @@ static int check_keys(PyObject *d, const char *what, const char *const *keys, si
     PyObject *unknown_s = PyUnicode_Join(sep, unknown), *missing_s = PyUnicode_Join(sep, missing);
     Py_DECREF(sep);
     if (unknown_s != NULL && missing_s != NULL) {
-        if (PyList_GET_SIZE(unknown) > 0 && PyList_GET_SIZE(missing) > 0) {
+        if (PyList_Size(unknown) > 0 && PyList_Size(missing) > 0) {
             PyErr_Format(PyExc_ValueError, "%s has unknown key(s) %U and is missing key(s) %U", what, unknown_s,
                          missing_s);
-        } else if (PyList_GET_SIZE(unknown) > 0) {
+        } else if (PyList_Size(unknown) > 0) {
             PyErr_Format(PyExc_ValueError, "%s has unknown key(s) %U", what, unknown_s);
         } else {
             PyErr_Format(PyExc_ValueError, "%s is missing key(s) %U", what, missing_s);
@@ -151,7 +182,9 @@ static int get_int64(PyObject *d, const char *what, const char *key, int64_t *ou
     }
     PyObject *index = PyNumber_Index(obj);
     if (index == NULL) {
-        PyErr_Format(PyExc_TypeError, "%s['%s'] must be an int, not %.100s", what, key, Py_TYPE(obj)->tp_name);
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "%s['%s'] must be an int, not %.100s", what, key, type_name(obj, &tn));
+        Py_XDECREF(tn);
         return -1;
     }
     long long v = PyLong_AsLongLong(index);
@@ -258,16 +291,23 @@ static int is_native_integer_format(const char *fmt) {
     return fmt[0] != '\0' && fmt[1] == '\0' && strchr("bBhHiIlLqQnN", fmt[0]) != NULL;
 }
 
-/* The caller's arrays, exported for the duration of one plan_graph call. */
+/* A copy of one of the caller's arrays (Note [abi3]). */
+struct graph_view {
+    PyObject *copy; /* bytes; owns buf */
+    void *buf;
+    Py_ssize_t len; /* in bytes */
+};
+
+/* The copies for the duration of one plan_graph call. */
 struct graph_views {
-    Py_buffer views[NUM_GRAPH_ARRAYS];
+    struct graph_view views[NUM_GRAPH_ARRAYS];
     int held[NUM_GRAPH_ARRAYS];
 };
 
 static void release_graph_views(struct graph_views *gv) {
     for (int i = 0; i < NUM_GRAPH_ARRAYS; i++) {
         if (gv->held[i]) {
-            PyBuffer_Release(&gv->views[i]);
+            Py_CLEAR(gv->views[i].copy);
             gv->held[i] = 0;
         }
     }
@@ -277,7 +317,7 @@ static Py_ssize_t view_len(const struct graph_views *gv, enum graph_array a) {
     return gv->views[a].len / graph_arrays[a].itemsize;
 }
 
-/* Exports graph[name] as a C-contiguous buffer of the field's item size. */
+/* Copies graph[name], a C-contiguous buffer of the field's item size. */
 static int get_graph_view(PyObject *graph, struct graph_views *gv, enum graph_array a) {
     const char *name = graph_arrays[a].name;
     PyObject *obj = PyDict_GetItemString(graph, name);
@@ -285,24 +325,49 @@ static int get_graph_view(PyObject *graph, struct graph_views *gv, enum graph_ar
         PyErr_Format(PyExc_ValueError, "graph is missing key '%s'", name);
         return -1;
     }
-    Py_buffer *view = &gv->views[a];
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    PyObject *view = PyMemoryView_FromObject(obj);
+    PyObject *contiguous = NULL, *format = NULL, *itemsize_obj = NULL;
+    int rc = -1;
+    int is_contiguous = view != NULL ? -1 : 0;
+    if (view != NULL && (contiguous = PyObject_GetAttrString(view, "c_contiguous")) != NULL) {
+        is_contiguous = PyObject_IsTrue(contiguous);
+    }
+    if (is_contiguous != 1) {
+        int not_a_buffer = view == NULL && PyErr_ExceptionMatches(PyExc_TypeError);
         PyErr_Clear(); /* replaced by an error that names the field */
-        int not_a_buffer = !PyObject_CheckBuffer(obj);
+        PyObject *tn;
         PyErr_Format(not_a_buffer ? PyExc_TypeError : PyExc_ValueError,
                      "graph['%s'] must be a C-contiguous buffer of %s, not %.100s%s", name, graph_arrays[a].hint,
-                     Py_TYPE(obj)->tp_name, not_a_buffer ? "" : " (not C-contiguous)");
-        return -1;
+                     type_name(obj, &tn), not_a_buffer ? "" : " (not C-contiguous)");
+        Py_XDECREF(tn);
+        goto done;
     }
-    gv->held[a] = 1;
-    if (view->itemsize != graph_arrays[a].itemsize || !is_native_integer_format(view->format)) {
+    if ((format = PyObject_GetAttrString(view, "format")) == NULL ||
+        (itemsize_obj = PyObject_GetAttrString(view, "itemsize")) == NULL) {
+        goto done;
+    }
+    const char *fmt = PyUnicode_AsUTF8AndSize(format, NULL);
+    Py_ssize_t itemsize = PyLong_AsSsize_t(itemsize_obj);
+    if (fmt == NULL || (itemsize == -1 && PyErr_Occurred())) goto done;
+    if (itemsize != graph_arrays[a].itemsize || !is_native_integer_format(fmt)) {
         PyErr_Format(PyExc_ValueError,
                      "graph['%s'] must hold %s (native integers of %zd bytes); got format '%s' with item size %zd",
-                     name, graph_arrays[a].hint, graph_arrays[a].itemsize, view->format ? view->format : "B",
-                     view->itemsize);
-        return -1;
+                     name, graph_arrays[a].hint, graph_arrays[a].itemsize, fmt, itemsize);
+        goto done;
     }
-    return 0;
+    struct graph_view *v = &gv->views[a];
+    if ((v->copy = PyObject_CallMethod(view, "tobytes", NULL)) == NULL) goto done;
+    gv->held[a] = 1;
+    v->buf = PyBytes_AsString(v->copy);
+    v->len = PyBytes_Size(v->copy);
+    if (v->buf == NULL || v->len < 0) goto done;
+    rc = 0;
+done:
+    Py_XDECREF(itemsize_obj);
+    Py_XDECREF(format);
+    Py_XDECREF(contiguous);
+    Py_XDECREF(view); /* releases the caller's buffer */
+    return rc;
 }
 
 /* Checks that array a has exactly want items; count_desc says where want
@@ -335,7 +400,9 @@ static int csr_values_len(const struct graph_views *gv, enum graph_array offsets
  * some views may be held: the caller always calls release_graph_views. */
 static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph *g) {
     if (!PyDict_Check(graph)) {
-        PyErr_Format(PyExc_TypeError, "graph must be a dict, not %.100s", Py_TYPE(graph)->tp_name);
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "graph must be a dict, not %.100s", type_name(graph, &tn));
+        Py_XDECREF(tn);
         return -1;
     }
     if (check_keys(graph, "graph", graph_keys, NUM_GRAPH_KEYS, NUM_REQUIRED_GRAPH_KEYS) < 0) return -1;
@@ -414,7 +481,9 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
 static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps) {
     *caps = NULL;
     if (!PyDict_Check(config)) {
-        PyErr_Format(PyExc_TypeError, "config must be a dict, not %.100s", Py_TYPE(config)->tp_name);
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "config must be a dict, not %.100s", type_name(config, &tn));
+        Py_XDECREF(tn);
         return -1;
     }
     if (check_keys(config, "config", config_keys, NUM_CONFIG_KEYS, NUM_REQUIRED_CONFIG_KEYS) < 0) return -1;
@@ -456,13 +525,21 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps)
 
     PyObject *seq_obj = PyDict_GetItemString(config, "bucket_caps_bytes");
     if (PyUnicode_Check(seq_obj) || PyBytes_Check(seq_obj) || PyByteArray_Check(seq_obj)) {
+        PyObject *tn;
         PyErr_Format(PyExc_TypeError, "config['bucket_caps_bytes'] must be a sequence of ints, not %.100s",
-                     Py_TYPE(seq_obj)->tp_name);
+                     type_name(seq_obj, &tn));
+        Py_XDECREF(tn);
         return -1;
     }
-    PyObject *seq = PySequence_Fast(seq_obj, "config['bucket_caps_bytes'] must be a sequence of ints");
-    if (seq == NULL) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *seq = PySequence_List(seq_obj); /* what PySequence_Fast does, in the limited API */
+    if (seq == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "config['bucket_caps_bytes'] must be a sequence of ints");
+        }
+        return -1;
+    }
+    Py_ssize_t n = PyList_Size(seq);
     cfg->num_bucket_caps = n;
     cfg->bucket_caps_bytes = NULL;
     if (n > 0) {
@@ -473,7 +550,7 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps)
             return -1;
         }
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+            PyObject *item = PyList_GetItem(seq, i); /* borrowed */
             PyObject *index = PyNumber_Index(item);
             long long v = index ? PyLong_AsLongLong(index) : -1;
             Py_XDECREF(index);
@@ -704,7 +781,10 @@ static PyObject *string_tuple(const char *const *items, size_t n) {
             Py_DECREF(t);
             return NULL;
         }
-        PyTuple_SET_ITEM(t, (Py_ssize_t)i, s);
+        if (PyTuple_SetItem(t, (Py_ssize_t)i, s) < 0) { /* steals s */
+            Py_DECREF(t);
+            return NULL;
+        }
     }
     return t;
 }
