@@ -82,7 +82,7 @@ pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo g
 	$(PYTEST_ENV) $(PY) -m pytest -q tests/python
 
 # The backend and distributed suites again under torchrun: two ranks, gloo, CPU.
-pytest-dist: install $(HOOKDIR)/.ext
+pytest-dist: install $(HOOKDIR)/.ext ## The backend and distributed suites under torchrun (2 ranks, gloo)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
 	    tests/python/test_backend_*.py tests/python/test_dist_*.py
 
@@ -146,7 +146,7 @@ $(WHEEL_STAMP): $(SDIST) $(VENV)/.wheel-tools scripts/check_wheel.py
 	mv $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl dist/
 	touch $@
 
-wheel: $(WHEEL_STAMP) ## Build and check dist/goddp-VERSION-...-manylinux_2_28_x86_64.whl (needs no Go to install)
+wheel: $(WHEEL_STAMP) ## Build and check dist/goddp-VERSION-cp310-abi3-manylinux_2_28_x86_64.whl (installs without Go)
 
 # The user's path (tests/wheel): the wheel in a fresh venv with no Go on PATH,
 # a 2-rank training from outside the checkout; the sdist without Go; the one
@@ -159,8 +159,8 @@ test-wheel: $(WHEEL_STAMP) ## The user's path: install the wheel without Go, tra
 # Other torch releases: `make test-torch TORCH=2.14.1`.
 #
 # Its own venv, .venv-torch-$(TORCH), with that torch and the rest of
-# requirements-dev.txt, and goddp installed editable from this checkout (same
-# CPython as .venv, so the extension built in place serves both); then the
+# requirements-dev.txt, and goddp installed editable from this checkout (the
+# abi3 extension built in place serves .venv and it alike); then the
 # one-process suites and the two-rank suites, as `make test` runs them.
 TORCH       ?=
 TORCH_VENV  := .venv-torch-$(TORCH)
