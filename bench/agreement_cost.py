@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 -m bench.agreement_cost [--rounds 200]
 
 goddp exchanges one statement per rank per DDP module and run, through the
-default c10d store (goddp._plan_check.exchange). This times that exchange,
+default c10d store (goddp.ranks.plan_check.exchange). This times that exchange,
 interleaved round by round with a gloo ``dist.barrier()`` on the same ranks
 (the cheapest collective a user would know), and prints medians, spreads and
 the ratio. Rank 0 prints.
@@ -18,7 +18,8 @@ import time
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
-from goddp._plan_check import Group, Statement, exchange
+from goddp.ranks.group import Group
+from goddp.ranks.plan_check import Statement, exchange
 
 
 def main() -> None:

@@ -119,7 +119,7 @@ def _compiled(torch, ddp, tool: str, inner: str):
     if tool in ("goddp_each", "goddp_canon"):
         # Bench-only: turn goddp's reuse of one callable off, to measure
         # what the inner compiler's caches give instead.
-        import goddp._backend as backend
+        import goddp.compile.pipeline as backend
         from torch._dynamo.backends.registry import lookup_backend
 
         backend.group_pieces = lambda signatures: list(range(len(signatures)))

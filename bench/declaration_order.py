@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 import goddp
-from goddp._plan import MIB
+from goddp.native.plan import MIB
 
 _captured: list = []
 
@@ -67,7 +67,7 @@ def ddp_parameter_list(model: nn.Module) -> list[nn.Parameter]:
 def first_use_nodes(gm) -> dict[str, int]:
     """Parameter name -> index of its first using compute node, from the
     exporter (names from Dynamo's sources: the graph holds stand-ins)."""
-    from goddp._export import export_graph
+    from goddp.graph.export import export_graph
 
     exported = export_graph(gm)
     arrays = exported.arrays

@@ -150,7 +150,7 @@ def goddp_plans() -> list[dict]:
 def summarize_goddp_plan(plan: dict) -> dict:
     """The fields of a goddp plan record that the bench reports.
 
-    goddp records (see goddp._records.last_plans): num_pieces, buckets (DDP
+    goddp records (see goddp.reports.records.last_plans): num_pieces, buckets (DDP
     order, each with bytes), timings (export, plan, cut, example_inputs,
     compile, stitch), fallback, graph (num_nodes, num_params), caps, mode.
     """

@@ -1,7 +1,7 @@
 """The oracle cases' graph JSON, made by goddp's production exporter.
 
 Both generators (ddp_oracle/generate.py, torch_oracle/generate.py) encode
-their graphs with goddp._export.export_graph, the exporter the backend
+their graphs with goddp.graph.export.export_graph, the exporter the backend
 uses, and write its arrays in the layout planner/oracle_test.go reads, so
 that `go test ./planner` checks the exporter's encoding against real torch
 as well as the planner.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from goddp import _native
-from goddp._export import ExportedGraph
+from goddp.native import extension as _native
+from goddp.graph.export import ExportedGraph
 
 
 def _csr_renumbered(values: Sequence[int], renumber: Sequence[int]) -> list[int]:

@@ -21,21 +21,30 @@ DEBUG); ``TORCH_LOGS=goddp`` / ``TORCH_LOGS=+goddp`` enable it the torch way.
 
 The Go runtime starts only when the first plan is made (never at import),
 so processes forked before that (DataLoader workers) are unaffected.
+
+What is where (each subpackage's docstring says more; README.md,
+"Architecture"): ``backend`` the entry point, ``options`` the one
+validator; ``compile`` the pipeline and its one fallback; ``graph`` export,
+cut and stitch; ``native`` the binding to the Go planner; ``ddp`` everything
+that touches DistributedDataParallel (torch's private DDP API in
+``ddp.private`` alone); ``ranks`` how the ranks agree; ``reports`` plan
+records and the plan table; ``tracing`` goddp.trace.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
     "backend": ("goddp.backend", None),
-    "plan_graph_module": ("goddp._plan", "plan_graph_module"),
-    "GraphPlan": ("goddp._plan", "GraphPlan"),
-    "BucketInfo": ("goddp._plan", "BucketInfo"),
-    "last_plans": ("goddp._records", "last_plans"),
-    "clear_plans": ("goddp._records", "clear_plans"),
+    "plan_graph_module": ("goddp.native.plan", "plan_graph_module"),
+    "GraphPlan": ("goddp.native.plan", "GraphPlan"),
+    "BucketInfo": ("goddp.native.plan", "BucketInfo"),
+    "last_plans": ("goddp.reports.records", "last_plans"),
+    "clear_plans": ("goddp.reports.records", "clear_plans"),
     "trace": ("goddp.tracing", "trace"),
     "Trace": ("goddp.tracing", "Trace"),
     "TraceError": ("goddp.tracing", "TraceError"),
@@ -45,8 +54,6 @@ __all__ = sorted(_EXPORTS)
 
 
 def _load(name: str):
-    import importlib
-
     module_name, attr = _EXPORTS[name]
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)

@@ -9,7 +9,7 @@ callable that makes a configured backend.
   With no options it returns ``goddp_backend`` itself.
 
 Options (also accepted as ``torch.compile(..., backend="goddp",
-options={...})``; goddp._options validates them):
+options={...})``; goddp.options validates them):
 
 - ``inner``: compiler for each piece: "inductor" (default), "aot_eager",
   "eager", any registered Dynamo backend name, or a callable
@@ -37,27 +37,97 @@ options={...})``; goddp._options validates them):
   block cuts): what runs the pieces before the first repeated block and
   after the last: "auto" runs each eagerly when it is no bigger than the
   mean block, "compile" compiles them with inner, "eager" runs them eagerly
-  whatever their size (why: goddp._blocks, "Edges").
+  whatever their size (why: goddp.graph.blocks, "Edges").
 - ``strict`` (False): raise instead of warning and compiling the whole
   graph when planning or a piece's compilation fails.
 - ``log_plan`` (True): log the bucket table at INFO on logger "goddp".
 - ``check_plans`` (True): raise PlanMismatchError on every rank when the
   ranks of a DDP module's process group planned their first training graph
-  differently (goddp._plan_check; README.md, "Several ranks").
+  differently (goddp.ranks.plan_check; README.md, "Several ranks").
 
 An unknown key or a bad value raises ValueError naming the valid choices.
 Importing this module switches ``torch._dynamo.config.optimize_ddp`` off
-(see goddp._ddp_optimizer).
+(see goddp.compile.ddp_optimizer).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
-from goddp._backend import ConfiguredBackend, compile_graph, goddp_backend, make_backend
-from goddp._options import MODES, OPTION_KEYS, Options, parse_options
+from torch import fx
+from torch._dynamo.backends import registry
+
+from goddp.compile import ddp_optimizer
+from goddp.compile.pipeline import compile_graph
+from goddp.options import MODES, OPTION_KEYS, Options, parse_options
+
+BACKEND_NAME = "goddp"
+ENTRY_POINT_GROUP = "torch_dynamo_backends"
+
+
+def goddp_backend(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    options: Mapping[str, Any] | None = None,
+    **torch_compile_kwargs: Any,
+) -> Callable[..., Any]:
+    """The Dynamo backend registered as "goddp".
+
+    torch.compile passes ``options=`` (goddp's options, see goddp.backend;
+    goddp's cutting mode is its "mode" key) and, when given, its own
+    ``mode=`` among torch_compile_kwargs, which goes to the inner backend.
+    """
+    compile_mode = torch_compile_kwargs.get("mode")
+    return compile_graph(gm, example_inputs, parse_options(options).with_compile_mode(compile_mode))
+
+
+class ConfiguredBackend:
+    """goddp with options bound: what ``goddp.backend(**options)`` returns."""
+
+    def __init__(self, raw_options: Mapping[str, Any]) -> None:
+        self._raw = dict(raw_options)
+        self.options = parse_options(self._raw)
+
+    def __call__(
+        self,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        options: Mapping[str, Any] | None = None,
+        **torch_compile_kwargs: Any,
+    ) -> Callable[..., Any]:
+        resolved = parse_options({**self._raw, **options}) if options else self.options
+        return compile_graph(gm, example_inputs, resolved.with_compile_mode(torch_compile_kwargs.get("mode")))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._raw.items())
+        return f"goddp.backend({args})"
+
+
+def make_backend(**options: Any) -> Callable[..., Any]:
+    """Returns a Dynamo backend; see goddp.backend for the options."""
+    if not options:
+        return goddp_backend
+    return ConfiguredBackend(options)
+
+
+def _entry_point_installed() -> bool:
+    try:
+        return any(ep.name == BACKEND_NAME for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    except Exception:
+        return False
+
+
+def _register_with_dynamo() -> None:
+    """Registers "goddp" unless the installed entry point will (Dynamo loads
+    entry points lazily and would reject a name registered twice)."""
+    if BACKEND_NAME in registry._COMPILER_FNS or _entry_point_installed():
+        return
+    registry.register_backend(compiler_fn=goddp_backend, name=BACKEND_NAME)
 
 
 class _CallableModule(types.ModuleType):
@@ -80,3 +150,6 @@ __all__ = [
     "make_backend",
     "parse_options",
 ]
+
+ddp_optimizer.switch_off_at_import()
+_register_with_dynamo()

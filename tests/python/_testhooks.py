@@ -5,7 +5,7 @@ testhooks` builds it into build/testhooks/ext, see setup.py).
 The code runs in a child interpreter because the test build carries a Go
 runtime of its own, and the parent may already have loaded the shipped one:
 one process gets one Go runtime. The child puts the test build into
-sys.modules as goddp._goddp before anything loads it, so goddp._native and
+sys.modules as goddp._goddp before anything loads it, so goddp.native.extension and
 the backend use it as they would the real one.
 """
 

@@ -77,7 +77,7 @@ def native_module():
     """goddp._goddp, loaded (the Go planner). A missing extension fails the
     test rather than skipping it: every backend test needs the real planner."""
     try:
-        from goddp import _native
+        from goddp.native import extension as _native
 
         return _native.load()
     except Exception as exc:

@@ -1,5 +1,5 @@
 """align_buckets: goddp sets DDP's own buckets to the pieces it cut (see
-goddp._align), and leaves DDP alone, saying why, where that is not safe."""
+goddp.ddp.align), and leaves DDP alone, saying why, where that is not safe."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from goddp._align import ALIGNED_CAPS_ATTR, alignment_blocker, install_bucket_caps
+from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps
+from goddp.ddp.refusals import alignment_blocker
 from models import ZOO, SquareStack
 
 

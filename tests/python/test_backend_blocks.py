@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch._dynamo.backends.registry import lookup_backend
 
 import goddp
-from goddp._blocks import block_ids
+from goddp.graph.blocks import block_ids
 from models import ZOO, SquareStack
 from test_blocks import dynamo_graph, module_path
 

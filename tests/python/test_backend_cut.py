@@ -19,7 +19,7 @@ from torch._dynamo.backends.registry import lookup_backend
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-import goddp._backend
+import goddp.compile.pipeline
 from models import SquareStack
 
 LAYER_BYTES_64 = 64 * 64 * 4 + 64 * 4  # one Linear(64, 64) in float32
@@ -258,7 +258,7 @@ def test_output_structure_is_preserved(dist_group, native_module):
 
 def test_outside_ddp_the_whole_graph_goes_to_the_inner_compiler_untouched(native_module, monkeypatch):
     calls = []
-    monkeypatch.setattr(goddp._backend, "call_planner", lambda *a: calls.append(a))
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", lambda *a: calls.append(a))
     received: list[fx.GraphModule] = []
     recorder = RecordingCompiler("aot_eager")
     configured = goddp.backend(inner=recorder)
@@ -278,13 +278,13 @@ def test_outside_ddp_the_whole_graph_goes_to_the_inner_compiler_untouched(native
 
 def test_each_frame_is_planned_exactly_once(dist_group, native_module, monkeypatch):
     calls = []
-    real = goddp._backend.call_planner
+    real = goddp.compile.pipeline.call_planner
 
     def counting(*args):
         calls.append(args)
         return real(*args)
 
-    monkeypatch.setattr(goddp._backend, "call_planner", counting)
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", counting)
     model = seeded(MLP, 32, 4)
     compiled = torch.compile(DDP(model, bucket_cap_mb=0.004), backend=goddp.backend(inner="aot_eager"))
     for _ in range(3):

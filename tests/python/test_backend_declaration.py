@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from goddp._align import ALIGNED_CAPS_ATTR, install_bucket_caps
+from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps
 from _dist_util import needs_two_ranks
 from models import SquareStack
 

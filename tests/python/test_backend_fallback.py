@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 
 import pytest
 import torch
 from torch import nn
+import torch._dynamo.exc as dynamo_exc
 from torch._dynamo.backends.registry import lookup_backend
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-import goddp._backend
+import goddp.compile.pipeline
+from goddp.compile.fallback import STAGES, FellBack, Stages, is_dynamo_control_flow
 
 CAP_MB = 0.004  # a few Linear(32, 32) layers per bucket
 
@@ -70,7 +73,7 @@ def test_planner_failure_warns_and_compiles_the_whole_graph(dist_group, native_m
     def broken_planner(*args):
         raise RuntimeError("planner broke on purpose")
 
-    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", broken_planner)
     model, reference = make_models()
     x = torch.randn(4, 32)
     recorder = FailingCompiler(fail_on=0)
@@ -94,7 +97,7 @@ def test_the_fallback_cause_is_logged_whole_with_its_traceback_at_debug(dist_gro
     def broken_planner(*args):
         raise RuntimeError("planner broke on purpose\nsecond line of the cause")
 
-    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", broken_planner)
     model, _ = make_models()
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner="aot_eager", check_plans=False)
@@ -142,7 +145,7 @@ def test_strict_raises_on_planner_failure(dist_group, native_module, monkeypatch
     def broken_planner(*args):
         raise RuntimeError("planner broke on purpose")
 
-    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", broken_planner)
     model, _ = make_models()
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=CAP_MB),
@@ -178,3 +181,97 @@ def test_real_planner_error_for_bad_caps_falls_back(dist_group, native_module):
     assert_same_training_step(model, reference, out, step(reference, x))
     (record,) = goddp.last_plans()
     assert "PlannerError" in record["fallback"]
+
+
+@pytest.mark.parametrize(
+    "stage, target",
+    [
+        ("export", "export_graph"),
+        ("cut", "cut_graph"),
+        ("example_inputs", "piece_example_inputs"),
+        ("identify", "edge_pieces"),
+        ("stitch", "StitchedPieces"),
+    ],
+)
+def test_every_stage_falls_back_naming_itself_and_the_cause(dist_group, native_module, monkeypatch, stage, target):
+    """One fallback context for every stage of the pipeline: the warning and
+    the record name the stage and the real exception, and the step is the
+    eager model's."""
+
+    def broken(*args, **kwargs):
+        raise ValueError(f"{stage} broke on purpose")
+
+    monkeypatch.setattr(goddp.compile.pipeline, target, broken)
+    model, reference = make_models()
+    x = torch.randn(4, 32)
+    compiled = torch.compile(
+        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner="aot_eager", check_plans=False)
+    )
+    words = STAGES[stage]
+    with pytest.warns(RuntimeWarning, match=re.escape(f"{words} failed (ValueError: {stage} broke on purpose)")):
+        out = step(compiled, x)
+    assert_same_training_step(model, reference, out, step(reference, x))
+    (record,) = goddp.last_plans()
+    assert record["fallback_stage"] == stage
+    assert record["fallback"] == f"{words} failed (ValueError: {stage} broke on purpose)"
+    assert (record["fingerprint"] is None) == (stage == "export")
+    # strict: the real exception, not a wrapper
+    torch._dynamo.reset()
+    strict = torch.compile(
+        DDP(make_models()[0], bucket_cap_mb=CAP_MB),
+        backend=goddp.backend(inner="aot_eager", check_plans=False, strict=True),
+    )
+    with pytest.raises(Exception, match=f"{stage} broke on purpose") as raised:
+        step(strict, x)
+    # Dynamo wraps what a backend raises; inside is the ValueError itself.
+    assert isinstance(getattr(raised.value, "inner_exception", raised.value), ValueError), raised.value
+
+
+def _steering_exceptions():
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    return [
+        dynamo_exc.RestartAnalysis(),
+        dynamo_exc.TensorifyScalarRestartAnalysis(),
+        dynamo_exc.SkipFrame("skip this frame"),
+        DataDependentOutputException(torch.ops.aten.nonzero.default),
+    ]
+
+
+def test_dynamo_control_flow_passes_the_fallback_context_untouched():
+    """Dynamo's own control-flow exceptions are not failures: the fallback
+    context lets each through as it is; any other exception becomes a
+    fallback naming the stage."""
+    for exc in _steering_exceptions():
+        assert is_dynamo_control_flow(exc), exc
+        for strict in (False, True):
+            with pytest.raises(type(exc)) as raised:
+                with Stages(strict, {}).guard("plan"):
+                    raise exc
+            assert raised.value is exc
+    for exc in (RuntimeError("boom"), ValueError("boom"), dynamo_exc.Unsupported("boom")):
+        assert not is_dynamo_control_flow(exc), exc
+        with pytest.raises(FellBack) as fell:
+            with Stages(False, {}).guard("compile", piece=2, pieces=5):
+                raise exc
+        assert fell.value.stage == "compile" and fell.value.cause is exc
+        assert fell.value.reason == f"compiling piece 2 of 5 failed ({type(exc).__name__}: boom)"
+
+
+def test_dynamo_skipping_the_frame_from_a_piece_compile_is_no_fallback(dist_group, native_module, recwarn):
+    """An inner compiler that asks Dynamo to skip the frame (SkipFrame) is
+    obeyed: no goddp fallback, no whole-graph compile, Dynamo runs the frame
+    eagerly and the step is eager DDP's."""
+    calls = []
+
+    def skipping(gm, example_inputs):
+        calls.append(len(gm.graph.nodes))
+        raise dynamo_exc.SkipFrame("the inner compiler skips this frame")
+
+    model, reference = make_models()
+    x = torch.randn(4, 32)
+    compiled = torch.compile(DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner=skipping, check_plans=False))
+    out = step(compiled, x)
+    assert_same_training_step(model, reference, out, step(reference, x))
+    assert len(calls) == 1, calls  # the first piece only: no fallback compiled the whole graph
+    assert not [w for w in recwarn if "goddp" in str(w.message)], [str(w.message) for w in recwarn]

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-import goddp._backend
+import goddp.compile.pipeline
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMING_KEYS = {"export", "plan", "cut", "example_inputs", "identify", "compile", "stitch"}
@@ -117,7 +117,7 @@ def test_last_plans_documents_exactly_the_keys_it_returns(dist_group, native_mod
         raise RuntimeError("planner broke on purpose")
 
     # A graph that falls back has the same keys.
-    monkeypatch.setattr(goddp._backend, "call_planner", broken_planner)
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", broken_planner)
     torch._dynamo.reset()
     _, fallback = compile_trio()
     with pytest.warns(RuntimeWarning, match="planning failed"):

@@ -15,9 +15,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 import goddp
-from goddp import _native
-from goddp._export import export_graph
-from goddp._plan import native_config, resolve_caps
+from goddp.native import extension as _native
+from goddp.graph.export import export_graph
+from goddp.native.plan import native_config, resolve_caps
 import _testhooks
 from _fork_util import wait_for_child
 from models import SquareStack

@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.backends.registry import lookup_backend
 
 import goddp
-from goddp._options import OPTION_KEYS, parse_options
+from goddp.options import OPTION_KEYS, parse_options
 
 
 def test_goddp_is_a_listed_backend():
@@ -167,7 +167,7 @@ def test_import_switches_ddp_optimizer_off_unless_told_to_keep_it():
 
 def test_configured_backend_merges_torch_compile_options(monkeypatch):
     seen = []
-    import goddp._backend as backend_module
+    import goddp.backend as backend_module
 
     monkeypatch.setattr(backend_module, "compile_graph", lambda gm, ex, options: seen.append(options) or gm.forward)
     configured = goddp.backend(inner="aot_eager", bucket_cap_mb=3)

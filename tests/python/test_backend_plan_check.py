@@ -1,4 +1,4 @@
-"""What ranks say and decide (goddp._plan_check), in one process: decide()
+"""What ranks say and decide (goddp.ranks.plan_check), in one process: decide()
 on hand-made statements, and the store exchange between threads that play
 the ranks over torch's own in-memory store."""
 
@@ -11,9 +11,9 @@ import time
 import pytest
 import torch.distributed as dist
 
-import goddp._plan_check as plan_check
-import goddp._store_round as store_round
-from goddp._plan_check import (
+import goddp.ranks.plan_check as plan_check
+import goddp.ranks.store_round as store_round
+from goddp.ranks.plan_check import (
     Decision,
     PeerFailedError,
     PlanMismatchError,
@@ -22,7 +22,7 @@ from goddp._plan_check import (
     decide,
     exchange,
 )
-from goddp._store_round import Group
+from goddp.ranks.group import FALLBACK_TIMEOUT_S, Group
 
 CAPS = (4096, 8192, 1024)
 
@@ -218,7 +218,7 @@ def test_timeout_follows_the_group_unless_the_environment_says(dist_group, monke
     monkeypatch.delenv(plan_check.TIMEOUT_ENV, raising=False)
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=42))
     assert plan_check.timeout_s(group) == 42
-    assert plan_check.timeout_s(None) == plan_check.FALLBACK_TIMEOUT_S
+    assert plan_check.timeout_s(None) == FALLBACK_TIMEOUT_S
     monkeypatch.setenv(plan_check.TIMEOUT_ENV, "7.5")
     assert plan_check.timeout_s(group) == 7.5
     monkeypatch.setenv(plan_check.TIMEOUT_ENV, "soon")

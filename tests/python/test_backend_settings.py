@@ -9,11 +9,11 @@ from torch import fx, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from goddp._backend import resolve_inner
-from goddp._ddp_settings import caps_for, read_ddp_settings
-from goddp._export import export_graph, name_from_dynamo_source
-from goddp._native import PARAM_DDP_IGNORED, PARAM_REQUIRES_GRAD
-from goddp._options import parse_options
+from goddp.compile.inner import resolve_inner
+from goddp.ddp.settings import caps_for, read_ddp_settings
+from goddp.graph.export import export_graph, name_from_dynamo_source
+from goddp.native.extension import PARAM_DDP_IGNORED, PARAM_REQUIRES_GRAD
+from goddp.options import parse_options
 
 MIB = 1 << 20
 

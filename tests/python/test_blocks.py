@@ -1,5 +1,5 @@
 """Repeated blocks: finding them in Dynamo graphs and recognising identical
-pieces (goddp._blocks), without the planner."""
+pieces (goddp.graph.blocks), without the planner."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 from torch import fx, nn
 
-from goddp._blocks import backward_order, block_ids, edge_pieces, group_pieces, piece_signature
+from goddp.graph.blocks import backward_order, block_ids, edge_pieces, group_pieces, piece_signature
 from models import SquareStack, TiedEmbeddingLM, TransformerStack
 
 

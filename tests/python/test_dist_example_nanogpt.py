@@ -23,7 +23,7 @@ import torch
 
 import goddp
 from _dist_util import REPO_ROOT, assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
-from goddp._align import ALIGNED_CAPS_ATTR
+from goddp.ddp.align import ALIGNED_CAPS_ATTR
 
 EXAMPLE = REPO_ROOT / "examples" / "nanogpt_ddp.py"
 

@@ -25,7 +25,7 @@ from torch._dynamo.backends.registry import lookup_backend
 
 import goddp
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
-from goddp._align import ALIGNED_CAPS_ATTR
+from goddp.ddp.align import ALIGNED_CAPS_ATTR
 from models import ZOO
 
 STEPS = 3

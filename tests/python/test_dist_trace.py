@@ -16,6 +16,7 @@ from torch._dynamo.utils import counters
 
 import goddp
 from goddp import tracing
+from goddp.ddp.private import current_buckets
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group, under_torchrun
 from models import ZOO
 
@@ -55,7 +56,7 @@ def assert_bitwise_equal(got, want):
 def ddp_state(ddp):
     """What goddp.trace must leave as it found it."""
     return {
-        "buckets": tracing.current_buckets(ddp),
+        "buckets": current_buckets(ddp),
         "hooks": list(ddp._comm_hooks),
         "comm_hook": ddp._get_ddp_logging_data().get("comm_hook"),
         "post_forward": "_post_forward" in ddp.__dict__,
@@ -142,7 +143,7 @@ def test_goddp_ddp_mode_buckets_overlap_and_outputs(group, tmp_path):
 @needs_two_ranks
 def test_find_unused_parameters_buckets_follow_declaration_order_plan(group):
     """Under find_unused_parameters=True DDP keeps its declaration-order
-    buckets and goddp gives it caps for that order (goddp._declaration): the
+    buckets and goddp gives it caps for that order (goddp.ddp.declaration): the
     buckets the trace sees launch, in launch order, are the plan's buckets,
     whose reverse is the caps goddp handed DDP; gradients stay eager DDP's."""
     plain = make_ddp(group, find_unused_parameters=True)
@@ -203,7 +204,7 @@ def test_gradients_bit_identical_and_ddp_restored(group, as_view):
 @needs_two_ranks
 def test_manual_backward_finalization_survives_the_trace(group):
     """The trace's fresh reducers keep what the user set on DDP's (shared
-    with goddp's alignment: _align.carry_reducer_modes)."""
+    with goddp's alignment: goddp.ddp.private.rebuild_reducer)."""
     if not hasattr(torch.nn.parallel.DistributedDataParallel, "require_manual_backward_finalization"):
         pytest.skip("this torch has no manual backward finalization")
     ddp = make_ddp(group)
@@ -278,7 +279,7 @@ def test_rank_that_does_not_enter_gets_nobody_traced(dist_group):
     before = ddp_state(ddp)
     reducer = ddp.reducer
     if rank() == 0:
-        with pytest.raises(goddp.TraceError, match=r"waited 2 s for ranks \[1\].*nothing was changed"):
+        with pytest.raises(goddp.TraceError, match=r"waited 2 s at entering the trace .*for rank\(s\) \[1\].*nothing was changed"):
             with goddp.trace(ddp, timeout=2):
                 pass
     else:
@@ -286,7 +287,7 @@ def test_rank_that_does_not_enter_gets_nobody_traced(dist_group):
         import time
 
         time.sleep(4)
-        with pytest.raises(goddp.TraceError, match="after the other ranks .* had waited 2 s"):
+        with pytest.raises(goddp.TraceError, match="after the others had stopped waiting for it .*2 s after the first arrival"):
             with goddp.trace(ddp, timeout=2):
                 pass
     assert ddp.reducer is reducer and ddp_state(ddp) == before
@@ -382,6 +383,36 @@ def test_builtin_comm_hook_is_refused(dist_group):
     assert ddp.reducer is reducer and ddp_state(ddp) == before
 
 
+def test_traced_find_unused_parameters_model_lists_its_plan(dist_group):
+    """Plan records name their DDP module, and the trace finds its plans by
+    that name. Under find_unused_parameters=True the caps goddp gives DDP run
+    in declaration order, the reverse of the plan's buckets: a match by caps
+    would miss the plan. A second DDP of the same model, compiled by goddp
+    too, lists only its own plan."""
+    options = {"inner": "aot_eager", "log_plan": False, "strict": True}
+    ddp = make_ddp(dist.group.WORLD, find_unused_parameters=True)
+    compiled = torch.compile(ddp, backend="goddp", options=options)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    train(ddp, compiled, 2, optimizer=optimizer)  # compile and align
+    plan = goddp.last_plans()[-1]
+    assert plan["alignment"] == "declaration-order caps", plan
+    assert plan["ddp_caps"] != [b["bytes"] for b in plan["buckets"]], plan  # the case a match by caps missed
+    other = make_ddp(dist.group.WORLD)
+    other_compiled = torch.compile(other, backend="goddp", options={**options, "max_pieces": 2})
+    train(other, other_compiled, 1)
+    assert len(goddp.last_plans()) == 2
+    with goddp.trace(compiled) as tr:
+        train(ddp, compiled, 1, first_step=2, optimizer=optimizer)
+    fingerprint = f"{plan['fingerprint']:016x}"
+    assert [p["fingerprint"] for p in tr.to_dict()["goddp_plans"]] == [fingerprint]
+    assert f"goddp plan {fingerprint}" in tr.summary()
+    with goddp.trace(other_compiled) as other_tr:
+        train(other, other_compiled, 1, first_step=1)
+    assert [p["fingerprint"] for p in other_tr.to_dict()["goddp_plans"]] == [
+        f"{goddp.last_plans()[-1]['fingerprint']:016x}"
+    ]
+
+
 def test_bad_options_are_refused(dist_group):
     ddp = make_ddp(dist.group.WORLD)
     with pytest.raises(ValueError, match="timeout must be positive"):
@@ -413,4 +444,4 @@ def test_trace_under_torchrun():
     """Plain pytest: run this file's cases under torchrun, 2 ranks."""
     if under_torchrun():
         pytest.skip("already inside torchrun")
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=16, timeout=540)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=17, timeout=540)

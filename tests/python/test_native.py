@@ -1,5 +1,5 @@
 """goddp._goddp, the CPython extension over the Go planner, and its lazy
-loader goddp._native.
+loader goddp.native.extension.
 
 Covered: the dict/buffer API and its errors, a Go panic surfacing as
 PlannerError, the plan of a toy graph, calls from several threads, the GIL
@@ -24,7 +24,7 @@ import pytest
 
 import _testhooks
 from _fork_util import wait_for_child
-from goddp import _native
+from goddp.native import extension as _native
 
 pytestmark = pytest.mark.single_process
 
@@ -196,7 +196,7 @@ def test_debug_panic_becomes_planner_error():
     out = _testhooks.run(
         """
         import pytest
-        from goddp import _native
+        from goddp.native import extension as _native
         assert _native.load() is ext
         with pytest.raises(ext.PlannerError) as info:
             ext.debug_panic()
@@ -667,7 +667,7 @@ def test_child_forked_before_load_can_plan():
     result = _run_python(
         """
         import os, sys, time
-        from goddp import _native
+        from goddp.native import extension as _native
         from test_native import chain_graph, toy_config
         assert not _native.is_loaded()
         pid = os.fork()
@@ -708,7 +708,7 @@ def test_import_goddp_does_not_load_go():
         """
         import sys
         import goddp
-        import goddp._native as native
+        import goddp.native.extension as native
         assert "goddp._goddp" not in sys.modules, "import goddp loaded the Go runtime"
         assert not native.is_loaded()
         native.load()
@@ -722,7 +722,7 @@ def test_import_goddp_does_not_load_go():
 def test_gomaxprocs_from_environment():
     result = _run_python(
         """
-        from goddp import _native
+        from goddp.native import extension as _native
         _native.load()
         print(_native.set_max_procs(0))
         """,
@@ -736,7 +736,7 @@ def test_bad_gomaxprocs_fails_before_go_loads():
     result = _run_python(
         """
         import sys
-        from goddp import _native
+        from goddp.native import extension as _native
         try:
             _native.load()
         except ValueError as e:

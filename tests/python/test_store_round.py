@@ -1,4 +1,4 @@
-"""goddp._store_round: rounds of statements through a c10d store, played
+"""goddp.ranks.store_round: rounds of statements through a c10d store, played
 by threads on one HashStore (the two-rank cases live with their users:
 test_dist_rank_safety, test_dist_trace)."""
 
@@ -9,7 +9,8 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from goddp._store_round import GAVE_UP, Group, env_seconds, settle
+from goddp.ranks.group import Group, env_seconds
+from goddp.ranks.store_round import GAVE_UP, settle
 
 
 def _refused_if_any(said):

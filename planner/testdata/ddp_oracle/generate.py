@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from goddp._export import export_graph, parameter_names
+from goddp.graph.export import export_graph, parameter_names
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from exported_json import graph_json  # noqa: E402  (planner/testdata)

@@ -28,7 +28,7 @@ import torch
 from torch import fx, nn
 from torch._dynamo.backends.distributed import DDPOptimizer
 
-from goddp._export import export_graph
+from goddp.graph.export import export_graph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from exported_json import graph_json  # noqa: E402  (planner/testdata)

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import threading
-import time
-from typing import Any, Iterator
+from typing import Any
 
 # Enough for any realistic number of recompilations, bounded so that a
 # long job that recompiles often does not grow without limit.
 MAX_RECORDS = 1024
 
 TIMING_KEYS = ("export", "plan", "cut", "example_inputs", "identify", "compile", "stitch")
+
+
+def new_timings() -> dict[str, float]:
+    """Seconds per phase, all zero (GraphRecord.timings)."""
+    return dict.fromkeys(TIMING_KEYS, 0.0)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -31,27 +34,20 @@ class GraphRecord:
     block_cuts: bool = False
     pieces: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     buckets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    timings: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
+    timings: dict[str, float] = dataclasses.field(default_factory=new_timings)
     fallback: str | None = None
     plan_check: dict[str, Any] | None = None
     graph: dict[str, int | None]
     # plan_check and ddp_buckets are filled in at the first training call,
-    # after the record was added (goddp._agreement).
+    # after the record was added (goddp.ranks.agreement).
     ddp_buckets: dict[str, Any] | None = None
     inner: str
     alignment: str = "none"
     ddp_caps: list[int] = dataclasses.field(default_factory=list)
     merged_cuts: int = 0
     frame: dict[str, Any] | None = None
-
-    @contextlib.contextmanager
-    def timed(self, phase: str) -> Iterator[None]:
-        """Adds the time spent in the block to timings[phase]."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[phase] += time.perf_counter() - start
+    fallback_stage: str | None = None
+    ddp_module: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A deep, JSON-serialisable copy."""
@@ -80,12 +76,12 @@ def last_plans() -> list[dict[str, Any]]:
       bucket_order.
     - num_pieces: how many pieces the graph was cut into (1: not cut).
     - distinct_pieces: how many different pieces the graph has; identical
-      pieces share one compile (goddp._blocks).
+      pieces share one compile (goddp.graph.blocks).
     - reused_pieces: how many pieces run the compiled code of an identical
       earlier piece.
     - eager_pieces: how many pieces run eagerly instead of through the
       inner compiler: the edges, pieces wholly outside the repeated blocks
-      (option edges; goddp._blocks, "Edges"). The inner compiler ran
+      (option edges; goddp.graph.blocks, "Edges"). The inner compiler ran
       distinct_pieces - eager_pieces times.
     - block_cuts: whether the graph was planned with block-aligned cuts.
     - pieces: per piece (param_names in ddp mode are the parameters first
@@ -99,7 +95,7 @@ def last_plans() -> list[dict[str, Any]]:
     - plan_check: None until the graph's first training call, and for
       graphs compiled with gradients disabled; then what the ranks of the
       DDP module's process group said and decided there (aligned, caps,
-      reason, ranks, group, size, seconds; goddp._plan_check), or, for a
+      reason, ranks, group, size, seconds; goddp.ranks.plan_check), or, for a
       later graph of a decided module, that it followed that decision
       (aligned, followed).
     - graph: sizes of the Dynamo graph (num_params is None when export
@@ -116,8 +112,15 @@ def last_plans() -> list[dict[str, Any]]:
     - ddp_caps: the per-bucket caps given to DDP, in the order DDP walks
       them ([] when not aligned).
     - merged_cuts: the cuts dropped because no bucket could start there.
-    - frame: where the graph came from (goddp._frames.FrameInfo): frame,
+    - frame: where the graph came from (goddp.graph.frames.FrameInfo): frame,
       compile_id, graph_break (Dynamo's reason) and break_at.
+    - fallback_stage: None, or the stage that failed
+      (goddp.compile.fallback.STAGES: export, plan, cut, example_inputs,
+      identify, compile, stitch).
+    - ddp_module: the DDP module the graph was compiled in
+      (goddp.ddp.settings.module_of): key (unique in this process, the
+      same for all its graphs), type (the wrapped module's qualified class
+      name) and process_group (its process group's name).
     """
     with _lock:
         return [r.to_dict() for r in _records]

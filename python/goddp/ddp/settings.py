@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
-from goddp._export import parameter_names
-from goddp._options import Options
-from goddp._plan import MIB, PlanSettings, default_first_bucket_cap, resolve_caps
+from goddp.ddp import private
+from goddp.ddp.align import users_bucket_config
+from goddp.graph.export import parameter_names
+from goddp.options import Options
+from goddp.native.plan import MIB, PlanSettings, default_first_bucket_cap, resolve_caps
 
 logger = logging.getLogger("goddp")
-
-
-def active_ddp_module() -> nn.Module | None:
-    """The DDP module whose forward is running (Dynamo compiles inside it),
-    or None outside any DDP forward."""
-    if not torch.distributed.is_available():
-        return None
-    from torch.nn.parallel import DistributedDataParallel
-
-    getter = getattr(DistributedDataParallel, "_get_active_ddp_module", None)
-    return getter() if getter is not None else None
 
 
 @dataclass(frozen=True)
@@ -41,30 +33,12 @@ class DDPSettings:
     param_name_of: Callable[[torch.Tensor], str | None]
 
 
-def _bucket_config(ddp: Any) -> Any:
-    """DDP's bucket settings as the user made them: goddp's own per-bucket
-    caps (docs/align.md) replace them on the module, but plans keep following
-    the user's, so that recompiling a frame plans the same cuts."""
-    from goddp._align import ORIGINAL_CONFIG_ATTR
-
-    return getattr(ddp, ORIGINAL_CONFIG_ATTR, None) or getattr(ddp, "_bucket_config", None)
-
-
 def _first_bucket_cap(ddp: Any, cap: int) -> int:
-    config = _bucket_config(ddp)
-    first = getattr(config, "first_bucket_bytes_cap", None)
+    first = private.first_bucket_cap(users_bucket_config(ddp))
     if first is not None:
-        return int(first)
+        return first
     # Older torch keeps no first cap: DDP's rule from the cap applies.
-    return default_first_bucket_cap("ddp", cap, cap_is_default=bool(getattr(ddp, "bucket_bytes_cap_default", False)))
-
-
-def _per_bucket_caps(ddp: Any) -> tuple[int, ...]:
-    config = _bucket_config(ddp)
-    caps = getattr(config, "per_bucket_bytes_caps", None)
-    if caps is None:
-        caps = getattr(ddp, "bucket_bytes_cap_list", None)
-    return tuple(int(c) for c in caps or ())
+    return default_first_bucket_cap("ddp", cap, cap_is_default=private.cap_is_default(ddp))
 
 
 def read_ddp_settings(ddp: Any) -> DDPSettings:
@@ -74,7 +48,7 @@ def read_ddp_settings(ddp: Any) -> DDPSettings:
     return DDPSettings(
         bucket_cap_bytes=cap,
         first_bucket_cap_bytes=_first_bucket_cap(ddp, cap),
-        bucket_caps_bytes=_per_bucket_caps(ddp),
+        bucket_caps_bytes=private.per_bucket_caps(ddp, users_bucket_config(ddp)),
         ignored_names=ignored,
         find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),
         static_graph=bool(getattr(ddp, "static_graph", False)),
@@ -84,7 +58,7 @@ def read_ddp_settings(ddp: Any) -> DDPSettings:
 
 def caps_for(settings: DDPSettings, options: Options) -> PlanSettings:
     """The caps to plan with: the DDP module's, unless options override
-    (defaults: goddp._plan.resolve_caps).
+    (defaults: goddp.native.plan.resolve_caps).
 
     ddp mode follows DDP itself (its first-bucket cap and per-bucket caps);
     an overridden bucket_cap_mb drops DDP's per-bucket caps and clamps its
@@ -103,6 +77,41 @@ def caps_for(settings: DDPSettings, options: Options) -> PlanSettings:
 
 
 _noted_modules: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_module_keys: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_module_count = itertools.count()
+_module_lock = threading.Lock()
+
+
+def module_key(ddp: Any, create: bool = True) -> str | None:
+    """This DDP module's key in plan records: the wrapped module's qualified
+    class name and a number unique in this process (never reused, unlike
+    id()), the same for every graph of the module. None when create is
+    False and goddp never compiled a graph inside the module."""
+    with _module_lock:
+        try:
+            key = _module_keys.get(ddp)
+            if key is None and create:
+                key = _module_keys[ddp] = f"{_type_name(ddp)}#{next(_module_count)}"
+            return key
+        except TypeError:  # a module that cannot be weakly referenced
+            return f"{_type_name(ddp)}@{id(ddp):x}"
+
+
+def module_of(ddp: Any) -> dict[str, Any]:
+    """The plan record's "ddp_module": key, type and process_group."""
+    process_group = getattr(ddp, "process_group", None)
+    return {
+        "key": module_key(ddp),
+        "type": _type_name(ddp),
+        "process_group": None if process_group is None else str(getattr(process_group, "group_name", "") or ""),
+    }
+
+
+def _type_name(ddp: Any) -> str:
+    kind = type(getattr(ddp, "module", ddp))
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 _noted_messages: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 
 

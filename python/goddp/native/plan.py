@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import fx, nn
 
-from goddp import _native
-from goddp._export import ExportedGraph, export_graph, parameter_names
-from goddp._options import check_ddp_mode_only, check_max_pieces, check_mode
+from goddp.native import extension as _native
+from goddp.graph.export import ExportedGraph, export_graph, parameter_names, with_ddp_positions
+from goddp.options import check_ddp_mode_only, check_max_pieces, check_mode
 
 MIB = 1 << 20
 DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
@@ -177,50 +177,6 @@ class GraphPlan:
             "merged_cuts": self.merged_cuts,
         }
 
-    def table(self, same_as: Sequence[int] | None = None, eager: Sequence[int] = ()) -> str:
-        """A readable bucket table: one row per parameter, the bucket's index,
-        size (MiB) and piece on its first row. same_as (per piece, the piece
-        whose compiled code it reuses; itself if none) adds the counts of
-        distinct and reused pieces and a line naming the reused ones; eager
-        (the pieces run eagerly) adds a line naming them."""
-        caps = self.caps
-        head = (
-            f"goddp plan: mode={self.mode} fingerprint={self.fingerprint:016x} "
-            f"pieces={self.num_pieces} buckets={len(self.buckets)} "
-            f"cap={caps.bucket_cap_bytes / MIB:.2f} MiB first={caps.first_bucket_cap_bytes / MIB:.2f} MiB"
-        )
-        if caps.bucket_caps_bytes:
-            head += " per-bucket=[" + ", ".join(f"{c / MIB:.2f}" for c in caps.bucket_caps_bytes) + "] MiB"
-        if caps.max_pieces is not None:
-            head += f" max_pieces={caps.max_pieces}"
-        if caps.align_buckets:
-            head += f" (DDP's buckets set to the pieces: {self.alignment}"
-            head += f", {self.merged_cuts} cuts merged)" if self.merged_cuts else ")"
-        reused = [(p, leader) for p, leader in enumerate(same_as or ()) if p != leader]
-        if same_as is not None:
-            head += f" distinct pieces={len(same_as) - len(reused)} reused={len(reused)}"
-        rows = [("bucket", "MiB", "piece", "params")]
-        for bucket in self.buckets:
-            names = list(bucket.param_names) or ["(none)"]
-            mark = " (extended)" if bucket.extended else ""
-            rows.append((str(bucket.index), f"{bucket.bytes / MIB:.3f}", f"{bucket.piece}{mark}", names[0]))
-            rows.extend(("", "", "", name) for name in names[1:])
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
-        lines = [head]
-        if reused:
-            lines.append(
-                "reused compiled pieces (piece=the piece compiled for it): "
-                + " ".join(f"{p}={leader}" for p, leader in reused)
-            )
-        if eager:
-            lines.append(
-                "eager pieces (edges outside the repeated blocks, not compiled; option edges): "
-                + " ".join(str(p) for p in eager)
-            )
-        for row in rows:
-            lines.append("  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3])
-        return "\n".join(lines)
-
 
 def native_config(mode: str, caps: PlanSettings) -> dict[str, Any]:
     """The goddp_config fields for _native.plan_graph."""
@@ -344,7 +300,7 @@ def resolve_caps(
     DDPOptimizer (torch mode) would, without deciding anything about cuts.
 
     ddp_first_bucket_cap_bytes: the first-bucket cap a real DDP module uses,
-    when there is one (goddp._ddp_settings); without it the DDP rule applies.
+    when there is one (goddp.ddp.settings); without it the DDP rule applies.
     """
     cap_given = bucket_cap_bytes is not None
     cap = int(bucket_cap_bytes) if cap_given else DEFAULT_BUCKET_CAP_BYTES
@@ -420,9 +376,9 @@ def plan_graph_module(
     align_buckets: ddp mode: one bucket per piece, holding exactly the
         parameters first used in that piece (docs/align.md).
     block_cuts: ddp mode: cut at the boundaries of repeated module blocks,
-        as the backend does by default (goddp._blocks).
+        as the backend does by default (goddp.graph.blocks).
     declaration_order: the names of DDP's parameters in DDP's own order
-        (``goddp._declaration.ddp_parameter_names(ddp)``) when DDP never
+        (``goddp.ddp.declaration.ddp_parameter_names(ddp)``) when DDP never
         rebuilds its buckets (find_unused_parameters=True without
         static_graph): with align_buckets, the plan then aligns DDP's
         declaration-order buckets (GraphPlan.alignment, ddp_caps).
@@ -435,8 +391,6 @@ def plan_graph_module(
     caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets)
     exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored, block_cuts=block_cuts)
     if declaration_order is not None:
-        from goddp._declaration import with_ddp_positions
-
         caps = replace(caps, bucket_order="declaration")
         exported = with_ddp_positions(exported, list(declaration_order))
     return decode_plan(call_planner(exported, mode, caps), exported, mode, caps)

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from torch._dynamo.backends.registry import list_backends
+
 MODES = ("ddp", "torch")
 
 # The values of option "edges" (Options.edges says what each does).
@@ -62,13 +64,13 @@ class Options:
         repeated block or after the last (embeddings, final norm and head):
         "auto" (None means it) runs each eagerly when it is no bigger than
         the mean block, as regional compilation does (why:
-        goddp._blocks, "Edges"); "compile" compiles them with the inner
+        goddp.graph.blocks, "Edges"); "compile" compiles them with the inner
         compiler; "eager" runs them eagerly whatever their size.
     strict: raise instead of warning and compiling the whole graph when
         planning or a piece's compilation fails.
     log_plan: log the bucket table at INFO on logger "goddp".
     check_plans: raise when the ranks of a DDP module's group planned
-        differently (goddp._plan_check).
+        differently (goddp.ranks.plan_check).
     """
 
     inner: str | Callable[..., Any] = "inductor"
@@ -145,8 +147,6 @@ def _check_inner(value: Any) -> str | Callable[..., Any]:
     if value in COMMON_INNER:
         return value
     # Only unusual names pay for the registry scan.
-    from torch._dynamo.backends.registry import list_backends
-
     known = list_backends(exclude_tags=())
     if value not in known:
         choices = [b for b in known if b != "goddp"]

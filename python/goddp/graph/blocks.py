@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 from torch import fx, nn
 
-from goddp._export import resolve_attr
+from goddp.graph.nodes import is_compute, resolve_attr
 
 # A module path that ends in an index: "L['self'].blocks.3" or "...blocks[3]".
 _INDEXED_PATH = re.compile(r"^(?P<parent>.+?)(?:\.(?P<dot>\d+)|\[(?P<bracket>\d+)\])$")
@@ -75,7 +75,7 @@ def block_ids(nodes: Sequence[fx.Node]) -> list[int]:
     stacks: list[list[tuple[tuple[str, str], str]]] = []
     members: dict[tuple[str, str], dict[str, int]] = {}
     for node in nodes:
-        if node.op in ("placeholder", "output"):
+        if not is_compute(node):
             stacks.append([])
             continue
         entries = _stack_entries(node)
@@ -237,11 +237,6 @@ def backward_order(leaders: Sequence[int]) -> list[int]:
 # eagerly changes nothing DDP communicates, so ranks need not agree on it.
 
 
-def _is_compute(node: fx.Node) -> bool:
-    # As the planner counts nodes (planner/common.go, isCompute).
-    return node.op not in ("placeholder", "output")
-
-
 def edge_pieces(
     nodes: Sequence[fx.Node],
     node_blocks: Sequence[int] | None,
@@ -256,7 +251,7 @@ def edge_pieces(
     block. node_pieces is each node's piece (-1 for none)."""
     if policy == "compile" or node_blocks is None:
         return []
-    in_block = [i for i, (node, block) in enumerate(zip(nodes, node_blocks)) if block >= 0 and _is_compute(node)]
+    in_block = [i for i, (node, block) in enumerate(zip(nodes, node_blocks)) if block >= 0 and is_compute(node)]
     if not in_block:
         return []
     first, last = in_block[0], in_block[-1]
@@ -264,7 +259,7 @@ def edge_pieces(
     piece_size: dict[int, int] = {}
     inside: set[int] = set()
     for i, (node, block, piece) in enumerate(zip(nodes, node_blocks, node_pieces)):
-        if piece < 0 or not _is_compute(node):
+        if piece < 0 or not is_compute(node):
             continue
         piece_size[piece] = piece_size.get(piece, 0) + 1
         if block >= 0:

@@ -9,7 +9,7 @@ same statements, so every rank reaches the same decision or raises the same
 error: there is no second round.
 
 When the exchange happens, and what a decision changes, is
-goddp._agreement's business; README.md ("Several ranks") explains both.
+goddp.ranks.agreement's business; README.md ("Several ranks") explains both.
 
 Store keys, all under ``goddp/agree/<group name>/<model key>/``:
 - ``arrivals``: a counter (``store.add``). The n-th arrival belongs to round
@@ -17,7 +17,7 @@ Store keys, all under ``goddp/agree/<group name>/<model key>/``:
   two DDP modules of the same shapes in one run, never read each other's
   statements. It stays when a round ends: the next round counts on it.
 - ``<round>/...``: the round's statements, outcome and read count
-  (goddp._store_round says how a round settles).
+  (goddp.ranks.store_round says how a round settles).
 
 Environment: GODDP_PLAN_CHECK_TIMEOUT, seconds to wait for the other ranks
 (default: the DDP process group's own timeout, 30 minutes unless
@@ -31,11 +31,11 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
-from goddp._store_round import Group, env_seconds, settle
+from goddp.ranks.group import Group, missing_ranks_message, process_group_timeout_s
+from goddp.ranks.group import timeout_s as group_timeout_s
+from goddp.ranks.store_round import settle
 
 TIMEOUT_ENV = "GODDP_PLAN_CHECK_TIMEOUT"
-# Used when the process group's timeout cannot be read: torch's own default.
-FALLBACK_TIMEOUT_S = 1800.0
 
 
 class PlanMismatchError(RuntimeError):
@@ -177,24 +177,11 @@ def decide(statements: Mapping[int, Statement]) -> Decision:
 # The exchange
 
 
-def timeout_s(group: Any = None) -> float:
+def timeout_s(process_group: Any = None) -> float:
     """GODDP_PLAN_CHECK_TIMEOUT, else the process group's own timeout: a
     rank may still be compiling (an evaluation graph, say) while the others
     wait, so the wait is as generous as any collective on that group."""
-    value = env_seconds(TIMEOUT_ENV)
-    return value if value is not None else _group_timeout_s(group)
-
-
-def _group_timeout_s(group: Any) -> float:
-    if group is not None:
-        import torch
-
-        for device in ("cpu", "cuda"):
-            try:
-                return float(group._get_backend(torch.device(device)).options._timeout.total_seconds())
-            except Exception:  # no backend for that device, or a backend without options
-                continue
-    return FALLBACK_TIMEOUT_S
+    return group_timeout_s(TIMEOUT_ENV, lambda: process_group_timeout_s(process_group))
 
 
 def exchange(store: Any, key: str, group: Group, payload: str) -> dict[int, str]:
@@ -210,19 +197,16 @@ def exchange(store: Any, key: str, group: Group, payload: str) -> dict[int, str]
     )
     if not ended.gave_up:
         return dict(ended.statements)
-    where = f"a DDP module (process group {group.name!r}, ranks {list(group.ranks)})"
-    limit = f"(raise the limit with {TIMEOUT_ENV}=<seconds> or the process group's timeout)"
-    if ended.complete:
-        raise RanksMissingError(
-            f"goddp: rank {group.rank} reached the first training step of {where} after the others had "
-            f"stopped waiting for it ({ended.outcome}); it stops too rather than train alone. Every rank of a "
-            f"DDP module must run its first training step within {group.timeout_s:.0f} s of the first {limit}."
-        )
     raise RanksMissingError(
-        f"goddp: rank {group.rank} waited {ended.waited_s:.0f} s at the first training step of {where} for "
-        f"rank(s) {ended.missing(group)}, which never arrived. Every rank of a DDP module must run its first "
-        f"training step; a rank that crashed, or one still compiling after {group.timeout_s:.0f} s, stops "
-        f"here {limit}."
+        missing_ranks_message(
+            "goddp",
+            group,
+            "the first training step",
+            ended,
+            f"Every rank of a DDP module must run its first training step within {group.timeout_s:.0f} s of the "
+            f"first; a rank that crashed, or one still compiling then, stops here (raise the limit with "
+            f"{TIMEOUT_ENV}=<seconds> or the process group's timeout).",
+        )
     )
 
 

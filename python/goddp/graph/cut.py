@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from goddp._export import ExportedGraph
-from goddp._plan import GraphPlan
+from goddp.graph.export import ExportedGraph
+from goddp.graph.nodes import is_compute
+from goddp.native.plan import GraphPlan
 
 
 class CutError(RuntimeError):
@@ -155,7 +156,7 @@ class _Cutter:
         pieces as the plan moves on; checks that the plan is contiguous."""
         current = -1
         for node, piece in zip(self.nodes, self.piece_of):
-            if node.op in ("placeholder", "output"):
+            if not is_compute(node):
                 if piece != -1:
                     raise CutError(f"plan puts {node.op} {node.name!r} in piece {piece}")
                 continue

@@ -10,11 +10,10 @@ and which cuts to keep. This module only gathers the facts.
 
 from __future__ import annotations
 
-import dataclasses
-from array import array
-from typing import Any, Sequence
+from typing import Any
 
-from goddp._export import ExportedGraph
+from goddp.ddp import private
+from goddp.graph.export import parameter_names
 
 
 def bucket_order(ddp: Any) -> str:
@@ -27,18 +26,5 @@ def bucket_order(ddp: Any) -> str:
 def ddp_parameter_names(ddp: Any) -> list[str]:
     """The names (relative to the wrapped module) of DDP's parameters, in
     the order its reducer indexes them."""
-    parameters, _ = ddp._build_params_for_reducer()
-    names: dict[int, str] = {}
-    for name, param in ddp.module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), name)
-    return [names[id(p)] for p in parameters]
-
-
-def with_ddp_positions(exported: ExportedGraph, names: Sequence[str]) -> ExportedGraph:
-    """exported with goddp_graph.param_ddp_positions set: each parameter's
-    index in ``names`` (DDP's list), -1 where DDP does not reduce it.
-    Matched by name: the graph may hold Dynamo's stand-ins rather than the
-    parameters themselves."""
-    position = {name: k for k, name in enumerate(names)}
-    positions = array("i", (position.get(name, -1) for name in exported.param_names))
-    return dataclasses.replace(exported, arrays={**exported.arrays, "param_ddp_positions": positions})
+    names = parameter_names(ddp.module)
+    return [names[id(p)] for p in private.ddp_parameters(ddp)]

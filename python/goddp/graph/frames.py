@@ -14,7 +14,9 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
 from torch import fx
+from torch._dynamo.symbolic_convert import InstructionTranslator
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,6 @@ def frame_info(gm: fx.GraphModule) -> FrameInfo:
     field may be None when this torch keeps it elsewhere."""
     frame = compile_id = None
     try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
         tx = InstructionTranslator.current_tx()
         code = getattr(tx, "f_code", None)
         if code is not None:
@@ -59,8 +59,6 @@ def frame_info(gm: fx.GraphModule) -> FrameInfo:
     except Exception:  # outside Dynamo (a test calling the backend by hand)
         pass
     try:
-        import torch
-
         current = torch._guards.CompileContext.current_compile_id()
         compile_id = str(current) if current is not None else None
     except Exception:

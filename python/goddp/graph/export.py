@@ -1,22 +1,25 @@
 """Export of a Dynamo-captured FX graph to the planner's flat arrays.
 
 The arrays are exactly the fields of ``goddp_graph`` in csrc/goddp.h (codes
-from goddp._native, their one owner). Only facts about the graph are
+from goddp.native.extension, their one owner). Only facts about the graph are
 gathered here (which node refers to which parameter, and how); every
 decision about where to cut is the planner's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from array import array
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import fx, nn
 
-from goddp import _native
+from goddp.graph.blocks import block_ids
+from goddp.graph.nodes import resolve_attr
+from goddp.native import extension as _native
 
 OP_CODES = {
     "placeholder": _native.OP_PLACEHOLDER,
@@ -26,22 +29,6 @@ OP_CODES = {
     "call_method": _native.OP_CALL_METHOD,
     "output": _native.OP_OUTPUT,
 }
-
-_NO_DEFAULT = object()
-
-
-def example_value(node: fx.Node, default: Any = _NO_DEFAULT) -> Any:
-    """Dynamo's fake value for a node (meta["example_value"], or "val").
-    Raises KeyError when there is none, unless a default is given."""
-    meta = node.meta
-    if "example_value" in meta:
-        return meta["example_value"]
-    if "val" in meta:
-        return meta["val"]
-    if default is not _NO_DEFAULT:
-        return default
-    raise KeyError(f"node {node.name!r} has no example_value/val metadata")
-
 
 def parameter_names(module: nn.Module) -> dict[int, str]:
     """id(parameter) -> fully qualified name in module. A shared parameter
@@ -62,14 +49,6 @@ class ExportedGraph:
     params: list[torch.Tensor]  # the real parameters where Dynamo kept them
     param_names: list[str]
     arrays: dict[str, Any]  # goddp_graph fields, ready for _native.plan_graph
-
-
-def resolve_attr(root: Any, target: str) -> Any:
-    """getattr along a dotted path (get_attr and call_module targets)."""
-    obj = root
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 _SOURCE_PART = re.compile(
@@ -336,13 +315,11 @@ class _Exporter:
         }
 
     def block_arrays(self) -> dict[str, Any]:
-        """node_block_ids (goddp._blocks) when asked for and the graph has
+        """node_block_ids (goddp.graph.blocks) when asked for and the graph has
         repeated blocks; otherwise nothing, so that the plan and its
         fingerprint stay the byte-driven ones."""
         if not self.block_cuts:
             return {}
-        from goddp._blocks import block_ids  # goddp._blocks reads attributes through this module
-
         ids = block_ids(self.nodes)
         if all(block < 0 for block in ids):
             return {}
@@ -402,3 +379,13 @@ def export_graph(
     the graph has repeated blocks, so that ddp mode cuts at them.
     """
     return _Exporter(gm, param_name_of, ignored_names, block_cuts).run()
+
+
+def with_ddp_positions(exported: ExportedGraph, names: Sequence[str]) -> ExportedGraph:
+    """exported with goddp_graph.param_ddp_positions set: each parameter's
+    index in ``names`` (DDP's parameter list, goddp.ddp.declaration), -1
+    where DDP does not reduce it. Matched by name: the graph may hold
+    Dynamo's stand-ins rather than the parameters themselves."""
+    position = {name: k for k, name in enumerate(names)}
+    positions = array("i", (position.get(name, -1) for name in exported.param_names))
+    return dataclasses.replace(exported, arrays={**exported.arrays, "param_ddp_positions": positions})

@@ -15,8 +15,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx
 
-from goddp._cut import Piece
-from goddp._export import example_value
+from goddp.graph.cut import Piece
+from goddp.graph.nodes import example_value
 
 
 def _gatherer(reads: tuple[int, ...]) -> Callable[[list], tuple]:
@@ -103,7 +103,7 @@ class StitchedPieces:
             if not _example_requires_grad(value)
         }
         self._checked = False
-        # Called once, before the first run of the pieces (goddp._align).
+        # Called once, before the first run of the pieces (goddp.ddp.align).
         self.before_first_call: Callable[[], None] | None = None
 
     def __call__(self, *args: Any) -> Any:

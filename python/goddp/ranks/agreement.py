@@ -12,10 +12,10 @@ batch. So goddp compiles without waiting, and each graph it returns for a
 grad-enabled DDP forward (pieces, or the whole graph after a fallback)
 carries a ``TrainingGate`` that runs before its first call:
 
-1. This rank's Statement (goddp._plan_check): the plan's fingerprint, and
+1. This rank's Statement (goddp.ranks.plan_check): the plan's fingerprint, and
    the per-bucket caps it proposes for DDP's buckets or why it proposes
    none (alignment off, a blocker, a fallback). A rank that proposes caps
-   installs them now, tentatively (goddp._align), so that a failed install
+   installs them now, tentatively (goddp.ddp.align), so that a failed install
    is part of what it says.
 2. The statements are exchanged through the default c10d store within the
    module's process group (not in a 1-rank group), and every rank computes
@@ -40,18 +40,12 @@ import weakref
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
-from goddp._align import (
-    ALIGNED_CAPS_ATTR,
-    ReducerLost,
-    ddp_parameters,
-    install_bucket_caps,
-    rebuild_blocker,
-    remove_bucket_caps,
-)
-from goddp._plan_check import Decision, Statement, decide, exchange, model_key, timeout_s
-from goddp._store_round import Group
+from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps, remove_bucket_caps
+from goddp.ddp.private import ReducerLost, ddp_parameters
+from goddp.ddp.refusals import rebuild_blocker
+from goddp.ranks.plan_check import Decision, Statement, decide, exchange, model_key, timeout_s
+from goddp.ranks.group import Group, group_of, store_for
 
 logger = logging.getLogger("goddp")
 
@@ -130,18 +124,8 @@ class TrainingGate:
         )
 
 
-def _group_of(ddp: Any) -> Group:
-    group = ddp.process_group
-    return Group(
-        name=str(group.group_name),
-        ranks=tuple(dist.get_process_group_ranks(group)),
-        rank=dist.get_rank(),
-        timeout_s=timeout_s(group),
-    )
-
-
 def _agree(ddp: Any, statement: Statement) -> tuple[Decision, Group]:
-    group = _group_of(ddp)
+    group = group_of(ddp, timeout_s)
     if statement.caps is not None:
         blocker = rebuild_blocker(ddp)
         if blocker is not None:
@@ -158,11 +142,10 @@ def _agree(ddp: Any, statement: Statement) -> tuple[Decision, Group]:
                 statement, caps=None, reason=f"installing the caps failed ({type(exc).__name__}: {exc})"
             )
     statements = {group.rank: statement}
-    if len(group.ranks) > 1:
-        from torch.distributed.distributed_c10d import _get_default_store
-
+    store = store_for(group)
+    if store is not None:
         key = f"{STORE_PREFIX}/{group.name}/{_model_key(ddp)}"
-        payloads = exchange(_get_default_store(), key, group, statement.to_json())
+        payloads = exchange(store, key, group, statement.to_json())
         statements = {r: Statement.from_json(p) for r, p in payloads.items()}
     if lost is not None:
         raise lost  # the others stop too (PeerFailedError), having read why

@@ -1,12 +1,9 @@
 """One round of statements among the ranks of a process group, through the
 c10d store: how goddp's agreements across ranks wait for each other, within
-a bound, and settle on one outcome. Two agreements use it: goddp._plan_check
+a bound, and settle on one outcome. Two agreements use it: goddp.ranks.plan_check
 (at a DDP module's first training call) and goddp.tracing (entering and
-leaving a trace).
-
-The store, not the process group: a rank that never arrives must cost the
-others a bounded wait, not a collective that hangs or pairs with one of
-DDP's own allreduces.
+leaving a trace, and the records it publishes). Why the store and not the
+process group: goddp.ranks.group.store_for.
 
 Keys under a round's base:
 - ``<base>/<rank>``: that rank's statement.
@@ -23,44 +20,20 @@ Keys under a round's base:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-import os
 import time
 import warnings
 from datetime import timedelta
 from typing import Any, Callable, Mapping
+
+from goddp.ranks.group import Group
 
 logger = logging.getLogger("goddp")
 
 # A rank that waits longer than this says so at INFO, then again each time.
 PROGRESS_EVERY_S = 30.0
 GAVE_UP = "gave up: rank "
-
-
-def env_seconds(name: str) -> float | None:
-    """The positive number of seconds environment variable `name` holds,
-    or None when it is unset or holds something else (warned)."""
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value > 0:
-        return value
-    warnings.warn(f"goddp: ignoring {name}={raw!r} (not a positive number of seconds)")
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class Group:
-    """The process group as a round sees it."""
-
-    name: str
-    ranks: tuple[int, ...]  # global ranks
-    rank: int  # this process's global rank
-    timeout_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,3 +145,47 @@ def _wait(store: Any, keys: Mapping[int, str], group: Group, waiting_for: str) -
             "goddp: rank %d has waited %.0f s for rank(s) %s to %s; giving up after %.0f s",
             group.rank, time.monotonic() - started, missing, waiting_for, group.timeout_s,
         )
+
+
+# --------------------------------------------------------------------------
+# A yes-or-no round, and records (goddp.trace)
+
+
+def agree(store: Any, base: str, group: Group, verdict: str, waiting_for: str) -> Round:
+    """A round whose statements are verdicts ("ok" or a reason) and whose
+    outcome is "go" when every rank said "ok", else "refused" (or a give-up,
+    Round.gave_up). Without a store (a group of one rank) this rank's own
+    verdict decides."""
+    if store is None:
+        return Round("go" if verdict == "ok" else "refused", {group.rank: verdict}, True, 0.0)
+    return settle(
+        store,
+        base,
+        group,
+        verdict,
+        lambda said: "go" if all(v == "ok" for v in said.values()) else "refused",
+        waiting_for,
+    )
+
+
+def publish(store: Any, key: str, record: Any) -> None:
+    """Leaves record (JSON) under key for any rank to read, any number of times."""
+    if store is not None:
+        store.set(key, json.dumps(record))
+
+
+def gather(store: Any, keys: Mapping[int, str], timeout_s: float) -> dict[int, Any]:
+    """The records published under keys (rank -> key); ranks whose record
+    did not appear within timeout_s seconds in all are left out."""
+    out: dict[int, Any] = {}
+    if store is None:
+        return out
+    deadline = time.monotonic() + timeout_s
+    for r, key in keys.items():
+        left = max(0.001, deadline - time.monotonic())
+        try:
+            store.wait([key], timedelta(seconds=left))
+            out[r] = json.loads(store.get(key))
+        except Exception:
+            continue
+    return out

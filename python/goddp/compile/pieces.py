@@ -13,24 +13,25 @@ import contextlib
 import logging
 import sys
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 from torch import fx
 
-from goddp._blocks import backward_order
-from goddp._cut import Piece
-from goddp._export import example_value
+from goddp.graph.blocks import backward_order
+from goddp.graph.cut import Piece
+from goddp.graph.nodes import example_value
+
+try:
+    from torch._dynamo.backends.distributed import DDPOptimizerContext
+except ImportError:  # a torch without it: pieces keep Dynamo's one metadata entry
+    DDPOptimizerContext = None
 
 logger = logging.getLogger("goddp")
 
 # What may cross a cut: the inner compilers take tensors and symbolic
 # scalars only.
 CROSSING_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
-
-
-class PieceCompileError(Exception):
-    """The inner compiler failed on one piece (the cause is chained)."""
 
 
 def piece_example_inputs(
@@ -71,14 +72,17 @@ def compile_pieces(
     piece_inputs: Sequence[Sequence[Any]],
     same_as: Sequence[int] | None = None,
     eager: Sequence[int] = (),
+    guard: Callable[..., ContextManager[None]] | None = None,
 ) -> list[Callable[..., Any]]:
     """Compiles each piece with inner, in forward order; a piece whose
     same_as names an earlier piece reuses that piece's compiled callable
-    (goddp._blocks), and a piece in eager runs its GraphModule as it is
-    (the edges; goddp._blocks, "Edges"; an eager piece neither leads nor
+    (goddp.graph.blocks), and a piece in eager runs its GraphModule as it is
+    (the edges; goddp.graph.blocks, "Edges"; an eager piece neither leads nor
     follows another). Logs a line per piece compiled or left eager at INFO.
-    Raises PieceCompileError naming the piece, with the inner compiler's
-    exception as its cause; the settings below are restored either way."""
+    Each piece compiles inside ``guard("compile", piece=i, pieces=n)``
+    (goddp.compile.fallback.Stages.guard: a failure names the piece); the
+    settings below are restored either way."""
+    guard = guard or _no_guard
     if same_as is None:
         same_as = list(range(len(pieces)))
     distinct = sum(1 for p, leader in enumerate(same_as) if p == leader and p not in eager)
@@ -99,10 +103,8 @@ def compile_pieces(
                 )
                 continue
             piece_start = time.perf_counter()
-            try:
+            with guard("compile", piece=piece.index, pieces=len(pieces)):
                 compiled.append(inner(piece.gm, inputs))
-            except Exception as exc:
-                raise PieceCompileError(f"compiling piece {piece.index} of {len(pieces)} failed") from exc
             metadata.after_compile(leader)
             uses = same_as.count(leader)
             logger.info(
@@ -119,6 +121,11 @@ def compile_pieces(
     return compiled
 
 
+@contextlib.contextmanager
+def _no_guard(stage: str, **details: Any) -> Iterator[None]:
+    yield
+
+
 def log_pieces(pieces: Sequence[Piece]) -> None:
     if not logger.isEnabledFor(logging.DEBUG):
         return
@@ -130,7 +137,7 @@ class PieceMetadata:
     """What piece_metadata_tracking yields: call after_compile(leader) after
     each compiled callable (named by its first piece), then finish(order)
     with the order in which their backwards will compile
-    (goddp._blocks.backward_order)."""
+    (goddp.graph.blocks.backward_order)."""
 
     def __init__(self, tracing: Any = None, per_piece: Any = None, previous_meta: Any = None) -> None:
         self._tracing = tracing
@@ -176,10 +183,7 @@ def piece_metadata_tracking() -> Iterator[PieceMetadata]:
     tracing = torch._guards.TracingContext.try_get()
     context_cls = None
     if tracing is not None and hasattr(tracing, "ddp_optimizer_ctx"):
-        try:
-            from torch._dynamo.backends.distributed import DDPOptimizerContext as context_cls
-        except ImportError:
-            context_cls = None
+        context_cls = DDPOptimizerContext
     if context_cls is None:
         yield PieceMetadata()
         return

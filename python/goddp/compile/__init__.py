@@ -1,0 +1,10 @@
+"""The compile pipeline: what happens to one Dynamo graph.
+
+- ``pipeline``: the coordinator (plan, cut, compile the pieces, stitch; or
+  the whole graph), each step returning what it made.
+- ``fallback``: the one fallback context, and which exceptions are Dynamo's
+  own control flow (never a failure).
+- ``inner``: the inner compiler each piece goes to.
+- ``pieces``: compiling the pieces (example inputs, the compile loop).
+- ``ddp_optimizer``: torch's DDPOptimizer, which must not cut as well.
+"""

@@ -1,0 +1,128 @@
+"""The one fallback of the compile pipeline, and what is never a failure.
+
+Failures never cost a training step: when a stage of the pipeline fails
+(export, plan, cut, example inputs, compile piece N, stitch), goddp warns,
+naming the stage and the real exception, and compiles the whole graph with
+the inner compiler instead (``strict=True`` raises the exception itself).
+``Stages.guard`` is that one fallback context; ``Stages.timed`` adds each
+stage's time to the plan record.
+
+Dynamo steers its own compilation with exceptions (restart the analysis,
+skip the frame, turn an unsupported fake-tensor operation into a graph
+break). They are not failures of goddp's: ``is_dynamo_control_flow`` names
+them, in this one place, and the fallback context lets them pass untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+import warnings
+from typing import Any, Iterator
+
+import torch._dynamo.exc as dynamo_exc
+
+logger = logging.getLogger("goddp")
+
+# What the WARNING and the plan record call each stage ("compile" per piece).
+STAGES = {
+    "export": "exporting the graph",
+    "plan": "planning",
+    "cut": "cutting the graph along the plan",
+    "example_inputs": "making the pieces' example inputs",
+    "identify": "comparing the pieces",
+    "compile": "compiling piece {piece} of {pieces}",
+    "stitch": "stitching the pieces",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _control_flow_types() -> tuple[type[BaseException], ...]:
+    # Read by name: a torch without one of them simply has nothing to pass.
+    names = ("RestartAnalysis", "SkipFrame")
+    found = [getattr(dynamo_exc, name) for name in names if hasattr(dynamo_exc, name)]
+    # Fake-tensor failures Dynamo turns into a graph break of its own.
+    found.extend(getattr(dynamo_exc, "exceptions_allowed_to_be_fallback", ()))
+    return tuple(found)
+
+
+def is_dynamo_control_flow(exc: BaseException) -> bool:
+    """Whether exc is an exception Dynamo raises to steer compilation, which a
+    backend must let through untouched: RestartAnalysis and its subclasses
+    (Dynamo analyses the frame again), SkipFrame (Dynamo runs the frame
+    eagerly), and the fake-tensor exceptions Dynamo makes a graph break of
+    (torch._dynamo.exc.exceptions_allowed_to_be_fallback)."""
+    return isinstance(exc, _control_flow_types())
+
+
+def describe(exc: BaseException) -> str:
+    """The exception's type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+class FellBack(Exception):
+    """A stage failed and the graph is to be compiled whole (never leaves the
+    pipeline). stage: the key in STAGES; reason: what failed, in words;
+    cause: the real exception."""
+
+    def __init__(self, stage: str, reason: str, cause: BaseException) -> None:
+        super().__init__(reason)
+        self.stage = stage
+        self.reason = reason
+        self.cause = cause
+
+
+class Stages:
+    """The stages of one graph's compile: their timings and their failures."""
+
+    def __init__(self, strict: bool, timings: dict[str, float]) -> None:
+        self.strict = strict
+        self.timings = timings
+
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Adds the time spent in the block to timings[stage]."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] += time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def guard(self, stage: str, **details: Any) -> Iterator[None]:
+        """The fallback context: an exception in the block becomes FellBack
+        naming the stage (details fill in its words: piece=, pieces=), unless
+        the option strict is set or the exception is Dynamo's control flow,
+        which pass as they are."""
+        try:
+            yield
+        except FellBack:
+            raise
+        except Exception as exc:
+            if self.strict or is_dynamo_control_flow(exc):
+                raise
+            reason = f"{STAGES[stage].format(**details)} failed ({describe(exc)})"
+            raise FellBack(stage, reason, exc) from exc
+
+    @contextlib.contextmanager
+    def stage(self, stage: str) -> Iterator[None]:
+        """timed and guard together."""
+        with self.timed(stage), self.guard(stage):
+            yield
+
+
+def warn_fallback(fell: FellBack) -> None:
+    """Warns (warnings and logger "goddp"); the cause's whole message goes
+    to WARNING and its traceback to DEBUG, since the reason keeps one line."""
+    message = f"goddp: {fell.reason}; compiling the whole graph with the inner compiler instead"
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    cause = fell.cause
+    full = str(cause).strip()
+    if "\n" in full:
+        logger.warning("%s\n%s: %s", message, type(cause).__name__, full)
+    else:
+        logger.warning("%s", message)
+    logger.debug("goddp: the cause of the fallback:", exc_info=cause)

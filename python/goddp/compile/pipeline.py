@@ -1,0 +1,382 @@
+"""The compile pipeline's coordinator: one Dynamo graph, start to end.
+
+``torch.compile(ddp_model, backend="goddp", options={...})`` sends each
+graph Dynamo captures here. Outside a DDP forward the graph goes to the inner
+compiler untouched. Inside one, goddp:
+
+1. reads the active DDP module's bucket settings (goddp.ddp.settings);
+2. exports the graph to flat arrays (goddp.graph.export) and asks the Go planner
+   where DDP's buckets close (goddp mode "ddp") or where torch's
+   DDPOptimizer would cut (goddp mode "torch"), deciding on the way whether
+   DDP's own buckets can be set to the pieces (docs/align.md);
+3. cuts the graph into pieces along the plan (goddp.graph.cut) and compiles each
+   piece with the inner compiler (goddp.compile.pieces), so that each bucket's
+   allreduce can start while the rest of backward still runs;
+4. returns one callable that runs the pieces in order (goddp.graph.stitch); at
+   its first training call the ranks of the DDP module's process group agree
+   on the plan and on DDP's buckets (goddp.ranks.agreement).
+
+Each step returns what it made (an ExportedGraph, a Planned, the pieces,
+an Identified, the compiled callables); the plan record is built from those
+values in one place (``_DDPGraphCompile.record``).
+
+Failures never cost a training step: if a stage fails, goddp warns and
+compiles the whole graph with the inner compiler instead (the one fallback
+context: goddp.compile.fallback); a rank that fell back still takes part in
+the agreement. A plan that differs between ranks raises
+on every rank (goddp.ranks.plan_check).
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx
+
+from goddp.compile import ddp_optimizer
+from goddp.compile.fallback import FellBack, Stages, warn_fallback
+from goddp.compile.inner import inner_name, resolve_inner
+from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
+from goddp.ddp.declaration import bucket_order, ddp_parameter_names
+from goddp.ddp.private import active_ddp_module
+from goddp.ddp.refusals import alignment_blocker, coverage_blocker
+from goddp.ddp.settings import caps_for, module_of, note_ddp_settings, note_once, read_ddp_settings
+from goddp.graph.blocks import edge_pieces, group_pieces, piece_signature
+from goddp.graph.cut import Piece, cut_graph
+from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
+from goddp.graph.frames import frame_info
+from goddp.graph.stitch import StitchedPieces
+from goddp.native import extension as _native
+from goddp.native.plan import GraphPlan, PlanSettings, call_planner, decode_plan
+from goddp.options import Options
+from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
+from goddp.ranks.plan_check import Statement
+from goddp.reports.records import GraphRecord, add_record, new_timings
+from goddp.reports.table import plan_table
+
+logger = logging.getLogger("goddp")
+
+ALIGNMENT_OFF = "off (align_buckets=False or mode='torch')"
+
+
+# --------------------------------------------------------------------------
+# Planning, and whether DDP's buckets become the pieces
+
+
+def plan_and_align(
+    ddp: Any, exported: ExportedGraph, options: Options, caps: PlanSettings
+) -> tuple[GraphPlan, PlanSettings | str]:
+    """Plans the graph and decides, in this one place, whether DDP's buckets
+    are set to the pieces (docs/align.md). Returns the plan and either the
+    caps to align with (align_buckets=True) or the reason not to."""
+
+    def plan_with(settings: PlanSettings) -> GraphPlan:
+        return decode_plan(call_planner(exported, options.mode, settings), exported, options.mode, settings)
+
+    reason = alignment_blocker(ddp) if options.aligns_buckets else ALIGNMENT_OFF
+    if reason is not None:
+        return plan_with(caps), reason
+    # A DDP that never rebuilds its buckets keeps declaration-order ones:
+    # the planner needs each parameter's place in DDP's list for them.
+    aligned = dataclasses.replace(caps, align_buckets=True, bucket_order=bucket_order(ddp))
+    if aligned.bucket_order == "declaration":
+        exported = with_ddp_positions(exported, ddp_parameter_names(ddp))
+    plan = plan_with(aligned)
+    reason = coverage_blocker(ddp, [b.param_names for b in plan.buckets])
+    if reason is not None:
+        return plan_with(caps), reason
+    if plan.num_pieces <= 1:
+        return plan, "one piece: nothing to align"
+    return plan, aligned
+
+
+# --------------------------------------------------------------------------
+# One graph inside a DDP forward
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """What planning made: the plan, the settings it was made with (with
+    align_buckets saying whether this rank proposes the pieces as DDP's
+    buckets), and why it does not (None when it does)."""
+
+    plan: GraphPlan
+    caps: PlanSettings
+    not_aligned: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Identified:
+    """Per piece, the piece whose compiled callable it runs (itself unless
+    reused), and the pieces that run eagerly (option edges)."""
+
+    same_as: list[int]
+    eager: list[int]
+
+
+class _DDPGraphCompile:
+    """Compiles one Dynamo graph inside a DDP forward: plan, cut, compile the
+    pieces, stitch; or, at any failure, the whole graph. Either way the
+    callable it returns takes part in the DDP module's agreement at its
+    first training call (goddp.ranks.agreement)."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        options: Options,
+        inner: Callable[..., Any],
+        ddp: Any,
+    ) -> None:
+        self.gm = gm
+        self.example_inputs = example_inputs
+        self.options = options
+        self.inner = inner
+        self.ddp = ddp
+        self.settings = read_ddp_settings(ddp)
+        note_ddp_settings(ddp, self.settings, options)
+        self.caps = caps_for(self.settings, options)
+        self.frame = frame_info(gm)
+        self.stages = Stages(options.strict, new_timings())
+
+    def run(self) -> Callable[..., Any]:
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("goddp: original graph:\n%s", self.gm.graph)
+        stages = self.stages
+        exported: ExportedGraph | None = None
+        planned: Planned | None = None
+        try:
+            with stages.stage("export"):
+                exported = self.export()
+            if not _holds_ddp_parameters(exported):
+                return self.parameter_free(exported)
+            with stages.stage("plan"):
+                planned = self.plan(exported)
+            self.note(planned)
+            if planned.plan.num_pieces <= 1:
+                self.log_table(planned.plan)
+                return self.whole_graph(exported, planned)
+            identified: Identified | None = None
+            try:
+                with stages.stage("cut"):
+                    pieces = cut_graph(self.gm, exported, planned.plan, entry_grad_enabled=torch.is_grad_enabled())
+                log_pieces(pieces)
+                with stages.stage("example_inputs"):
+                    piece_inputs = piece_example_inputs(self.gm, self.example_inputs, pieces)
+                with stages.stage("identify"):
+                    identified = self.identify(exported, planned.plan, pieces, piece_inputs)
+            finally:
+                self.log_table(planned.plan, identified)
+            with stages.timed("compile"):
+                compiled = compile_pieces(
+                    self.inner, pieces, piece_inputs, identified.same_as, identified.eager, stages.guard
+                )
+            with stages.stage("stitch"):
+                stitched = StitchedPieces(self.gm, pieces, compiled)
+        except FellBack as fell:
+            return self.whole_graph(exported, planned, fell)
+        record = self.record(exported, planned, identified)
+        caps = planned.plan.ddp_caps if planned.caps.align_buckets else None
+        stitched.before_first_call = self.training_gate(record, planned, caps, planned.not_aligned)
+        add_record(record)
+        return stitched
+
+    # -- the steps, each returning what it made
+
+    def export(self) -> ExportedGraph:
+        return export_graph(
+            self.gm,
+            param_name_of=self.settings.param_name_of,
+            ignored_names=self.settings.ignored_names,
+            block_cuts=self.options.cuts_at_blocks,
+        )
+
+    def plan(self, exported: ExportedGraph) -> Planned:
+        plan, alignment = plan_and_align(self.ddp, exported, self.options, self.caps)
+        if isinstance(alignment, PlanSettings):
+            return Planned(plan, alignment, None)
+        return Planned(plan, dataclasses.replace(self.caps, align_buckets=False), alignment)
+
+    def identify(
+        self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Piece], piece_inputs: list[list[Any]]
+    ) -> Identified:
+        """Per piece, the piece whose compiled callable it will run: an
+        earlier identical one (same code and input metadata, names aside;
+        goddp.graph.blocks) with block cuts, else itself; and the edge pieces
+        that run eagerly (option edges; goddp.graph.blocks, "Edges")."""
+        eager = edge_pieces(
+            exported.nodes,
+            exported.arrays.get("node_block_ids"),
+            [plan.node_pieces[node.name] for node in exported.nodes],
+            self.options.edge_policy,
+        )
+        if self.options.cuts_at_blocks:
+            # An eager piece shares nothing: no compiled piece may run its
+            # uncompiled code, nor it a compiled piece's.
+            same_as = group_pieces(
+                [None if p.index in eager else piece_signature(p.gm, x) for p, x in zip(pieces, piece_inputs)]
+            )
+        else:
+            same_as = list(range(len(pieces)))
+        return Identified(same_as, eager)
+
+    # -- the ends: a graph without DDP's parameters, the whole graph
+
+    def parameter_free(self, exported: ExportedGraph) -> Callable[..., Any]:
+        """A graph that uses no parameter DDP reduces (what a trainer's
+        graph break leaves behind, e.g. after Lightning's self.log): nothing
+        to cut or align, nothing for the ranks to agree on, so no plan, no
+        plan check (whose per-graph sequence would drift where ranks compile
+        different small frames), no note and no warning; one INFO line
+        names the frame."""
+        logger.info("goddp: %s holds no parameters of DDP: compiled whole, not planned", self.frame.describe())
+        try:
+            with self.stages.timed("compile"):
+                # No training gate: every rank sees the same graph holds no
+                # parameters, so every rank leaves it out of the agreement.
+                return self.inner(self.gm, self.example_inputs)
+        finally:
+            add_record(self.record(exported, ddp_buckets={"aligned": False, "reason": "no parameters in this graph"}))
+
+    def whole_graph(
+        self, exported: ExportedGraph | None, planned: Planned | None, fell: FellBack | None = None
+    ) -> Callable[..., Any]:
+        if fell is not None:
+            warn_fallback(fell)
+        record = self.record(exported, planned, fell=fell)
+        try:
+            with self.stages.timed("compile"):
+                compiled = self.inner(self.gm, self.example_inputs)
+        finally:
+            add_record(record)
+        # A rank that fell back still takes part in the agreement, and says why.
+        if fell is not None:
+            reason = f"fallback: {fell.reason}"
+        else:
+            reason = planned.not_aligned if planned is not None else ALIGNMENT_OFF
+        gate = self.training_gate(record, planned, None, reason)
+        return compiled if gate is None else GatedCall(compiled, gate)
+
+    # -- what the graph leaves behind: notes, the record, the gate
+
+    def note(self, planned: Planned) -> None:
+        """The INFO notes a plan deserves, once per DDP module."""
+        if planned.not_aligned is not None and self.options.aligns_buckets:
+            note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {planned.not_aligned}")
+        if planned.caps.align_buckets and planned.caps.bucket_order == "declaration":
+            note_once(self.ddp, _declaration_note(planned.plan))
+
+    def log_table(self, plan: GraphPlan, identified: Identified | None = None) -> None:
+        """The plan table at INFO (log_plan), with the frame the graph came
+        from: a trainer's graph breaks make several graphs per step."""
+        if self.options.log_plan:
+            same_as, eager = (identified.same_as, identified.eager) if identified is not None else (None, ())
+            logger.info("%s\n(%s)", plan_table(plan, same_as, eager), self.frame.describe())
+
+    def record(
+        self,
+        exported: ExportedGraph | None = None,
+        planned: Planned | None = None,
+        identified: Identified | None = None,
+        fell: FellBack | None = None,
+        ddp_buckets: dict[str, Any] | None = None,
+    ) -> GraphRecord:
+        """The one place a graph's record (goddp.last_plans()) is made, from
+        what the steps made; missing values are steps that did not run."""
+        caps = planned.caps if planned is not None else self.caps
+        record = GraphRecord(
+            mode=self.options.mode,
+            block_cuts=self.options.cuts_at_blocks,
+            caps=caps.to_dict(),
+            graph={"num_nodes": len(self.gm.graph.nodes), "num_params": None if exported is None else len(exported.params)},
+            inner=inner_name(self.options.inner),
+            frame=self.frame.to_dict(),
+            timings=self.stages.timings,
+            ddp_buckets=ddp_buckets,
+            ddp_module=module_of(self.ddp),
+        )
+        if fell is not None:
+            record.fallback, record.fallback_stage = fell.reason, fell.stage
+        if planned is None:
+            return record
+        plan, aligned = planned.plan, caps.align_buckets
+        record.ddp_buckets = {"aligned": aligned, "reason": planned.not_aligned}
+        record.alignment = plan.alignment if aligned else "none"
+        record.ddp_caps = list(plan.ddp_caps) if aligned else []
+        record.merged_cuts = plan.merged_cuts
+        plan_dict = plan.to_dict()
+        record.fingerprint = plan.fingerprint
+        record.num_pieces = plan.num_pieces
+        record.pieces = plan_dict["pieces"]
+        record.buckets = plan_dict["buckets"]
+        same_as = identified.same_as if identified is not None else list(range(plan.num_pieces))
+        eager = identified.eager if identified is not None else []
+        record.distinct_pieces = sum(1 for p, leader in enumerate(same_as) if p == leader)
+        record.reused_pieces = len(same_as) - record.distinct_pieces
+        record.eager_pieces = len(eager)
+        for piece in record.pieces:
+            piece["same_as"] = same_as[piece["index"]]
+            piece["eager"] = piece["index"] in eager
+        return record
+
+    def training_gate(
+        self, record: GraphRecord, planned: Planned | None, caps_bytes: Sequence[int] | None, reason: str | None
+    ) -> TrainingGate | None:
+        """What this rank will say at the DDP module's first training call,
+        wrapped in the gate that says it; None for a graph compiled with
+        gradients disabled, which never trains."""
+        statement = Statement(
+            fingerprint=None if planned is None else planned.plan.fingerprint,
+            pieces=1 if planned is None else planned.plan.num_pieces,
+            caps=None if caps_bytes is None else tuple(caps_bytes),
+            reason=reason,
+            check=self.options.check_plans,
+        )
+
+        def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
+            record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
+
+        return gate_for_training(self.ddp, statement, report)
+
+
+def _holds_ddp_parameters(exported: ExportedGraph) -> bool:
+    """Whether the graph uses a parameter whose gradient DDP reduces."""
+    required, ignored = _native.PARAM_REQUIRES_GRAD, _native.PARAM_DDP_IGNORED
+    return any(f & required and not f & ignored for f in exported.arrays["param_flags"])
+
+
+def _declaration_note(plan: GraphPlan) -> str:
+    """The INFO line that says how goddp aligned a DDP module that never
+    rebuilds its buckets."""
+    text = (
+        "goddp: find_unused_parameters=True: DDP never rebuilds its buckets and keeps the ones it "
+        f"fills in declaration order, so goddp gives it caps for that order ({plan.alignment})"
+    )
+    if plan.merged_cuts:
+        text += (
+            f"; no bucket could start at {plan.merged_cuts} of the cuts, so those pieces were merged "
+            f"({plan.num_pieces} pieces remain)"
+        )
+    return text
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
+    """Compiles one Dynamo graph according to options (see module doc)."""
+    ddp_optimizer.refuse_its_pieces(gm)
+    inner = resolve_inner(options)
+    ddp = active_ddp_module()
+    if ddp is None:
+        return inner(gm, example_inputs)
+    reducer_mode = ddp_optimizer.compiled_autograd_schedules_ddp()
+    if reducer_mode is not None:
+        logger.info(
+            "goddp: optimize_ddp=%r lets compiled autograd schedule DDP's allreduces; "
+            "compiling the whole graph without cuts",
+            reducer_mode,
+        )
+        return inner(gm, example_inputs)
+    return _DDPGraphCompile(gm, example_inputs, options, inner, ddp).run()

@@ -1,0 +1,13 @@
+"""Everything that touches DistributedDataParallel.
+
+- ``private``: the one module that uses torch's private DDP API (the
+  reducer, its comm hooks, DDP's logging data, its bucket settings), and
+  the one rebuild of DDP's reducer, with rollback. A torch upgrade that
+  moves DDP's internals touches that module alone.
+- ``refusals``: why goddp leaves a DDP module alone (alignment) or cannot
+  trace it, in one place.
+- ``settings``: the active DDP module's real settings and the caps to plan
+  with; the per-module key plan records name.
+- ``declaration``: DDP's declaration order (find_unused_parameters=True).
+- ``align``: installing goddp's per-bucket caps on DDP (docs/align.md).
+"""

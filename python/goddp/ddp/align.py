@@ -1,0 +1,60 @@
+"""Make DDP's gradient buckets the pieces that goddp cut (why: docs/align.md).
+
+goddp installs each piece's byte total as DDP's per-bucket caps and rebuilds
+DDP's reducer. The rebuild happens at the DDP module's first training call,
+inside DDP's forward (after DDP's pre-forward, before its post-forward),
+never while Dynamo traces with fake tensors, and only if every rank of the
+module's process group proposes the very same caps (goddp.ranks.agreement
+decides). It only touches DDP modules where that is known to be safe;
+goddp.ddp.refusals names the reason otherwise and goddp keeps DDP's own
+buckets (the plan's cuts still apply).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from goddp.ddp import private
+
+# Set on a DDP module once goddp has installed its caps: the caps, and DDP's
+# own bucket settings from before, which planning keeps reading.
+ALIGNED_CAPS_ATTR = "_goddp_aligned_caps"
+ORIGINAL_CONFIG_ATTR = "_goddp_original_bucket_config"
+
+
+def users_bucket_config(ddp: Any) -> Any:
+    """DDP's bucket settings as the user made them: goddp's own per-bucket
+    caps replace them on the module, but plans keep following the user's,
+    so that recompiling a frame plans the same cuts."""
+    return getattr(ddp, ORIGINAL_CONFIG_ATTR, None) or private.bucket_config(ddp)
+
+
+def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
+    """Gives DDP per-bucket caps ``caps_bytes`` (DDP order) and rebuilds its
+    reducer so that its next bucket rebuild uses them. Must run inside DDP's
+    forward, after its pre-forward. Returns False if the caps were already in
+    place. Raises what the rebuild raises (goddp.ddp.private.rebuild_reducer:
+    DDP's previous reducer is back, or ReducerLost)."""
+    # A bucket of zero-byte parameters only (possible for the forward-first
+    # piece) gets cap 1 rather than 0, which would make DDP give each of
+    # them a bucket of its own.
+    caps = tuple(max(1, int(c)) for c in caps_bytes)
+    if getattr(ddp, ALIGNED_CAPS_ATTR, None) == caps:
+        return False
+    if not hasattr(ddp, ORIGINAL_CONFIG_ATTR):
+        setattr(ddp, ORIGINAL_CONFIG_ATTR, private.bucket_config(ddp))
+    private.rebuild_reducer(
+        ddp, config=private.with_per_bucket_caps(private.bucket_config(ddp), caps), in_forward=True
+    )
+    setattr(ddp, ALIGNED_CAPS_ATTR, caps)
+    return True
+
+
+def remove_bucket_caps(ddp: Any) -> bool:
+    """Undoes install_bucket_caps: a reducer with DDP's own bucket settings.
+    Same conditions; returns False if goddp's caps were not in place."""
+    if not hasattr(ddp, ALIGNED_CAPS_ATTR):
+        return False
+    private.rebuild_reducer(ddp, config=getattr(ddp, ORIGINAL_CONFIG_ATTR), in_forward=True)
+    delattr(ddp, ALIGNED_CAPS_ATTR)
+    return True

@@ -1,0 +1,279 @@
+"""torch's private DistributedDataParallel API: every use goddp makes of it.
+
+DDP keeps what goddp needs behind underscored names that move between torch
+releases: its reducer (bucket assignment, autograd hooks, modes), its comm
+hooks, its logging data, its bucket settings, its forward steps. Nothing
+else in goddp touches them; a torch upgrade changes this module alone.
+
+The one rebuild of DDP's reducer lives here too (``rebuild_reducer``): both
+goddp's alignment (new bucket caps) and goddp.trace (new comm hooks, same
+buckets) replace DDP's reducer through it, with the same rollback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+CommHooks = list[tuple[Callable[..., Any], Any]]
+
+
+def active_ddp_module() -> nn.Module | None:
+    """The DDP module whose forward is running (Dynamo compiles inside it),
+    or None outside any DDP forward."""
+    if not torch.distributed.is_available():
+        return None
+    getter = getattr(DistributedDataParallel, "_get_active_ddp_module", None)
+    return getter() if getter is not None else None
+
+
+# --------------------------------------------------------------------------
+# Reading DDP's state
+
+
+def reducer_parameters(ddp: Any) -> tuple[list[torch.nn.Parameter], list[bool]]:
+    """The parameters DDP's reducer manages (trainable and not ignored), in
+    DDP's own index order, and whether each expects a sparse gradient."""
+    parameters, expect_sparse = ddp._build_params_for_reducer()
+    return list(parameters), list(expect_sparse)
+
+
+def ddp_parameters(ddp: Any) -> list[torch.nn.Parameter]:
+    """The parameters DDP's reducer manages, in DDP's own index order."""
+    return reducer_parameters(ddp)[0]
+
+
+def bucket_config(ddp: Any) -> Any:
+    """DDP's bucket settings as they are now (None on a torch without them)."""
+    return getattr(ddp, "_bucket_config", None)
+
+
+def has_per_bucket_caps(ddp: Any) -> bool:
+    return hasattr(bucket_config(ddp), "per_bucket_bytes_caps")
+
+
+def with_per_bucket_caps(config: Any, caps: Sequence[int]) -> Any:
+    return dataclasses.replace(config, per_bucket_bytes_caps=tuple(caps))
+
+
+def first_bucket_cap(config: Any) -> int | None:
+    """The first bucket's cap in DDP's bucket settings; None where this torch
+    keeps none."""
+    first = getattr(config, "first_bucket_bytes_cap", None)
+    return None if first is None else int(first)
+
+
+def per_bucket_caps(ddp: Any, config: Any) -> tuple[int, ...]:
+    """The per-bucket caps of DDP's bucket settings (older torch: on the module)."""
+    caps = getattr(config, "per_bucket_bytes_caps", None)
+    if caps is None:
+        caps = getattr(ddp, "bucket_bytes_cap_list", None)
+    return tuple(int(c) for c in caps or ())
+
+
+def cap_is_default(ddp: Any) -> bool:
+    return bool(getattr(ddp, "bucket_bytes_cap_default", False))
+
+
+def uses_python_reducer(ddp: Any) -> bool:
+    """DDP runs its Python reducer (compiled autograd schedules DDP)."""
+    return bool(getattr(ddp, "_use_python_reducer", False))
+
+
+def delays_some_allreduces(ddp: Any) -> bool:
+    """delay_all_reduce_named_params is set: those parameters bypass DDP's buckets."""
+    return bool(getattr(ddp, "_delay_all_reduce_params", None))
+
+
+def delays_every_allreduce(ddp: Any) -> bool:
+    return bool(getattr(ddp, "_delay_all_reduce_all_params", False))
+
+
+def join_enabled(ddp: Any) -> bool:
+    """A Join context (uneven inputs) is active on this DDP module."""
+    return bool(getattr(getattr(ddp, "_join_config", None), "enable", False))
+
+
+def has_rebuilt_buckets(ddp: Any) -> bool:
+    return bool(getattr(ddp, "_has_rebuilt_buckets", False))
+
+
+def comm_hooks(ddp: Any) -> CommHooks:
+    """The Python comm hooks DDP keeps a record of, as (hook, state)."""
+    return list(ddp._comm_hooks)
+
+
+def logged_comm_hook(ddp: Any) -> str | None:
+    """The comm hook DDP's logging data names (any kind of hook), or None."""
+    return ddp._get_ddp_logging_data().get("comm_hook") or None
+
+
+def builtin_comm_hook(ddp: Any) -> str | None:
+    """The name of a built-in (C++) comm hook registered on DDP's reducer, or
+    None: DDP's logging data names a hook while DDP keeps no Python one, so
+    no record exists from which to register it again."""
+    name = logged_comm_hook(ddp)
+    return name if name and not ddp._comm_hooks else None
+
+
+def current_buckets(ddp: Any) -> list[list[int]]:
+    """DDP's buckets now, in reducer order, as indices into DDP's parameter
+    list."""
+    index = {id(p): i for i, p in enumerate(ddp_parameters(ddp))}
+    return [[index[id(p)] for p in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
+
+
+# --------------------------------------------------------------------------
+# DDP's forward steps (goddp.trace wraps them)
+
+
+def forward_steps(ddp: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """DDP's own pre-forward and post-forward, unbound (from its class)."""
+    return type(ddp)._pre_forward, type(ddp)._post_forward
+
+
+def override_forward_steps(ddp: Any, pre_forward: Callable[..., Any], post_forward: Callable[..., Any]) -> None:
+    """Instance attributes: DDP's forward runs outside Dynamo's graphs, so no
+    guard sees them and nothing recompiles."""
+    ddp._pre_forward = pre_forward
+    ddp._post_forward = post_forward
+
+
+def restore_forward_steps(ddp: Any) -> None:
+    ddp.__dict__.pop("_pre_forward", None)
+    ddp.__dict__.pop("_post_forward", None)
+
+
+# --------------------------------------------------------------------------
+# Comm hooks and the reducer
+
+
+def register_comm_hooks(ddp: Any, hooks: CommHooks) -> None:
+    """Registers hooks on DDP's current reducer and makes them DDP's record
+    (``ddp._comm_hooks``) and the name in its logging data. The one place
+    goddp registers a comm hook."""
+    ddp._comm_hooks[:] = hooks
+    for hook, state in hooks:
+        dist._register_comm_hook(ddp.reducer, state, hook)
+        ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
+
+
+def arm_for_backward(ddp: Any) -> None:
+    """Arms the reducer the way DDP's forward arms it for the backward that
+    follows (goddp.trace, leaving between a forward and its backward)."""
+    ddp.reducer.prepare_for_forward()
+    ddp.reducer.prepare_for_backward([])
+
+
+class ReducerLost(RuntimeError):
+    """DDP's reducer could not be rebuilt: gradients would not be reduced."""
+
+
+# The rebuild patches torch.distributed for its duration (keep_buckets); one
+# rebuild at a time in this process.
+_rebuild_lock = threading.Lock()
+
+
+def rebuild_reducer(
+    ddp: Any,
+    *,
+    config: Any = None,
+    hooks: CommHooks | None = None,
+    keep_buckets: bool = False,
+    in_forward: bool = False,
+) -> None:
+    """Gives ddp a fresh reducer, built by DDP's own ``_ddp_init_helper``.
+
+    config: new bucket settings (None: keep DDP's). hooks: the comm hooks of
+    the new reducer (None: DDP's current ones). keep_buckets: the new
+    reducer starts with the buckets DDP has now, not the ones DDP would
+    derive from its settings (the one thing asked of
+    ``dist._compute_bucket_assignment_by_size`` is replaced), so that
+    buckets DDP rebuilt after its first step, or that goddp aligned, stay.
+    in_forward: the rebuild happens inside DDP's forward, after its
+    pre-forward, which already told the old reducer that a forward began;
+    the new one is told too.
+
+    Carried from the old reducer (DDP's own __setstate__ is the model): the
+    comm hooks, the hook name in DDP's logging data, manual backward
+    finalization, optimizer-in-backward mode. Settings that cannot be
+    carried are refused beforehand (goddp.ddp.refusals).
+
+    If the build fails, a reducer with the previous settings and hooks is
+    put back and the error re-raised; if even that fails, ReducerLost:
+    without its autograd hooks DDP would silently skip the allreduce of
+    every gradient, and training must stop rather than diverge.
+    """
+    # Everything that can be computed before the old reducer loses its hooks.
+    parameters, expect_sparse = reducer_parameters(ddp)
+    names = ddp._build_debug_param_to_name_mapping(parameters)
+    previous_config = bucket_config(ddp) if config is not None else None
+    previous_hooks = comm_hooks(ddp)
+    assignment = _assignment_of_current_buckets(ddp, parameters) if keep_buckets else None
+
+    def build(with_config: Any, with_hooks: CommHooks) -> None:
+        if with_config is not None:
+            ddp._bucket_config = with_config
+            ddp.bucket_bytes_cap_list = list(with_config.per_bucket_bytes_caps)
+        if assignment is None:
+            ddp._ddp_init_helper(parameters, expect_sparse, names, ddp.static_graph)
+        else:
+            original = dist._compute_bucket_assignment_by_size
+            dist._compute_bucket_assignment_by_size = assignment
+            try:
+                ddp._ddp_init_helper(parameters, expect_sparse, names, ddp.static_graph)
+            finally:
+                dist._compute_bucket_assignment_by_size = original
+        register_comm_hooks(ddp, with_hooks)
+        _carry_reducer_modes(ddp)
+        if in_forward and ddp.require_backward_grad_sync:
+            ddp.reducer.prepare_for_forward()
+
+    with _rebuild_lock:
+        ddp.reducer._remove_autograd_hooks()
+        try:
+            build(config, previous_hooks if hooks is None else list(hooks))
+        except Exception as exc:
+            try:
+                build(previous_config, previous_hooks)
+            except Exception as again:
+                raise ReducerLost(
+                    "goddp: rebuilding DDP's reducer failed twice (with the new settings: "
+                    f"{type(exc).__name__}: {exc}; with the previous ones: {type(again).__name__}: {again}); "
+                    "DDP can no longer reduce gradients"
+                ) from again
+            raise
+
+
+def _assignment_of_current_buckets(ddp: Any, parameters: Sequence[torch.Tensor]) -> Callable[..., Any]:
+    """A stand-in for ``dist._compute_bucket_assignment_by_size`` that
+    returns the buckets DDP has now."""
+    buckets = current_buckets(ddp)
+    sizes = [sum(parameters[i].numel() * parameters[i].element_size() for i in b) for b in buckets]
+
+    def assignment(*_args: Any, **_kwargs: Any) -> tuple[list[list[int]], list[int]]:
+        # DDP reverses what it gets (it assumes forward order); hand it the
+        # reverse of the reducer order.
+        return [list(b) for b in reversed(buckets)], list(reversed(sizes))
+
+    return assignment
+
+
+def _carry_reducer_modes(ddp: Any) -> None:
+    """Sets on DDP's new reducer the modes the user (or DDP's lazy init) set
+    on the old one and DDP keeps no other record of: manual backward
+    finalization, optimizer-in-backward."""
+    reducer = ddp.reducer
+    if getattr(ddp, "_require_manual_backward_finalization", False):
+        reducer._set_manual_finalization_required(True)
+    if getattr(ddp, "_lazy_init_ran", False) and any(
+        hasattr(p, "_in_backward_optimizers") for p in ddp._module_parameters
+    ):
+        # DDP's lazy init (its first pre-forward) set this on the old reducer.
+        reducer._set_optimizer_in_backward()

@@ -1,0 +1,248 @@
+"""What goddp.trace records, and the figures it derives (see goddp.tracing)."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+# A bucket launched with less than this share of backward left counts as
+# launched at the end (see goddp.tracing).
+DURING_BACKWARD_MARGIN = 0.05
+
+
+class TraceError(RuntimeError):
+    """goddp.trace was used in a way it cannot honour; nothing was changed
+    (unless the message says otherwise)."""
+
+
+# --------------------------------------------------------------------------
+# What is recorded
+
+
+@dataclass
+class BucketEvent:
+    index: int
+    bytes: int
+    params: int
+    param_ids: tuple[int, ...]  # named when the record is read, not in the hook
+    launch: float
+    done: float | None = None
+
+
+@dataclass
+class StepRecord:
+    start: float | None = None  # backward start (perf_counter seconds)
+    compute_end: float | None = None
+    finalized: float | None = None
+    buckets: list[BucketEvent] = field(default_factory=list)
+
+    def to_dict(self, names: dict[int, str]) -> dict[str, Any]:
+        """Times in seconds from backward start (from the first launch when
+        the start was not seen); `names`: parameter id -> name."""
+        t0 = self.start if self.start is not None else min(b.launch for b in self.buckets)
+        last_launch = max(b.launch for b in self.buckets)
+        compute_end = self.compute_end if self.compute_end is not None else last_launch
+        buckets = [
+            {
+                "index": b.index,
+                "bytes": b.bytes,
+                "params": b.params,
+                "param_names": [names.get(i, "?") for i in b.param_ids],
+                "launch_s": b.launch - t0,
+                "done_s": (b.done if b.done is not None else compute_end) - t0,
+            }
+            for b in sorted(self.buckets, key=lambda b: (b.launch, b.index))
+        ]
+        return {
+            "start_seen": self.start is not None,
+            "compute_end_s": max(compute_end, last_launch) - t0,
+            "finalized_s": (self.finalized - t0) if self.finalized is not None else None,
+            "buckets": buckets,
+        }
+
+
+def step_stats(step: dict[str, Any]) -> dict[str, Any]:
+    """Figures of one step dict (``StepRecord.to_dict``): backward time, last
+    completion, exposed communication, overlapped fraction, buckets launched
+    during backward. Pure arithmetic on the dict; the bench uses it too."""
+    end = step["compute_end_s"]
+    buckets = step["buckets"]
+    last_done = max((b["done_s"] for b in buckets), default=end)
+    busy = _union([(b["launch_s"], b["done_s"]) for b in buckets])
+    busy_total = sum(e - s for s, e in busy)
+    busy_before = sum(max(0.0, min(e, end) - s) for s, e in busy)
+    margin = DURING_BACKWARD_MARGIN * end
+    total_bytes = sum(b["bytes"] for b in buckets)
+    return {
+        "backward_s": end,
+        "last_done_s": last_done,
+        "exposed_s": max(0.0, last_done - end),
+        "comm_busy_s": busy_total,
+        "overlapped": (busy_before / busy_total) if busy_total > 0 else 1.0,
+        "buckets": len(buckets),
+        "launched_during_backward": sum(1 for b in buckets if b["launch_s"] <= end - margin),
+        # Byte-weighted mean of how long before the compute end each byte's
+        # allreduce started: no threshold; about 0 for an unsplit graph.
+        "head_start_s": (sum(b["bytes"] * (end - b["launch_s"]) for b in buckets) / total_bytes)
+        if total_bytes else 0.0,
+    }
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def median_step(steps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The step with the median backward time (the upper one of two)."""
+    if not steps:
+        return None
+    return sorted(steps, key=lambda s: s["compute_end_s"])[len(steps) // 2]
+
+
+def verdict(steps: Sequence[dict[str, Any]]) -> str:
+    """One line: buckets launched during backward (median step) and the
+    median share of communication left exposed."""
+    step = median_step(steps)
+    if step is None:
+        return "no step with a DDP allreduce was recorded"
+    stats = step_stats(step)
+    exposed = statistics.median(1.0 - step_stats(s)["overlapped"] for s in steps)
+    return (
+        f"{stats['launched_during_backward']} of {stats['buckets']} buckets launched before backward ended; "
+        f"{exposed:.0%} of communication exposed"
+    )
+
+
+# --------------------------------------------------------------------------
+# Recording (called from autograd and from comm hooks)
+
+
+class Recorder:
+    def __init__(self, names: dict[int, str], max_steps: int) -> None:
+        self.names = names
+        self.steps: list[StepRecord] = []
+        self.dropped = 0
+        self._max_steps = max_steps
+        self._open: StepRecord | None = None
+        self.pending_forward = False
+        self.recording = True
+        self._lock = threading.Lock()
+
+    # DDP's post-forward: hook the output's autograd nodes.
+    def after_forward(self, output: Any, reduces: bool) -> None:
+        """`reduces`: DDP armed its reducer for this forward's backward."""
+        if not (self.recording and torch.is_grad_enabled()):
+            return
+        with self._lock:
+            # A step still open now lost its backward to an error (the
+            # engine runs final callbacks only on success): forget it, so
+            # that it does not hold the trace "in backward" for good.
+            self._open = None
+        fired = [False]
+
+        def prehook(grad_outputs):
+            if not fired[0]:
+                fired[0] = True
+                self._backward_started()
+            return None
+
+        hooked = False
+        for leaf in torch.utils._pytree.tree_leaves(output):
+            if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
+                leaf.grad_fn.register_prehook(prehook)
+                hooked = True
+        self.pending_forward = self.pending_forward or (hooked and reduces)
+
+    def _backward_started(self) -> None:
+        self.pending_forward = False
+        step = StepRecord(start=time.perf_counter())
+        with self._lock:
+            self._open = step
+        engine = torch.autograd.Variable._execution_engine
+
+        def compute_done() -> None:
+            step.compute_end = time.perf_counter()
+            engine.queue_callback(finalized)
+
+        def finalized() -> None:
+            step.finalized = time.perf_counter()
+            self._close(step)
+
+        engine.queue_callback(compute_done)
+
+    def launched(self, bucket: Any) -> BucketEvent:
+        now = time.perf_counter()
+        buf = bucket.buffer()
+        params = bucket.parameters()
+        event = BucketEvent(
+            index=bucket.index(),
+            bytes=buf.numel() * buf.element_size(),
+            params=len(params),
+            param_ids=tuple(map(id, params)),
+            launch=now,
+        )
+        with self._lock:
+            if self._open is None:
+                # No backward start was seen (an output without autograd
+                # node): the step starts at its first launch.
+                self._open = StepRecord()
+            step = self._open
+            step.buckets.append(event)
+            if bucket.is_last() and step.start is None:
+                self._close_locked(step)
+        return event
+
+    def _close(self, step: StepRecord) -> None:
+        with self._lock:
+            self._close_locked(step)
+
+    def _close_locked(self, step: StepRecord) -> None:
+        if self._open is step:
+            self._open = None
+        if step.buckets and self.recording:  # a no_sync backward reduces nothing
+            self.steps.append(step)
+            if len(self.steps) > self._max_steps:
+                del self.steps[0]
+                self.dropped += 1
+
+    def in_backward(self) -> bool:
+        """A backward of the traced module has started and not finished."""
+        return self._open is not None
+
+
+def timing_hook(recorder_ref: "weakref.ref[Recorder]", reduce: Callable[[Any, Any], Any], first: bool):
+    """A comm hook: notes the launch, runs `reduce(state, bucket)` and notes
+    when its future completes. The future's value is passed through, or its
+    first element when `first` (a collective's own future holds a list); one
+    callback does both, so the trace adds no second hop on the future."""
+
+    def result(fut):
+        return fut.value()[0] if first else fut.value()
+
+    def goddp_trace_hook(state, bucket):
+        recorder = recorder_ref()
+        if recorder is None or not recorder.recording:
+            future = reduce(state, bucket)
+            return future.then(result) if first else future
+        event = recorder.launched(bucket)
+        future = reduce(state, bucket)
+
+        def done(fut):
+            event.done = time.perf_counter()
+            return result(fut)
+
+        return future.then(done)
+
+    return goddp_trace_hook

@@ -1,0 +1,267 @@
+"""goddp.trace's public object, ``Trace``: entering and leaving, agreed by
+every rank of the DDP module's group, and its records (see goddp.tracing)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from typing import Any
+
+import torch.distributed as dist
+
+from goddp.ddp.refusals import trace_refusal
+from goddp.ddp.settings import module_key
+from goddp.graph.export import parameter_names
+from goddp.ranks.group import group_of, missing_ranks_message, store_for, timeout_s
+from goddp.ranks.store_round import agree, gather, publish
+from goddp.reports.records import last_plans
+from goddp.tracing.install import Installation, unwrap_ddp
+from goddp.tracing.recorder import TraceError, Recorder, median_step, step_stats, verdict
+from goddp.tracing.summary import format_summary, plot_steps
+
+logger = logging.getLogger("goddp")
+
+DEFAULT_TIMEOUT_S = 300.0
+# Steps kept per trace; older ones are dropped (a trace left open for a
+# whole run must not grow without bound).
+MAX_STEPS = 1000
+
+
+# --------------------------------------------------------------------------
+# Agreeing across ranks
+
+
+TIMEOUT_ENV = "GODDP_TRACE_TIMEOUT"
+_EVENTS = {"enter": "entering the trace", "leave": "leaving the trace"}
+
+_seq_lock = threading.Lock()
+_seqs: dict[str, "itertools.count[int]"] = {}
+
+
+class _Rounds:
+    """This trace's rounds and records in the c10d store, for the DDP
+    module's group (goddp.ranks: the group, the store, how a round settles)."""
+
+    def __init__(self, ddp: Any, timeout: float) -> None:
+        self.group = group_of(ddp, timeout)
+        self.store = store_for(self.group)
+        # The sequence counts this process's traces on that group, so each
+        # trace gets keys of its own.
+        with _seq_lock:
+            seq = next(_seqs.setdefault(self.group.name, itertools.count()))
+        self.prefix = f"goddp/trace/{self.group.name}/{seq}"
+
+    def agree(self, phase: str, verdict: str) -> None:
+        """Publishes this rank's verdict ("ok" or a reason) for `phase`;
+        returns when every rank said "ok", else raises TraceError (on every
+        rank alike: they follow the round's one outcome)."""
+        ended = agree(self.store, f"{self.prefix}/{phase}", self.group, verdict, f"{phase} the trace")
+        if ended.gave_up:
+            raise TraceError(
+                missing_ranks_message(
+                    "goddp.trace", self.group, _EVENTS[phase], ended, f"Every rank must {phase} it at the same step"
+                )
+            )
+        if ended.outcome != "go":
+            reasons = "; ".join(f"rank {r}: {v}" for r, v in sorted(ended.statements.items()) if v != "ok")
+            raise TraceError(f"goddp.trace: cannot {phase} the trace ({reasons})")
+
+    def publish(self, record: dict[str, Any]) -> None:
+        publish(self.store, f"{self.prefix}/record/{self.group.rank}", record)
+
+    def gather(self, timeout: float) -> dict[int, dict[str, Any]]:
+        """Every rank's published record; ranks that did not publish within
+        `timeout` seconds are left out."""
+        return gather(self.store, {r: f"{self.prefix}/record/{r}" for r in self.group.ranks}, timeout)
+
+
+# --------------------------------------------------------------------------
+# Plans goddp made for this model
+
+
+def _attributed_plans(ddp: Any) -> list[dict[str, Any]]:
+    """goddp_plans_for, never raising: a record must still be published
+    when the attribution fails, since the other ranks gather it."""
+    try:
+        return goddp_plans_for(ddp)
+    except Exception:
+        logger.debug("goddp.trace: could not attribute goddp's plans", exc_info=True)
+        return []
+
+
+def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
+    """The goddp plans (from ``goddp.last_plans()``) of this DDP module's
+    graphs, oldest first, one per fingerprint; empty when goddp did not
+    compile it. Plan records name their DDP module (their "ddp_module"
+    key); graphs without DDP's parameters have no plan."""
+    key = module_key(ddp, create=False)
+    if key is None:
+        return []
+    found: dict[Any, dict[str, Any]] = {}
+    for record in last_plans():
+        buckets = record.get("buckets") or []
+        if not buckets or (record.get("ddp_module") or {}).get("key") != key:
+            continue
+        fingerprint = record.get("fingerprint")
+        found.pop(fingerprint, None)
+        found[fingerprint] = {
+            "fingerprint": f"{fingerprint:016x}" if isinstance(fingerprint, int) else None,
+            "mode": record.get("mode"),
+            "num_pieces": record.get("num_pieces"),
+            "bucket_bytes": [b["bytes"] for b in buckets],
+            "bucket_param_names": [list(b.get("param_names", ())) for b in buckets],
+            "ddp_buckets": record.get("ddp_buckets"),
+            "fallback": record.get("fallback"),
+            "ddp_module": record.get("ddp_module"),
+        }
+    return list(found.values())
+
+
+# --------------------------------------------------------------------------
+# The public object
+
+
+class Trace:
+    """A context manager recording one DDP module's allreduce timeline; see
+    the module doc. Create it with ``goddp.trace(module)``."""
+
+    def __init__(self, module: Any, *, timeout: float | None = None, max_steps: int = MAX_STEPS) -> None:
+        self._ddp = unwrap_ddp(module)
+        self._timeout = timeout_s(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, timeout, "goddp.trace")
+        if max_steps < 1:
+            raise ValueError(f"goddp.trace: max_steps must be at least 1, got {max_steps!r}")
+        self._max_steps = max_steps
+        self._rounds: _Rounds | None = None
+        self._installation: Installation | None = None
+        self._recorder: Recorder | None = None
+        self._closed_record: dict[str, Any] | None = None
+        self._hook_name = ""
+        self._plans: list[dict[str, Any]] = []
+        self._leave_tried = False
+
+    # -- entering and leaving
+
+    def __enter__(self) -> "Trace":
+        if self._rounds is not None:
+            raise TraceError("goddp.trace: this trace object was already entered; create a new one")
+        ddp = self._ddp
+        refusal = trace_refusal(ddp)
+        rounds = self._rounds = _Rounds(ddp, self._timeout)
+        try:
+            rounds.agree("enter", refusal or "ok")
+        except TraceError as refused:
+            raise TraceError(f"{refused}; nothing was changed") from None
+        recorder = self._recorder = Recorder(parameter_names(ddp.module), self._max_steps)
+        installation = Installation(ddp, recorder)
+        installation.install()
+        self._installation = installation
+        self._hook_name = installation.hook_name
+        logger.info("goddp.trace: recording %s (comm hook: %s)", type(ddp.module).__name__, self._hook_name)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Leaves the trace (what ``with`` does on exit); idempotent."""
+        installation, rounds = self._installation, self._rounds
+        if installation is None or installation.removed or rounds is None or self._leave_tried:
+            return
+        recorder = installation.recorder
+        verdict = "ok"
+        if recorder.in_backward():
+            verdict = "a backward of the traced module has not finished"
+        elif recorder.pending_forward and self._ddp.find_unused_parameters:
+            verdict = "a forward ran whose backward has not (find_unused_parameters=True)"
+        self._leave_tried = True
+        try:
+            rounds.agree("leave", verdict)
+        except TraceError as refused:
+            # Not every rank leaves now: keep the same reducer on all of them,
+            # so they keep communicating alike. The hook passes through.
+            raise TraceError(
+                f"{refused}; DDP keeps goddp.trace's pass-through comm hook (same communication, same gradients)"
+            ) from None
+        finally:
+            recorder.recording = False
+        # Nothing that can fail on one rank alone may run between the agreed
+        # "go" and the removal: every rank must change its reducer alike.
+        installation.remove()
+        self._plans = _attributed_plans(self._ddp)
+        self._closed_record = self._record()
+        rounds.publish(self._closed_record)
+
+    # -- results
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        """The recorded steps (``StepRecord.to_dict``), oldest first."""
+        if self._recorder is None:
+            return []
+        return [s.to_dict(self._recorder.names) for s in list(self._recorder.steps)]
+
+    def _record(self) -> dict[str, Any]:
+        rounds = self._rounds
+        steps = self.steps
+        return {
+            "rank": dist.get_rank() if dist.is_initialized() else 0,
+            "ranks": list(rounds.group.ranks) if rounds else [],
+            "module": type(self._ddp.module).__name__,
+            "comm_hook": self._hook_name,
+            "goddp_plans": self._plans or _attributed_plans(self._ddp),
+            "steps": steps,
+            "step_stats": [step_stats(s) for s in steps],
+            "dropped_steps": self._recorder.dropped if self._recorder else 0,
+            "verdict": verdict(steps),
+        }
+
+    def to_dict(self, gather: bool = False) -> dict[str, Any]:
+        """This rank's record (JSON-serialisable); with gather=True, a dict
+        {"ranks": {rank: record}} of every rank that published (see the
+        module doc for the contract)."""
+        mine = self._closed_record or self._record()
+        if not gather:
+            return mine
+        return {"ranks": {str(r): rec for r, rec in self._gathered(mine).items()}}
+
+    def _gathered(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        if self._rounds is None or self._closed_record is None:
+            raise TraceError("goddp.trace: gather=True needs a trace that was entered and left")
+        records = self._rounds.gather(self._timeout)
+        records[self._rounds.group.rank] = mine
+        return dict(sorted(records.items()))
+
+    def summary(self, gather: bool = False) -> str:
+        """A readable table: per-bucket bytes, launch offset and duration of
+        the median step, per-step figures, the verdict, goddp's plan."""
+        mine = self.to_dict()
+        if not gather:
+            return format_summary(mine)
+        records = self._gathered(mine)
+        missing = [r for r in (self._rounds.group.ranks if self._rounds else []) if r not in records]
+        text = "\n\n".join(format_summary(rec) for rec in records.values())
+        if missing:
+            text += f"\n\n(ranks {missing} had not published their trace within {self._timeout:g} s)"
+        return text
+
+    def plot(self, path: str | os.PathLike, gather: bool = False, title: str | None = None) -> str:
+        """Writes the launch timeline as a PNG: one row per step of this rank,
+        or with gather=True one row per rank (its median step)."""
+        if gather:
+            rows = [(f"rank {r}", median_step(rec["steps"])) for r, rec in self._gathered(self.to_dict()).items()]
+        else:
+            rows = [(f"step {i}", s) for i, s in enumerate(self.to_dict()["steps"])]
+        title = title or f"{type(self._ddp.module).__name__}: {verdict(self.to_dict()['steps'])}"
+        return plot_steps(path, rows, title)
+
+
+def trace(module: Any, *, timeout: float | None = None, max_steps: int = MAX_STEPS) -> Trace:
+    """Records when each DDP bucket's allreduce runs relative to backward;
+    use it as ``with goddp.trace(ddp_model) as tr: ...`` on every rank (see
+    the goddp.trace module doc for what is recorded and the contract across
+    ranks). `module`: a DistributedDataParallel module or torch.compile of
+    one. `timeout`: seconds to wait for the other ranks (default
+    GODDP_TRACE_TIMEOUT or 300). `max_steps`: steps kept (oldest dropped)."""
+    return Trace(module, timeout=timeout, max_steps=max_steps)

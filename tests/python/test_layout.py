@@ -1,0 +1,177 @@
+"""The package's layout keeps its promises (README.md, "Architecture"):
+no import cycles, no imports hidden in functions without a reason, and one
+module that touches torch's private DDP API."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "goddp"
+
+# The one module allowed to use torch's private DDP API.
+PRIVATE_DDP_MODULE = "goddp.ddp.private"
+# Names of torch's private DDP API (attributes of DDP, its reducer, its
+# logger, and the torch.distributed helpers DDP builds its reducer with).
+PRIVATE_DDP_NAMES = {
+    "_ddp_init_helper",
+    "_build_params_for_reducer",
+    "_build_debug_param_to_name_mapping",
+    "_get_ddp_logging_data",
+    "_comm_hooks",
+    "_register_comm_hook",
+    "_set_comm_hook_name",
+    "_compute_bucket_assignment_by_size",
+    "_bucket_config",
+    "_set_static_graph",
+    "_use_python_reducer",
+    "_delay_all_reduce_params",
+    "_delay_all_reduce_all_params",
+    "_join_config",
+    "_has_rebuilt_buckets",
+    "_pre_forward",
+    "_post_forward",
+    "_get_active_ddp_module",
+    "_module_parameters",
+    "_lazy_init_ran",
+    "_require_manual_backward_finalization",
+    "_remove_autograd_hooks",
+    "_get_zeros_like_grad_buckets",
+    "_set_manual_finalization_required",
+    "_set_optimizer_in_backward",
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    is_package = _modules()[module].name == "__init__.py"
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _module_level_imports(module: str, path: Path) -> set[str]:
+    """The goddp modules `module` imports when it is imported (imports in
+    functions excluded); ``from pkg import name`` counts pkg.name when that
+    is a module."""
+    modules = _modules()
+    out: set[str] = set()
+    tree = ast.parse(path.read_text())
+    functions = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if id(node) in functions:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            names = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n in modules and n != module)
+    return out
+
+
+def test_the_import_graph_has_no_cycle():
+    modules = _modules()
+    graph = {m: _module_level_imports(m, p) for m, p in modules.items()}
+    # A subpackage's __init__ re-exporting its own modules is not a cycle
+    # (goddp.tracing): only edges between modules that are not package and member.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if n.startswith(m + ".") or m.startswith(n + "."):
+                continue
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n):] + [n]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    # The check sees the imports it must (it can fail).
+    assert "goddp.ddp.private" in graph["goddp.ddp.align"]
+    assert "goddp.graph.blocks" in graph["goddp.graph.export"]
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_every_module_imports_in_a_fresh_interpreter(order):
+    """Each module imports, whichever is imported first, and none loads the
+    Go runtime."""
+    names = sorted(_modules())
+    if order == "reversed":
+        names.reverse()
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "assert 'goddp._goddp' not in sys.modules, 'an import loaded the Go runtime'\n"
+        "print('imported', len(sys.modules))\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE.parent), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_imports_inside_functions_say_why():
+    """An import inside a function hides a dependency; the few that must be
+    lazy (an optional dependency, an API that exists only with
+    torch.distributed) carry a comment that says why."""
+    silent = []
+    for module, path in _modules().items():
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    line = lines[node.lineno - 1]
+                    above = lines[node.lineno - 2] if node.lineno > 1 else ""
+                    if "#" not in line and not above.strip().startswith("#"):
+                        silent.append(f"{module}:{node.lineno}: {line.strip()}")
+    assert not silent, "imports inside functions without a reason:\n" + "\n".join(silent)
+
+
+def _private_ddp_uses(path: Path) -> list[str]:
+    uses = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_DDP_NAMES:
+            uses.append(f"{path.name}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and node.value in PRIVATE_DDP_NAMES:
+            uses.append(f"{path.name}:{node.lineno}: {node.value!r}")
+    return uses
+
+
+def test_one_module_uses_torchs_private_ddp_api():
+    modules = _modules()
+    elsewhere = [use for m, p in modules.items() if m != PRIVATE_DDP_MODULE for use in _private_ddp_uses(p)]
+    assert not elsewhere, f"torch's private DDP API outside {PRIVATE_DDP_MODULE}:\n" + "\n".join(elsewhere)
+    # The check recognises the uses it forbids elsewhere (it can fail).
+    assert len(_private_ddp_uses(modules[PRIVATE_DDP_MODULE])) > 10
