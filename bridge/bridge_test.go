@@ -81,7 +81,7 @@ func toyConfig(mode planner.Mode) *rawConfig {
 }
 
 func TestABIVersion(t *testing.T) {
-	assert.Equal(t, 5, callABIVersion(), "goddp_abi_version() vs GODDP_ABI_VERSION")
+	assert.Equal(t, abiVersion, callABIVersion(), "goddp_abi_version() vs GODDP_ABI_VERSION")
 }
 
 func TestStatusMapping(t *testing.T) {
@@ -179,16 +179,153 @@ func TestConvertBlockIDs(t *testing.T) {
 }
 
 func TestConvertConfig(t *testing.T) {
-	cfg, err := convertConfigViaC(&rawConfig{Mode: 1, BucketCapBytes: 10, FirstBucketCapBytes: 5,
+	s, err := convertSettingsViaC(&rawConfig{Mode: 1, BucketCapBytes: 10, FirstBucketCapBytes: 5,
 		NumBucketCaps: 2, BucketCapsBytes: []int64{7, 9}, MaxPieces: 4, AlignBuckets: -3})
 	require.NoError(t, err)
-	want := planner.Config{Mode: planner.ModeTorch, BucketCapBytes: 10, FirstBucketCapBytes: 5,
-		BucketCapsBytes: []int64{7, 9}, MaxPieces: 4, AlignBuckets: true}
-	assert.Equal(t, want, cfg)
-	cfg, err = convertConfigViaC(&rawConfig{BucketCapBytes: 10, FirstBucketCapBytes: 5})
+	want := planner.Settings{Mode: planner.ModeTorch, UserBucketCapBytes: 10, UserBucketCapGiven: true,
+		UserFirstBucketCapBytes: 5, UserFirstBucketCapGiven: true,
+		UserBucketCapsBytes: []int64{7, 9}, MaxPieces: 4, AlignBuckets: true}
+	assert.Equal(t, want, s)
+	s, err = convertSettingsViaC(&rawConfig{BucketCapBytes: 10, FirstBucketCapBytes: 5})
 	require.NoError(t, err)
-	assert.Nil(t, cfg.BucketCapsBytes, "no per-bucket caps")
-	assert.False(t, cfg.AlignBuckets)
+	assert.Nil(t, s.UserBucketCapsBytes, "no per-bucket caps")
+	assert.False(t, s.AlignBuckets)
+	assert.Nil(t, s.DDP, "ddp NULL: no DDP module")
+
+	// ABI 6: defaults, block cuts, edges and the DDP module.
+	s, err = convertSettingsViaC(&rawConfig{Defaults: defaultCap | defaultFirstCap, BlockCuts: 1, Edges: 2,
+		DDP: &rawDDP{BucketCapBytes: 100, FirstBucketCapBytes: -1, NumBucketCaps: 1, BucketCapsBytes: []int64{50},
+			Flags: ddpFindUnused | ddpCapIsDefault, NumParams: 6}})
+	require.NoError(t, err)
+	assert.False(t, s.UserBucketCapGiven)
+	assert.False(t, s.UserFirstBucketCapGiven)
+	assert.True(t, s.BlockCuts)
+	assert.Equal(t, planner.EdgesEager, s.Edges)
+	assert.Equal(t, &planner.DDPSettings{BucketCapBytes: 100, CapIsDefault: true, FirstBucketCapBytes: -1,
+		BucketCapsBytes: []int64{50}, FindUnusedParameters: true, NumParams: 6}, s.DDP)
+
+	for name, c := range map[string]*rawConfig{
+		"defaults = 0x4 has unknown bits":                   {Defaults: 4},
+		"ddp.flags = 0x8 has unknown bits":                  {DDP: &rawDDP{BucketCapBytes: 1, Flags: 8}},
+		"ddp.num_params = -1 is out of range":               {DDP: &rawDDP{BucketCapBytes: 1, NumParams: -1}},
+		"ddp.bucket_caps_bytes is NULL but its length is 2": {DDP: &rawDDP{BucketCapBytes: 1, NumBucketCaps: 2}},
+	} {
+		_, err := convertSettingsViaC(c)
+		var perr *planner.Error
+		require.ErrorAs(t, err, &perr, name)
+		assert.Equal(t, planner.ErrInvalidConfig, perr.Code, name)
+		assert.Contains(t, perr.Msg, name)
+	}
+}
+
+// withStacks gives the toy graph module stacks: layer l's linear and relu
+// inside "L['self'].layers.<l>" (a Block), every node inside the model.
+func withStacks(g *rawGraph) *rawGraph {
+	strs := []string{"L['self']", "Model", "Block", "L['self'].layers.0", "L['self'].layers.1", "L['self'].layers.2"}
+	g.NumModuleStrings = int64(len(strs))
+	g.ModuleStringOffsets = []int64{0}
+	for _, s := range strs {
+		g.ModuleStrings = append(g.ModuleStrings, s...)
+		g.ModuleStringOffsets = append(g.ModuleStringOffsets, int64(len(g.ModuleStrings)))
+	}
+	g.NodeStackOffsets = []int64{0}
+	for i := range g.NumNodes {
+		g.NodeStackPaths, g.NodeStackTypes = append(g.NodeStackPaths, 0), append(g.NodeStackTypes, 1)
+		if i >= 7 && i < 13 {
+			g.NodeStackPaths, g.NodeStackTypes = append(g.NodeStackPaths, int32(3+(i-7)/2)), append(g.NodeStackTypes, 2)
+		}
+		g.NodeStackOffsets = append(g.NodeStackOffsets, int64(len(g.NodeStackPaths)))
+	}
+	return g
+}
+
+func TestConvertStacks(t *testing.T) {
+	st, err := convertStacksViaC(toyGraph(10))
+	require.NoError(t, err)
+	assert.Nil(t, st, "no node_stack_offsets: no stacks")
+
+	raw := withStacks(toyGraph(10))
+	st, err = convertStacksViaC(raw)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"L['self']", "Model", "Block", "L['self'].layers.0", "L['self'].layers.1", "L['self'].layers.2"}, st.Strings)
+	assert.Equal(t, raw.NodeStackOffsets, st.Offsets)
+	assert.Equal(t, raw.NodeStackPaths, st.Paths)
+	assert.Equal(t, raw.NodeStackTypes, st.Types)
+
+	for name, edit := range map[string]func(g *rawGraph){
+		"node_stack_paths is NULL":                             func(g *rawGraph) { g.NodeStackPaths = nil },
+		"node_stack_types is NULL":                             func(g *rawGraph) { g.NodeStackTypes = nil },
+		"num_module_strings = -1":                              func(g *rawGraph) { g.NumModuleStrings = -1 },
+		"module_string_offsets[0:2] = [0, 100] is not a range": func(g *rawGraph) { g.ModuleStringOffsets[1] = 100 },
+	} {
+		g := withStacks(toyGraph(10))
+		edit(g)
+		_, err := convertStacksViaC(g)
+		require.ErrorContains(t, err, name, name)
+	}
+}
+
+// TestDecisionsThroughC: the ABI 6 settings go in and the decisions come
+// back: caps from DDP's settings, the block assignment from the module
+// stacks, the eager edges, the first-use parameters per piece, the counted
+// parameters, the alignment reason and the alignment's name.
+func TestDecisionsThroughC(t *testing.T) {
+	cfg := &rawConfig{Defaults: defaultCap | defaultFirstCap, AlignBuckets: 1, BlockCuts: 1, Edges: 2,
+		DDP: &rawDDP{BucketCapBytes: 4_000_000, FirstBucketCapBytes: -1, NumParams: 6}}
+	g := withStacks(toyGraph(1000))
+	g.ParamDDPPositions = []int32{0, 1, 2, 3, 4, 5}
+	res := callPlanGraph(g, cfg, false)
+	require.Equal(t, statusOK, res.Status, res.Msg)
+	d := res.Decision
+	assert.Equal(t, int64(4_000_000), d.Config.BucketCapBytes, "DDP's cap")
+	assert.Equal(t, int64(4_000_000), d.Config.FirstBucketCapBytes, "DDP's rule: a cap of its own is also the first cap")
+	assert.True(t, d.Config.AlignBuckets)
+	assert.Equal(t, planner.ReasonAligned, d.AlignReason)
+	assert.Equal(t, "", d.AlignDetail)
+	assert.Equal(t, 6, d.CountedParams)
+	assert.Equal(t, []int32{-1, -1, -1, -1, -1, -1, -1, 0, 0, 1, 1, 2, 2, -1}, d.BlockIDs)
+	assert.Equal(t, 3, res.Plan.NumPieces, "a piece per block")
+	assert.Equal(t, [][]int32{{0, 1}, {2, 3}, {4, 5}}, d.PieceParams)
+	assert.Nil(t, d.EagerPieces, "no edges: every piece is a block")
+	assert.Equal(t, "ready-order caps", alignmentNameOf(g, cfg))
+
+	// find_unused_parameters without static_graph: declaration order.
+	cfg.DDP.Flags = ddpFindUnused
+	res = callPlanGraph(g, cfg, false)
+	require.Equal(t, statusOK, res.Status, res.Msg)
+	assert.Equal(t, planner.OrderDeclaration, res.Decision.Config.BucketOrder)
+	assert.Equal(t, "declaration-order caps", alignmentNameOf(g, cfg))
+
+	// DDP reduces a parameter the graph does not use: planned unaligned.
+	cfg.DDP.Flags, cfg.DDP.NumParams = 0, 7
+	res = callPlanGraph(g, cfg, false)
+	require.Equal(t, statusOK, res.Status, res.Msg)
+	assert.Equal(t, planner.ReasonNotCovered, res.Decision.AlignReason)
+	assert.Contains(t, res.Decision.AlignDetail, "the graph uses 6 of DDP's 7 parameters")
+	assert.False(t, res.Decision.Config.AlignBuckets)
+	assert.Equal(t, "none", alignmentNameOf(g, cfg))
+
+	// Bad input gets a message naming it.
+	for name, edit := range map[string]func(c *rawConfig){
+		"the user's bucket cap is 0 bytes":  func(c *rawConfig) { c.Defaults = defaultFirstCap },
+		"DDP's first-bucket cap is 0 bytes": func(c *rawConfig) { c.DDP.FirstBucketCapBytes = 0 },
+		"ddp.flags = 0x10 has unknown bits": func(c *rawConfig) { c.DDP.Flags = 0x10 },
+		"unknown edge policy 5":             func(c *rawConfig) { c.Edges = 5 },
+	} {
+		c := *cfg
+		ddp := *cfg.DDP
+		c.DDP = &ddp
+		edit(&c)
+		res := callPlanGraph(g, &c, false)
+		assert.Equal(t, statusInvalidConfig, res.Status, name)
+		assert.Contains(t, res.Msg, name)
+		assert.True(t, res.OutNull, name)
+	}
+	bad := withStacks(toyGraph(1000))
+	bad.NodeStackPaths[0] = 99
+	res = callPlanGraph(bad, cfg, false)
+	assert.Equal(t, statusInvalidGraph, res.Status)
+	assert.Contains(t, res.Msg, "path string 99 out of range")
 }
 
 // TestBadPointersAndLengths covers the checks the bridge itself makes before
@@ -259,9 +396,13 @@ func TestBridgeMatchesPlanner(t *testing.T) {
 			}
 			g, err := convertGraphViaC(raw)
 			require.NoError(t, err)
-			cfg, err := convertConfigViaC(rawCfg)
+			settings, err := convertSettingsViaC(rawCfg)
 			require.NoError(t, err)
-			want, wantErr := planner.Build(g, cfg)
+			var want *planner.Plan
+			dec, wantErr := planner.Decide(&planner.Request{Graph: g, Settings: settings})
+			if wantErr == nil {
+				want = dec.Plan
+			}
 			res := callPlanGraph(raw, rawCfg, false)
 			if wantErr != nil {
 				require.Equal(t, statusOfInt(wantErr), res.Status, "bridge vs planner status")
@@ -284,6 +425,9 @@ func TestBridgeMatchesPlanner(t *testing.T) {
 				t.Errorf("crossing values differ:\n got %v / %v\nwant %v / %v",
 					got.PieceInputs, got.PieceOutputs, want.PieceInputs, want.PieceOutputs)
 			}
+			assert.True(t, equalLists(dec.PieceParams, res.Decision.PieceParams), "piece params")
+			assert.Equal(t, dec.AlignReason, res.Decision.AlignReason, "align reason")
+			assert.Equal(t, dec.CountedParams, res.Decision.CountedParams, "counted parameters")
 		})
 	}
 }

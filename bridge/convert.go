@@ -187,28 +187,121 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 	return &out, nil
 }
 
-// configFromC copies a goddp_config into a planner.Config. Cap values are the
-// planner's to judge; only the pointer/length pair is checked here.
-func configFromC(c *C.goddp_config) (planner.Config, error) {
+// stacksFromC copies the optional module stacks of a goddp_graph (ABI 6);
+// NULL node_stack_offsets means none. The planner checks the table's
+// indices; only the pointer/length pairs are checked here.
+func stacksFromC(g *C.goddp_graph) (*planner.ModuleStacks, error) {
+	if g == nil || g.node_stack_offsets == nil {
+		return nil, nil
+	}
+	var (
+		st                   planner.ModuleStacks
+		stringOffsets        []int64
+		stringBytes          []byte
+		numEntries, namesLen int64
+	)
+	numStrings := int64(g.num_module_strings)
+	if numStrings < 0 || numStrings >= maxArrayLen {
+		return nil, invalidGraph("goddp: num_module_strings = %d is out of range [0, %d)", numStrings, int64(maxArrayLen))
+	}
+	var err error
+	if st.Offsets, err = cCopy[int64](unsafe.Pointer(g.node_stack_offsets), int64(g.num_nodes)+1, "node_stack_offsets", planner.ErrInvalidGraph); err != nil {
+		return nil, err
+	}
+	if numEntries, err = csrValuesLen(st.Offsets, "node_stack_offsets"); err != nil {
+		return nil, err
+	}
+	if st.Paths, err = cCopy[int32](unsafe.Pointer(g.node_stack_paths), numEntries, "node_stack_paths", planner.ErrInvalidGraph); err != nil {
+		return nil, err
+	}
+	if st.Types, err = cCopy[int32](unsafe.Pointer(g.node_stack_types), numEntries, "node_stack_types", planner.ErrInvalidGraph); err != nil {
+		return nil, err
+	}
+	if err = viewInto(&stringOffsets)(unsafe.Pointer(g.module_string_offsets), numStrings+1, "module_string_offsets"); err != nil {
+		return nil, err
+	}
+	if namesLen, err = csrValuesLen(stringOffsets, "module_string_offsets"); err != nil {
+		return nil, err
+	}
+	if err = viewInto(&stringBytes)(unsafe.Pointer(g.module_strings), namesLen, "module_strings"); err != nil {
+		return nil, err
+	}
+	all := string(stringBytes)
+	st.Strings = make([]string, numStrings)
+	for i := range st.Strings {
+		begin, end := stringOffsets[i], stringOffsets[i+1]
+		if begin < 0 || begin > end || end > namesLen {
+			return nil, invalidGraph("goddp: module_string_offsets[%d:%d] = [%d, %d] is not a range within module_strings (length %d)",
+				i, i+2, begin, end, namesLen)
+		}
+		st.Strings[i] = all[begin:end]
+	}
+	return &st, nil
+}
+
+// settingsFromC copies a goddp_config (and its goddp_ddp) into planner
+// settings. Cap values are the planner's to judge; only the pointer/length
+// pairs and the bit sets are checked here.
+func settingsFromC(c *C.goddp_config) (planner.Settings, error) {
 	if c == nil {
-		return planner.Config{}, invalidConfig("goddp: config is NULL")
+		return planner.Settings{}, invalidConfig("goddp: config is NULL")
 	}
 	caps, err := cCopy[int64](unsafe.Pointer(c.bucket_caps_bytes), int64(c.num_bucket_caps), "bucket_caps_bytes", planner.ErrInvalidConfig)
 	if err != nil {
-		return planner.Config{}, err
+		return planner.Settings{}, err
 	}
 	maxPieces := int64(c.max_pieces)
 	if int64(int(maxPieces)) != maxPieces {
-		return planner.Config{}, invalidConfig("goddp: max_pieces = %d does not fit in an int", maxPieces)
+		return planner.Settings{}, invalidConfig("goddp: max_pieces = %d does not fit in an int", maxPieces)
 	}
-	return planner.Config{
-		Mode:                planner.Mode(c.mode),
-		BucketCapBytes:      int64(c.bucket_cap_bytes),
-		FirstBucketCapBytes: int64(c.first_bucket_cap_bytes),
-		BucketCapsBytes:     caps,
-		MaxPieces:           int(maxPieces),
-		AlignBuckets:        c.align_buckets != 0,
-		BucketOrder:         planner.BucketOrder(c.bucket_order),
+	const knownDefaults = C.GODDP_DEFAULT_BUCKET_CAP | C.GODDP_DEFAULT_FIRST_BUCKET_CAP
+	if c.defaults&^knownDefaults != 0 {
+		return planner.Settings{}, invalidConfig("goddp: defaults = %#x has unknown bits (valid: GODDP_DEFAULT_BUCKET_CAP, GODDP_DEFAULT_FIRST_BUCKET_CAP)", uint32(c.defaults))
+	}
+	s := planner.Settings{
+		Mode:                    planner.Mode(c.mode),
+		UserBucketCapBytes:      int64(c.bucket_cap_bytes),
+		UserBucketCapGiven:      c.defaults&C.GODDP_DEFAULT_BUCKET_CAP == 0,
+		UserFirstBucketCapBytes: int64(c.first_bucket_cap_bytes),
+		UserFirstBucketCapGiven: c.defaults&C.GODDP_DEFAULT_FIRST_BUCKET_CAP == 0,
+		UserBucketCapsBytes:     caps,
+		MaxPieces:               int(maxPieces),
+		AlignBuckets:            c.align_buckets != 0,
+		BucketOrder:             planner.BucketOrder(c.bucket_order),
+		BlockCuts:               c.block_cuts != 0,
+		Edges:                   planner.EdgePolicy(c.edges),
+	}
+	if s.DDP, err = ddpFromC(c.ddp); err != nil {
+		return planner.Settings{}, err
+	}
+	return s, nil
+}
+
+// ddpFromC copies a goddp_ddp; NULL means no DDP module.
+func ddpFromC(d *C.goddp_ddp) (*planner.DDPSettings, error) {
+	if d == nil {
+		return nil, nil
+	}
+	const knownFlags = C.GODDP_DDP_FIND_UNUSED_PARAMETERS | C.GODDP_DDP_STATIC_GRAPH | C.GODDP_DDP_CAP_IS_DEFAULT
+	if d.flags&^knownFlags != 0 {
+		return nil, invalidConfig("goddp: ddp.flags = %#x has unknown bits (valid: GODDP_DDP_FIND_UNUSED_PARAMETERS, GODDP_DDP_STATIC_GRAPH, GODDP_DDP_CAP_IS_DEFAULT)", uint32(d.flags))
+	}
+	caps, err := cCopy[int64](unsafe.Pointer(d.bucket_caps_bytes), int64(d.num_bucket_caps), "ddp.bucket_caps_bytes", planner.ErrInvalidConfig)
+	if err != nil {
+		return nil, err
+	}
+	numParams := int64(d.num_params)
+	if numParams < 0 || numParams >= maxArrayLen {
+		return nil, invalidConfig("goddp: ddp.num_params = %d is out of range [0, %d)", numParams, int64(maxArrayLen))
+	}
+	return &planner.DDPSettings{
+		BucketCapBytes:       int64(d.bucket_cap_bytes),
+		CapIsDefault:         d.flags&C.GODDP_DDP_CAP_IS_DEFAULT != 0,
+		FirstBucketCapBytes:  int64(d.first_bucket_cap_bytes),
+		BucketCapsBytes:      caps,
+		FindUnusedParameters: d.flags&C.GODDP_DDP_FIND_UNUSED_PARAMETERS != 0,
+		StaticGraph:          d.flags&C.GODDP_DDP_STATIC_GRAPH != 0,
+		NumParams:            int(numParams),
 	}, nil
 }
 
@@ -252,10 +345,11 @@ func cCSR(lists [][]int32) (offsets, values unsafe.Pointer, err error) {
 	return offsets, values, nil
 }
 
-// planToC copies a plan into C memory: a calloc'd goddp_plan whose arrays are
-// all malloc'd. Nothing in it points into Go memory. On error everything
-// allocated so far is freed.
-func planToC(p *planner.Plan) (_ *C.goddp_plan, err error) {
+// planToC copies a decision into C memory: a calloc'd goddp_plan whose
+// arrays and strings are all malloc'd. Nothing in it points into Go memory.
+// On error everything allocated so far is freed.
+func planToC(d *planner.Decision) (_ *C.goddp_plan, err error) {
+	p := d.Plan
 	if len(p.PieceInputs) != p.NumPieces || len(p.PieceOutputs) != p.NumPieces {
 		// A planner bug, reported as GODDP_ERR_INTERNAL.
 		return nil, fmt.Errorf("goddp: planner returned %d input and %d output lists for %d pieces",
@@ -346,7 +440,54 @@ func planToC(p *planner.Plan) (_ *C.goddp_plan, err error) {
 	}
 	cp.ddp_caps, cp.num_ddp_caps = (*C.int64_t)(ptr), C.int64_t(len(p.DDPCaps))
 	copy(caps, p.DDPCaps)
-	return cp, nil
+	return cp, decisionToC(cp, d)
+}
+
+// decisionToC fills the ABI 6 fields of cp from d.
+func decisionToC(cp *C.goddp_plan, d *planner.Decision) error {
+	cfg := &d.Config
+	cp.bucket_cap_bytes = C.int64_t(cfg.BucketCapBytes)
+	cp.first_bucket_cap_bytes = C.int64_t(cfg.FirstBucketCapBytes)
+	ptr, caps, err := cAlloc[int64](len(cfg.BucketCapsBytes))
+	if err != nil {
+		return err
+	}
+	cp.bucket_caps_bytes, cp.num_bucket_caps = (*C.int64_t)(ptr), C.int64_t(len(caps))
+	copy(caps, cfg.BucketCapsBytes)
+	cp.max_pieces = C.int64_t(cfg.MaxPieces)
+	cp.align_buckets = 0
+	if cfg.AlignBuckets {
+		cp.align_buckets = 1
+	}
+	cp.bucket_order = C.int32_t(cfg.BucketOrder)
+	cp.align_reason = C.int32_t(d.AlignReason)
+	if cp.align_detail = C.CString(d.AlignDetail); cp.align_detail == nil {
+		return errOutOfMemory
+	}
+	if cp.alignment_name = C.CString(d.Plan.Alignment.String()); cp.alignment_name == nil {
+		return errOutOfMemory
+	}
+	cp.num_counted_params = C.int64_t(d.CountedParams)
+	offs, vals, err := cCSR(d.PieceParams)
+	if err != nil {
+		return err
+	}
+	cp.piece_param_offsets, cp.piece_params = (*C.int64_t)(offs), (*C.int32_t)(vals)
+	ptr, eager, err := cAlloc[int32](len(d.EagerPieces))
+	if err != nil {
+		return err
+	}
+	cp.eager_pieces, cp.num_eager_pieces = (*C.int32_t)(ptr), C.int64_t(len(eager))
+	copy(eager, d.EagerPieces)
+	if d.BlockIDs != nil {
+		ptr, blocks, err := cAlloc[int32](len(d.BlockIDs))
+		if err != nil {
+			return err
+		}
+		cp.node_block_ids = (*C.int32_t)(ptr)
+		copy(blocks, d.BlockIDs)
+	}
+	return nil
 }
 
 // freePlan releases a plan built by planToC; free(NULL) is a no-op, so a
@@ -369,6 +510,13 @@ func freePlan(cp *C.goddp_plan) {
 		unsafe.Pointer(cp.piece_output_offsets),
 		unsafe.Pointer(cp.piece_outputs),
 		unsafe.Pointer(cp.ddp_caps),
+		unsafe.Pointer(cp.bucket_caps_bytes),
+		unsafe.Pointer(cp.align_detail),
+		unsafe.Pointer(cp.alignment_name),
+		unsafe.Pointer(cp.piece_param_offsets),
+		unsafe.Pointer(cp.piece_params),
+		unsafe.Pointer(cp.eager_pieces),
+		unsafe.Pointer(cp.node_block_ids),
 	} {
 		C.free(p)
 	}

@@ -65,17 +65,31 @@ func goddp_plan_graph(g *C.goddp_graph_in, cfg *C.goddp_config_in, out **C.goddp
 	return C.GODDP_OK
 }
 
-// planFromC converts the inputs and runs the planner.
-func planFromC(g *C.goddp_graph, cfg *C.goddp_config) (*planner.Plan, error) {
+// planFromC converts the inputs and makes the planner's one call
+// (planner.Decide).
+func planFromC(g *C.goddp_graph, cfg *C.goddp_config) (*planner.Decision, error) {
+	req, err := requestFromC(g, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return planner.Decide(req)
+}
+
+// requestFromC converts a goddp_graph and a goddp_config into a request.
+func requestFromC(g *C.goddp_graph, cfg *C.goddp_config) (*planner.Request, error) {
 	graph, err := graphFromC(g)
 	if err != nil {
 		return nil, err
 	}
-	config, err := configFromC(cfg)
+	stacks, err := stacksFromC(g)
 	if err != nil {
 		return nil, err
 	}
-	return planner.Build(graph, config)
+	settings, err := settingsFromC(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &planner.Request{Graph: graph, Stacks: stacks, Settings: settings}, nil
 }
 
 //export goddp_plan_free

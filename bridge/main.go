@@ -29,7 +29,7 @@ import "github.com/goddp/goddp/planner"
 
 // abiVersion is the ABI this bridge implements. It must equal
 // GODDP_ABI_VERSION in csrc/goddp.h.
-const abiVersion = 5
+const abiVersion = 6
 
 // Compile-time checks that the header and the Go side agree. Converting a
 // negative constant to uint does not compile, so each pair of lines fails the
@@ -65,6 +65,22 @@ const (
 	_ = uint(planner.ModeDDP - C.GODDP_MODE_DDP)
 	_ = uint(C.GODDP_MODE_TORCH - planner.ModeTorch)
 	_ = uint(planner.ModeTorch - C.GODDP_MODE_TORCH)
+
+	_ = uint(C.GODDP_REASON_ALIGNED - planner.ReasonAligned)
+	_ = uint(planner.ReasonAligned - C.GODDP_REASON_ALIGNED)
+	_ = uint(C.GODDP_REASON_OFF - planner.ReasonOff)
+	_ = uint(planner.ReasonOff - C.GODDP_REASON_OFF)
+	_ = uint(C.GODDP_REASON_NOT_COVERED - planner.ReasonNotCovered)
+	_ = uint(planner.ReasonNotCovered - C.GODDP_REASON_NOT_COVERED)
+	_ = uint(C.GODDP_REASON_ONE_PIECE - planner.ReasonOnePiece)
+	_ = uint(planner.ReasonOnePiece - C.GODDP_REASON_ONE_PIECE)
+
+	_ = uint(C.GODDP_EDGES_COMPILE - planner.EdgesCompile)
+	_ = uint(planner.EdgesCompile - C.GODDP_EDGES_COMPILE)
+	_ = uint(C.GODDP_EDGES_AUTO - planner.EdgesAuto)
+	_ = uint(planner.EdgesAuto - C.GODDP_EDGES_AUTO)
+	_ = uint(C.GODDP_EDGES_EAGER - planner.EdgesEager)
+	_ = uint(planner.EdgesEager - C.GODDP_EDGES_EAGER)
 
 	_ = uint(C.GODDP_ERR_INVALID_CONFIG - planner.ErrInvalidConfig)
 	_ = uint(planner.ErrInvalidConfig - C.GODDP_ERR_INVALID_CONFIG)

@@ -53,6 +53,13 @@ type rawGraph struct {
 	ParamNames        []byte
 	NodeBlockIDs      []int32 // optional: nil means NULL, no block information
 	ParamDDPPositions []int32 // nil: NULL
+	// Module stacks (ABI 6); a nil NodeStackOffsets means NULL, none.
+	NumModuleStrings    int64
+	ModuleStringOffsets []int64
+	ModuleStrings       []byte
+	NodeStackOffsets    []int64
+	NodeStackPaths      []int32
+	NodeStackTypes      []int32
 }
 
 // rawConfig mirrors goddp_config the same way.
@@ -65,7 +72,30 @@ type rawConfig struct {
 	MaxPieces           int64
 	AlignBuckets        int32
 	BucketOrder         int32
+	Defaults            uint32
+	BlockCuts           int32
+	Edges               int32
+	DDP                 *rawDDP // nil: NULL
 }
+
+// rawDDP mirrors goddp_ddp.
+type rawDDP struct {
+	BucketCapBytes      int64
+	FirstBucketCapBytes int64
+	NumBucketCaps       int64
+	BucketCapsBytes     []int64
+	Flags               uint32
+	NumParams           int64
+}
+
+// DDP flag and default bits as plain ints, for tests.
+const (
+	ddpFindUnused   = uint32(C.GODDP_DDP_FIND_UNUSED_PARAMETERS)
+	ddpStaticGraph  = uint32(C.GODDP_DDP_STATIC_GRAPH)
+	ddpCapIsDefault = uint32(C.GODDP_DDP_CAP_IS_DEFAULT)
+	defaultCap      = uint32(C.GODDP_DEFAULT_BUCKET_CAP)
+	defaultFirstCap = uint32(C.GODDP_DEFAULT_FIRST_BUCKET_CAP)
+)
 
 // cArena owns C copies of test inputs until release.
 type cArena struct{ ptrs []unsafe.Pointer }
@@ -116,6 +146,12 @@ func (a *cArena) graph(g *rawGraph) *C.goddp_graph {
 	cg.param_name_offsets = (*C.int64_t)(cArenaCopy(a, g.ParamNameOffsets))
 	cg.param_names = (*C.char)(cArenaCopy(a, g.ParamNames))
 	cg.param_ddp_positions = (*C.int32_t)(cArenaCopy(a, g.ParamDDPPositions))
+	cg.num_module_strings = C.int64_t(g.NumModuleStrings)
+	cg.module_string_offsets = (*C.int64_t)(cArenaCopy(a, g.ModuleStringOffsets))
+	cg.module_strings = (*C.char)(cArenaCopy(a, g.ModuleStrings))
+	cg.node_stack_offsets = (*C.int64_t)(cArenaCopy(a, g.NodeStackOffsets))
+	cg.node_stack_paths = (*C.int32_t)(cArenaCopy(a, g.NodeStackPaths))
+	cg.node_stack_types = (*C.int32_t)(cArenaCopy(a, g.NodeStackTypes))
 	return cg
 }
 
@@ -133,6 +169,20 @@ func (a *cArena) config(c *rawConfig) *C.goddp_config {
 	cc.max_pieces = C.int64_t(c.MaxPieces)
 	cc.align_buckets = C.int32_t(c.AlignBuckets)
 	cc.bucket_order = C.int32_t(c.BucketOrder)
+	cc.defaults = C.uint32_t(c.Defaults)
+	cc.block_cuts = C.int32_t(c.BlockCuts)
+	cc.edges = C.int32_t(c.Edges)
+	if d := c.DDP; d != nil {
+		cd := (*C.goddp_ddp)(C.calloc(1, C.sizeof_goddp_ddp))
+		a.ptrs = append(a.ptrs, unsafe.Pointer(cd))
+		cd.bucket_cap_bytes = C.int64_t(d.BucketCapBytes)
+		cd.first_bucket_cap_bytes = C.int64_t(d.FirstBucketCapBytes)
+		cd.num_bucket_caps = C.int64_t(d.NumBucketCaps)
+		cd.bucket_caps_bytes = (*C.int64_t)(cArenaCopy(a, d.BucketCapsBytes))
+		cd.flags = C.uint32_t(d.Flags)
+		cd.num_params = C.int64_t(d.NumParams)
+		cc.ddp = cd
+	}
 	return cc
 }
 
@@ -143,19 +193,27 @@ func convertGraphViaC(g *rawGraph) (*planner.Graph, error) {
 	return graphFromC(a.graph(g))
 }
 
-// convertConfigViaC copies c into C memory and runs the bridge's conversion.
-func convertConfigViaC(c *rawConfig) (planner.Config, error) {
+// convertSettingsViaC copies c into C memory and runs the bridge's conversion.
+func convertSettingsViaC(c *rawConfig) (planner.Settings, error) {
 	var a cArena
 	defer a.release()
-	return configFromC(a.config(c))
+	return settingsFromC(a.config(c))
+}
+
+// convertStacksViaC copies g into C memory and converts its module stacks.
+func convertStacksViaC(g *rawGraph) (*planner.ModuleStacks, error) {
+	var a cArena
+	defer a.release()
+	return stacksFromC(a.graph(g))
 }
 
 // planCall is what one goddp_plan_graph call returned, copied back to Go.
 type planCall struct {
-	Status  int
-	Msg     string
-	OutNull bool          // *out was NULL on return
-	Plan    *planner.Plan // nil unless Status == statusOK
+	Status   int
+	Msg      string
+	OutNull  bool              // *out was NULL on return
+	Plan     *planner.Plan     // nil unless Status == statusOK
+	Decision *planner.Decision // the ABI 6 fields, with Plan; nil unless Status == statusOK
 }
 
 // callPlanGraph runs the goddp_plan_graph export on C copies of g and c, the
@@ -185,6 +243,7 @@ func callPlanGraph(g *rawGraph, c *rawConfig, nullOut bool) planCall {
 	}
 	if out != nil && !nullOut && st == C.GODDP_OK {
 		res.Plan = planFromCPlan(out)
+		res.Decision = decisionFromCPlan(out, res.Plan)
 		goddp_plan_free(out)
 	}
 	return res
@@ -245,6 +304,56 @@ func planFromCPlan(cp *C.goddp_plan) *planner.Plan {
 		})
 	}
 	return p
+}
+
+// decisionFromCPlan reads the ABI 6 fields of a C plan back, the reverse
+// of decisionToC. Alignment names are compared as strings by the tests.
+func decisionFromCPlan(cp *C.goddp_plan, pl *planner.Plan) *planner.Decision {
+	int32s := func(p *C.int32_t, n int64) []int32 {
+		if n == 0 || p == nil {
+			return nil
+		}
+		return append([]int32{}, unsafe.Slice((*int32)(unsafe.Pointer(p)), n)...)
+	}
+	d := &planner.Decision{
+		Plan: pl,
+		Config: planner.Config{
+			Mode:                planner.ModeDDP,
+			BucketCapBytes:      int64(cp.bucket_cap_bytes),
+			FirstBucketCapBytes: int64(cp.first_bucket_cap_bytes),
+			MaxPieces:           int(cp.max_pieces),
+			AlignBuckets:        cp.align_buckets != 0,
+			BucketOrder:         planner.BucketOrder(cp.bucket_order),
+		},
+		AlignReason:   planner.AlignReason(cp.align_reason),
+		AlignDetail:   C.GoString(cp.align_detail),
+		CountedParams: int(cp.num_counted_params),
+		EagerPieces:   int32s(cp.eager_pieces, int64(cp.num_eager_pieces)),
+		BlockIDs:      int32s(cp.node_block_ids, int64(cp.num_nodes)),
+	}
+	if n := int64(cp.num_bucket_caps); n > 0 {
+		d.Config.BucketCapsBytes = append([]int64{}, unsafe.Slice((*int64)(unsafe.Pointer(cp.bucket_caps_bytes)), n)...)
+	}
+	np := int64(cp.num_pieces)
+	offs := unsafe.Slice((*int64)(unsafe.Pointer(cp.piece_param_offsets)), np+1)
+	vals := int32s(cp.piece_params, offs[np])
+	d.PieceParams = make([][]int32, np)
+	for i := range d.PieceParams {
+		d.PieceParams[i] = vals[offs[i]:offs[i+1]:offs[i+1]]
+	}
+	return d
+}
+
+// alignmentNameOf is the alignment name a C plan carries, for tests.
+func alignmentNameOf(g *rawGraph, c *rawConfig) string {
+	var a cArena
+	defer a.release()
+	var out *C.goddp_plan
+	if goddp_plan_graph((*C.goddp_graph_in)(a.graph(g)), (*C.goddp_config_in)(a.config(c)), &out, nil) != C.GODDP_OK {
+		return "(failed)"
+	}
+	defer goddp_plan_free(out)
+	return C.GoString(out.alignment_name)
 }
 
 // callSetMaxProcs runs the goddp_set_max_procs export.

@@ -52,8 +52,13 @@ extern "C" {
  * 3: "partition" renamed "piece" in every field name (one word from Go to Python).
  * 4: goddp_graph.node_block_ids (optional, at the end of the struct).
  * 5: goddp_graph.param_ddp_positions, goddp_config.bucket_order,
- *    goddp_plan.alignment, num_ddp_caps, ddp_caps and merged_cuts. */
-#define GODDP_ABI_VERSION 5
+ *    goddp_plan.alignment, num_ddp_caps, ddp_caps and merged_cuts.
+ * 6: the planner owns the decisions (docs/planner.md, "Decisions"):
+ *    goddp_graph's module stacks, goddp_config.defaults, block_cuts, edges
+ *    and ddp (goddp_ddp), and goddp_plan's settings, align_reason,
+ *    align_detail, alignment_name, num_counted_params, piece_params,
+ *    eager_pieces and node_block_ids. */
+#define GODDP_ABI_VERSION 6
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -99,6 +104,33 @@ enum goddp_alignment {
     GODDP_ALIGN_DECLARATION = 2,         /* one per piece; ddp_caps align DDP's declaration-order buckets */
     GODDP_ALIGN_DECLARATION_MERGED = 3   /* the same after merging pieces the declaration order interleaves */
 };
+
+/* Whether DDP's buckets are set to the pieces, and if not why
+ * (goddp_plan.align_reason; the words are goddp_plan.align_detail). */
+enum goddp_align_reason {
+    GODDP_REASON_ALIGNED = 0,     /* the buckets are DDP's; ddp_caps are its caps */
+    GODDP_REASON_OFF = 1,         /* config.align_buckets was 0 */
+    GODDP_REASON_NOT_COVERED = 2, /* aligned buckets would not hold exactly DDP's parameters: planned unaligned */
+    GODDP_REASON_ONE_PIECE = 3    /* the aligned plan is one piece: nothing to align */
+};
+
+/* Which edge pieces (outside the repeated blocks) run eagerly
+ * (goddp_config.edges; planner/edges.go, Note [Edges]). */
+enum goddp_edges {
+    GODDP_EDGES_COMPILE = 0, /* none */
+    GODDP_EDGES_AUTO = 1,    /* those no bigger than the mean block, in compute nodes */
+    GODDP_EDGES_EAGER = 2    /* every edge */
+};
+
+/* Bits of goddp_config.defaults: caps the planner fills in
+ * (planner/settings.go, Note [Cap defaults]); the field is then ignored. */
+#define GODDP_DEFAULT_BUCKET_CAP 0x1u
+#define GODDP_DEFAULT_FIRST_BUCKET_CAP 0x2u
+
+/* Bits of goddp_ddp.flags. Unknown bits are GODDP_ERR_INVALID_CONFIG. */
+#define GODDP_DDP_FIND_UNUSED_PARAMETERS 0x1u
+#define GODDP_DDP_STATIC_GRAPH 0x2u
+#define GODDP_DDP_CAP_IS_DEFAULT 0x4u /* built with the default bucket_cap_mb */
 
 typedef enum goddp_status {
     GODDP_OK = 0,
@@ -147,7 +179,35 @@ typedef struct goddp_graph {
      * GODDP_ORDER_DECLARATION, which requires it (one distinct position
      * per counted parameter). */
     const int32_t *param_ddp_positions;
+
+    /* Optional (ABI 6); node_stack_offsets NULL: no module stacks. Each
+     * node's module stack (Dynamo's nn_module_stack), outermost first, in
+     * interned form: entry k names its module's path and type by index into
+     * a string table (CSR over module_strings). With config.block_cuts the
+     * planner assigns the repeated blocks from them (planner/modstack.go,
+     * Note [Block rule]); together with node_block_ids they are
+     * GODDP_ERR_INVALID_GRAPH. */
+    int64_t num_module_strings;
+    const int64_t *module_string_offsets; /* [num_module_strings + 1] byte offsets into module_strings */
+    const char *module_strings;           /* UTF-8, not NUL-separated */
+    const int64_t *node_stack_offsets;    /* [num_nodes + 1] or NULL */
+    const int32_t *node_stack_paths;      /* [node_stack_offsets[num_nodes]] string index of the path */
+    const int32_t *node_stack_types;      /* [node_stack_offsets[num_nodes]] string index of the type */
 } goddp_graph;
+
+/* A DistributedDataParallel module's own settings (goddp_config.ddp, ABI 6). */
+typedef struct goddp_ddp {
+    int64_t bucket_cap_bytes;           /* bucket_bytes_cap, > 0 */
+    int64_t first_bucket_cap_bytes;     /* > 0, or -1 when this torch keeps none */
+    int64_t num_bucket_caps;            /* 0, or the length of bucket_caps_bytes */
+    const int64_t *bucket_caps_bytes;   /* its per-bucket caps, DDP order */
+    uint32_t flags;                     /* GODDP_DDP_* bits */
+    /* The number of parameters DDP reduces; 0: unknown. With it and
+     * goddp_graph.param_ddp_positions, aligned buckets must hold exactly
+     * DDP's parameters, else the plan is made unaligned
+     * (GODDP_REASON_NOT_COVERED). */
+    int64_t num_params;
+} goddp_ddp;
 
 typedef struct goddp_config {
     int32_t mode;                       /* enum goddp_mode */
@@ -176,6 +236,16 @@ typedef struct goddp_config {
      * declaration-order bucketing, which needs
      * goddp_graph.param_ddp_positions. */
     int32_t bucket_order;
+
+    /* ABI 6. GODDP_DEFAULT_* bits: the caps the planner fills in. With ddp
+     * set, the bucket cap defaults to DDP's, the first cap follows DDP's
+     * rules and DDP's per-bucket caps apply while the bucket cap is not
+     * overridden (Note [Cap defaults]); bucket_order must then be 0, since
+     * the planner derives it from DDP's flags when aligning. */
+    uint32_t defaults;
+    int32_t block_cuts;                 /* ddp mode: assign blocks from the module stacks */
+    int32_t edges;                      /* enum goddp_edges */
+    const goddp_ddp *ddp;               /* NULL outside a DDP module */
 } goddp_config;
 
 /* One plan. Every array is malloc'd by the library and freed by goddp_plan_free. */
@@ -216,6 +286,31 @@ typedef struct goddp_plan {
     int64_t num_ddp_caps;
     int64_t *ddp_caps;                  /* [num_ddp_caps] */
     int64_t merged_cuts;                /* cuts GODDP_ALIGN_DECLARATION_MERGED dropped */
+
+    /* ABI 6: the decisions (planner/decide.go, Note [One call]).
+     * The settings the plan stands for, under the config's names: the
+     * resolved caps, max_pieces, and align_buckets (1 exactly when DDP's
+     * buckets are to be set to the pieces, align_reason
+     * GODDP_REASON_ALIGNED) with its bucket_order. */
+    int64_t bucket_cap_bytes;
+    int64_t first_bucket_cap_bytes;
+    int64_t num_bucket_caps;
+    int64_t *bucket_caps_bytes;         /* [num_bucket_caps] */
+    int64_t max_pieces;
+    int32_t align_buckets;
+    int32_t bucket_order;               /* enum goddp_bucket_order */
+    int32_t align_reason;               /* enum goddp_align_reason; ddp_caps are empty unless ALIGNED */
+    char *align_detail;                 /* NUL-terminated: the reason in words, "" when aligned */
+    char *alignment_name;               /* NUL-terminated name of alignment, as records say it */
+    int64_t num_counted_params;         /* table parameters DDP reduces (requires grad, not ignored) */
+    /* Per piece (CSR), its parameters in forward order: ddp mode, the
+     * bucketed parameters first used in it; torch mode, the parameters of
+     * the bucket it completes. */
+    int64_t *piece_param_offsets;       /* [num_pieces + 1] */
+    int32_t *piece_params;
+    int64_t num_eager_pieces;
+    int32_t *eager_pieces;              /* [num_eager_pieces] ascending: run eagerly (config.edges) */
+    int32_t *node_block_ids;            /* [num_nodes] the block of each node, or NULL: no blocks */
 } goddp_plan;
 
 /* GODDP_ABI_VERSION of the library actually loaded. */
@@ -226,8 +321,9 @@ int32_t goddp_abi_version(void);
  * GOMAXPROCS environment variable, which Go reads once at process start. */
 goddp_status goddp_set_max_procs(int32_t n, int32_t *previous);
 
-/* Plans graph g under cfg. On GODDP_OK, *out holds a plan to release with
- * goddp_plan_free. */
+/* Plans graph g under cfg, making every decision of docs/planner.md
+ * ("Decisions") in this one call. On GODDP_OK, *out holds a plan to
+ * release with goddp_plan_free. */
 goddp_status goddp_plan_graph(const goddp_graph *g, const goddp_config *cfg,
                               goddp_plan **out, char **err_msg);
 

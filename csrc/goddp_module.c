@@ -217,8 +217,15 @@ enum graph_array {
     PARAM_NAMES,
     NODE_BLOCK_IDS, /* optional (ABI 4) */
     PARAM_DDP_POSITIONS, /* optional (ABI 5): absent or None means NULL */
+    /* Optional (ABI 6), all five or none: the module stacks. */
+    MODULE_STRING_OFFSETS,
+    MODULE_STRINGS,
+    NODE_STACK_OFFSETS,
+    NODE_STACK_PATHS,
+    NODE_STACK_TYPES,
     NUM_GRAPH_ARRAYS
 };
+#define FIRST_OPTIONAL_ARRAY NODE_BLOCK_IDS
 
 static const struct {
     const char *name;
@@ -241,6 +248,11 @@ static const struct {
     [PARAM_NAMES] = {"param_names", 1, "UTF-8 bytes"},
     [NODE_BLOCK_IDS] = {"node_block_ids", 4, "int32, e.g. array('i')"},
     [PARAM_DDP_POSITIONS] = {"param_ddp_positions", 4, "int32, e.g. array('i')"},
+    [MODULE_STRING_OFFSETS] = {"module_string_offsets", 8, "int64, e.g. array('q')"},
+    [MODULE_STRINGS] = {"module_strings", 1, "UTF-8 bytes"},
+    [NODE_STACK_OFFSETS] = {"node_stack_offsets", 8, "int64, e.g. array('q')"},
+    [NODE_STACK_PATHS] = {"node_stack_paths", 4, "int32, e.g. array('i')"},
+    [NODE_STACK_TYPES] = {"node_stack_types", 4, "int32, e.g. array('i')"},
 };
 
 static const char *const graph_keys[] = {
@@ -250,9 +262,11 @@ static const char *const graph_keys[] = {
     "param_names",
     "node_block_ids", /* optional: absent or None means no block information (ABI 4) */
     "param_ddp_positions", /* optional (ABI 5): absent or None means NULL */
+    /* optional (ABI 6), all or none: the module stacks */
+    "module_string_offsets", "module_strings", "node_stack_offsets", "node_stack_paths", "node_stack_types",
 };
 #define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
-#define NUM_REQUIRED_GRAPH_KEYS (NUM_GRAPH_KEYS - 2) /* the optional ones come last */
+#define NUM_REQUIRED_GRAPH_KEYS 16 /* the optional ones come last */
 
 /* The required keys first, then the optional ones (added in later ABI
  * versions; callers written before them keep working). */
@@ -260,9 +274,20 @@ static const char *const config_keys[] = {
     "mode", "bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "max_pieces",
     "align_buckets", /* optional, default 0 (ABI 2) */
     "bucket_order",  /* optional, default 0 = GODDP_ORDER_READY (ABI 5) */
+    "block_cuts",    /* optional, default 0 (ABI 6) */
+    "edges",         /* optional, default 0 = GODDP_EDGES_COMPILE (ABI 6) */
+    "ddp",           /* optional dict (ddp_keys) or None: the DDP module's settings (ABI 6) */
 };
 #define NUM_CONFIG_KEYS (sizeof config_keys / sizeof config_keys[0])
 #define NUM_REQUIRED_CONFIG_KEYS 5
+
+/* The keys of config['ddp'], goddp_ddp's fields (the first two required). */
+static const char *const ddp_keys[] = {
+    "bucket_cap_bytes", "first_bucket_cap_bytes", /* None: -1, this torch keeps none */
+    "bucket_caps_bytes", "flags", "num_params",   /* optional: (), 0, 0 */
+};
+#define NUM_DDP_KEYS (sizeof ddp_keys / sizeof ddp_keys[0])
+#define NUM_REQUIRED_DDP_KEYS 2
 
 static const char *const plan_keys[] = {
     "fingerprint",          "num_nodes",            "node_pieces",          "num_pieces",
@@ -270,6 +295,11 @@ static const char *const plan_keys[] = {
     "bucket_node_end",      "bucket_extended",      "bucket_param_offsets", "bucket_params",
     "piece_input_offsets",  "piece_inputs",         "piece_output_offsets", "piece_outputs",
     "alignment",            "ddp_caps",             "merged_cuts",
+    /* ABI 6: the decisions */
+    "bucket_cap_bytes",     "first_bucket_cap_bytes", "bucket_caps_bytes",  "max_pieces",
+    "align_buckets",        "bucket_order",         "align_reason",         "align_detail",
+    "alignment_name",       "num_counted_params",   "piece_param_offsets",  "piece_params",
+    "eager_pieces",         "node_block_ids",
 };
 #define NUM_PLAN_KEYS (sizeof plan_keys / sizeof plan_keys[0])
 
@@ -396,6 +426,36 @@ static int csr_values_len(const struct graph_views *gv, enum graph_array offsets
     return 0;
 }
 
+/* Checks the module stack arrays (ABI 6): all five or none, with lengths
+ * that agree; *num_strings receives the string table's size. */
+static int stacks_from_views(const struct graph_views *gv, int64_t num_nodes, int64_t *num_strings) {
+    int held = 0;
+    for (int a = MODULE_STRING_OFFSETS; a <= NODE_STACK_TYPES; a++) held += gv->held[a];
+    if (held == 0) return 0;
+    if (held != NODE_STACK_TYPES - MODULE_STRING_OFFSETS + 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "graph: the module stacks need all of 'module_string_offsets', 'module_strings', "
+                        "'node_stack_offsets', 'node_stack_paths' and 'node_stack_types', or none");
+        return -1;
+    }
+    Py_ssize_t n = view_len(gv, MODULE_STRING_OFFSETS);
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "graph['module_string_offsets'] is empty; it needs one entry more than there are strings");
+        return -1;
+    }
+    *num_strings = (int64_t)n - 1;
+    int64_t names_len, num_entries;
+    if (check_len(gv, NODE_STACK_OFFSETS, num_nodes + 1, "num_nodes + 1") < 0 ||
+        csr_values_len(gv, MODULE_STRING_OFFSETS, &names_len) < 0 ||
+        csr_values_len(gv, NODE_STACK_OFFSETS, &num_entries) < 0 ||
+        check_len(gv, MODULE_STRINGS, names_len, "module_string_offsets[-1]") < 0 ||
+        check_len(gv, NODE_STACK_PATHS, num_entries, "node_stack_offsets[num_nodes]") < 0 ||
+        check_len(gv, NODE_STACK_TYPES, num_entries, "node_stack_offsets[num_nodes]") < 0) {
+        return -1;
+    }
+    return 0;
+}
+
 /* Fills g from the graph dict, exporting every array into gv. On failure
  * some views may be held: the caller always calls release_graph_views. */
 static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph *g) {
@@ -420,7 +480,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         return -1;
     }
     for (int a = 0; a < NUM_GRAPH_ARRAYS; a++) {
-        if (a == NODE_BLOCK_IDS || a == PARAM_DDP_POSITIONS) {
+        if (a >= FIRST_OPTIONAL_ARRAY) {
             /* Optional arrays: absent or None means NULL. */
             PyObject *optional = PyDict_GetItemString(graph, graph_arrays[a].name); /* borrowed */
             if (optional == NULL || optional == Py_None) continue;
@@ -429,6 +489,8 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
     }
     if (gv->held[NODE_BLOCK_IDS] && check_len(gv, NODE_BLOCK_IDS, num_nodes, "num_nodes") < 0) return -1;
     if (gv->held[PARAM_DDP_POSITIONS] && check_len(gv, PARAM_DDP_POSITIONS, num_params, "num_params") < 0) return -1;
+    int64_t num_module_strings = 0;
+    if (stacks_from_views(gv, num_nodes, &num_module_strings) < 0) return -1;
 
     if (check_len(gv, NODE_OPS, num_nodes, "num_nodes") < 0 ||
         check_len(gv, NODE_MODULE_IDS, num_nodes, "num_nodes") < 0 ||
@@ -473,13 +535,126 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
     g->param_names = gv->views[PARAM_NAMES].buf;
     g->node_block_ids = gv->held[NODE_BLOCK_IDS] ? gv->views[NODE_BLOCK_IDS].buf : NULL;
     g->param_ddp_positions = gv->held[PARAM_DDP_POSITIONS] ? gv->views[PARAM_DDP_POSITIONS].buf : NULL;
+    if (gv->held[NODE_STACK_OFFSETS]) {
+        g->num_module_strings = num_module_strings;
+        g->module_string_offsets = gv->views[MODULE_STRING_OFFSETS].buf;
+        g->module_strings = gv->views[MODULE_STRINGS].buf;
+        g->node_stack_offsets = gv->views[NODE_STACK_OFFSETS].buf;
+        g->node_stack_paths = gv->views[NODE_STACK_PATHS].buf;
+        g->node_stack_types = gv->views[NODE_STACK_TYPES].buf;
+    }
     return 0;
 }
 
-/* Fills cfg from the config dict. *caps receives a PyMem buffer for the
- * per-bucket caps (NULL when there are none) that the caller frees. */
-static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps) {
+/* Reads seq_obj (a sequence of ints, called what) into a PyMem buffer
+ * *caps of *n items (NULL when empty) that the caller frees. */
+static int read_caps(PyObject *seq_obj, const char *what, int64_t *n_out, int64_t **caps) {
     *caps = NULL;
+    *n_out = 0;
+    if (PyUnicode_Check(seq_obj) || PyBytes_Check(seq_obj) || PyByteArray_Check(seq_obj)) {
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints, not %.100s", what, type_name(seq_obj, &tn));
+        Py_XDECREF(tn);
+        return -1;
+    }
+    PyObject *seq = PySequence_List(seq_obj); /* what PySequence_Fast does, in the limited API */
+    if (seq == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints", what);
+        }
+        return -1;
+    }
+    Py_ssize_t n = PyList_Size(seq);
+    if (n > 0) {
+        *caps = PyMem_New(int64_t, n);
+        if (*caps == NULL) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PyList_GetItem(seq, i); /* borrowed */
+            PyObject *index = PyNumber_Index(item);
+            long long v = index ? PyLong_AsLongLong(index) : -1;
+            Py_XDECREF(index);
+            if (v == -1 && PyErr_Occurred()) {
+                PyErr_Format(PyExc_ValueError, "%s[%zd] must be an int64, got %R", what, i, item);
+                Py_DECREF(seq);
+                return -1;
+            }
+            (*caps)[i] = (int64_t)v;
+        }
+    }
+    *n_out = n;
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* Reads an optional int32 key of d (absent: 0). */
+static int get_optional_int32(PyObject *d, const char *what, const char *key, int32_t *out) {
+    *out = 0;
+    if (PyDict_GetItemString(d, key) == NULL) return 0; /* borrowed; cannot raise */
+    int64_t v;
+    if (get_int64(d, what, key, &v) < 0) return -1;
+    if (v < INT32_MIN || v > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s['%s'] is %lld; must fit in int32", what, key, (long long)v);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+/* Buffers that config_from_dict allocates; the caller frees them. */
+struct config_storage {
+    int64_t *caps;
+    int64_t *ddp_caps;
+    goddp_ddp ddp;
+};
+
+/* Fills ddp from config['ddp'] (a dict of ddp_keys). */
+static int ddp_from_dict(PyObject *d, goddp_ddp *ddp, int64_t **caps) {
+    const char *what = "config['ddp']";
+    if (!PyDict_Check(d)) {
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "%s must be a dict or None, not %.100s", what, type_name(d, &tn));
+        Py_XDECREF(tn);
+        return -1;
+    }
+    if (check_keys(d, what, ddp_keys, NUM_DDP_KEYS, NUM_REQUIRED_DDP_KEYS) < 0) return -1;
+    int64_t v;
+    if (get_int64(d, what, "bucket_cap_bytes", &v) < 0) return -1;
+    ddp->bucket_cap_bytes = v;
+    ddp->first_bucket_cap_bytes = -1;
+    if (PyDict_GetItemString(d, "first_bucket_cap_bytes") != Py_None) {
+        if (get_int64(d, what, "first_bucket_cap_bytes", &v) < 0) return -1;
+        ddp->first_bucket_cap_bytes = v;
+    }
+    PyObject *caps_obj = PyDict_GetItemString(d, "bucket_caps_bytes");
+    if (caps_obj != NULL && caps_obj != Py_None) {
+        int64_t n;
+        if (read_caps(caps_obj, "config['ddp']['bucket_caps_bytes']", &n, caps) < 0) return -1;
+        ddp->num_bucket_caps = n;
+        ddp->bucket_caps_bytes = *caps;
+    }
+    if (PyDict_GetItemString(d, "flags") != NULL) {
+        if (get_int64(d, what, "flags", &v) < 0) return -1;
+        if (v < 0 || v > UINT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s['flags'] is %lld; must fit in uint32", what, (long long)v);
+            return -1;
+        }
+        ddp->flags = (uint32_t)v; /* the planner judges unknown bits */
+    }
+    if (PyDict_GetItemString(d, "num_params") != NULL) {
+        if (get_int64(d, what, "num_params", &v) < 0) return -1;
+        ddp->num_params = v;
+    }
+    return 0;
+}
+
+/* Fills cfg from the config dict. The buffers it allocates go into st,
+ * which the caller releases with PyMem_Free on each. */
+static int config_from_dict(PyObject *config, goddp_config *cfg, struct config_storage *st) {
     if (!PyDict_Check(config)) {
         PyObject *tn;
         PyErr_Format(PyExc_TypeError, "config must be a dict, not %.100s", type_name(config, &tn));
@@ -494,14 +669,24 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps)
         return -1;
     }
     cfg->mode = (int32_t)mode;
-    int64_t cap, first_cap, max_pieces;
-    if (get_int64(config, "config", "bucket_cap_bytes", &cap) < 0 ||
-        get_int64(config, "config", "first_bucket_cap_bytes", &first_cap) < 0 ||
-        get_int64(config, "config", "max_pieces", &max_pieces) < 0) {
-        return -1;
+    /* None: the planner fills the cap in (GODDP_DEFAULT_*). */
+    cfg->defaults = 0;
+    if (PyDict_GetItemString(config, "bucket_cap_bytes") == Py_None) {
+        cfg->defaults |= GODDP_DEFAULT_BUCKET_CAP;
+    } else {
+        int64_t cap;
+        if (get_int64(config, "config", "bucket_cap_bytes", &cap) < 0) return -1;
+        cfg->bucket_cap_bytes = cap;
     }
-    cfg->bucket_cap_bytes = cap;
-    cfg->first_bucket_cap_bytes = first_cap;
+    if (PyDict_GetItemString(config, "first_bucket_cap_bytes") == Py_None) {
+        cfg->defaults |= GODDP_DEFAULT_FIRST_BUCKET_CAP;
+    } else {
+        int64_t first_cap;
+        if (get_int64(config, "config", "first_bucket_cap_bytes", &first_cap) < 0) return -1;
+        cfg->first_bucket_cap_bytes = first_cap;
+    }
+    int64_t max_pieces;
+    if (get_int64(config, "config", "max_pieces", &max_pieces) < 0) return -1;
     cfg->max_pieces = max_pieces;
 
     /* Optional: a bool or an int, nonzero meaning on. */
@@ -511,60 +696,27 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, int64_t **caps)
         if (get_int64(config, "config", "align_buckets", &align) < 0) return -1;
         cfg->align_buckets = align != 0;
     }
-    /* Optional: an enum goddp_bucket_order; the planner judges its value. */
-    cfg->bucket_order = 0;
-    if (PyDict_GetItemString(config, "bucket_order") != NULL) { /* borrowed; cannot raise */
-        int64_t order;
-        if (get_int64(config, "config", "bucket_order", &order) < 0) return -1;
-        if (order < INT32_MIN || order > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "config['bucket_order'] is %lld; must fit in int32", (long long)order);
-            return -1;
-        }
-        cfg->bucket_order = (int32_t)order;
+    /* Optional enums and switches; the planner judges their values. */
+    int32_t block_cuts;
+    if (get_optional_int32(config, "config", "bucket_order", &cfg->bucket_order) < 0 ||
+        get_optional_int32(config, "config", "block_cuts", &block_cuts) < 0 ||
+        get_optional_int32(config, "config", "edges", &cfg->edges) < 0) {
+        return -1;
     }
+    cfg->block_cuts = block_cuts != 0;
 
-    PyObject *seq_obj = PyDict_GetItemString(config, "bucket_caps_bytes");
-    if (PyUnicode_Check(seq_obj) || PyBytes_Check(seq_obj) || PyByteArray_Check(seq_obj)) {
-        PyObject *tn;
-        PyErr_Format(PyExc_TypeError, "config['bucket_caps_bytes'] must be a sequence of ints, not %.100s",
-                     type_name(seq_obj, &tn));
-        Py_XDECREF(tn);
+    int64_t n;
+    if (read_caps(PyDict_GetItemString(config, "bucket_caps_bytes"), "config['bucket_caps_bytes']", &n, &st->caps) < 0)
         return -1;
-    }
-    PyObject *seq = PySequence_List(seq_obj); /* what PySequence_Fast does, in the limited API */
-    if (seq == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_TypeError, "config['bucket_caps_bytes'] must be a sequence of ints");
-        }
-        return -1;
-    }
-    Py_ssize_t n = PyList_Size(seq);
     cfg->num_bucket_caps = n;
-    cfg->bucket_caps_bytes = NULL;
-    if (n > 0) {
-        *caps = PyMem_New(int64_t, n);
-        if (*caps == NULL) {
-            Py_DECREF(seq);
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *item = PyList_GetItem(seq, i); /* borrowed */
-            PyObject *index = PyNumber_Index(item);
-            long long v = index ? PyLong_AsLongLong(index) : -1;
-            Py_XDECREF(index);
-            if (v == -1 && PyErr_Occurred()) {
-                PyErr_Format(PyExc_ValueError, "config['bucket_caps_bytes'][%zd] must be an int64, got %R", i,
-                             item);
-                Py_DECREF(seq);
-                return -1;
-            }
-            (*caps)[i] = (int64_t)v;
-        }
-        cfg->bucket_caps_bytes = *caps;
+    cfg->bucket_caps_bytes = st->caps;
+
+    PyObject *ddp = PyDict_GetItemString(config, "ddp"); /* borrowed */
+    cfg->ddp = NULL;
+    if (ddp != NULL && ddp != Py_None) {
+        if (ddp_from_dict(ddp, &st->ddp, &st->ddp_caps) < 0) return -1;
+        cfg->ddp = &st->ddp;
     }
-    Py_DECREF(seq);
     return 0;
 }
 
@@ -590,6 +742,16 @@ static int set_int(PyObject *d, const char *key, PyObject *v) {
     int rc = PyDict_SetItemString(d, key, v);
     Py_DECREF(v);
     return rc;
+}
+
+/* d[key] = str of the NUL-terminated UTF-8 s (lenient: a Go string may in
+ * principle hold bytes that are not UTF-8). */
+static int set_string(PyObject *d, const char *key, const char *s) {
+    if (s == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "goddp: library returned a malformed plan (%s is NULL)", key);
+        return -1;
+    }
+    return set_int(d, key, PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace"));
 }
 
 /* The last offset of a CSR offsets array of count + 1 entries. */
@@ -624,7 +786,26 @@ static PyObject *plan_to_dict(const goddp_plan *p) {
                   sizeof(int32_t)) < 0 ||
         set_int(d, "alignment", PyLong_FromLong((long)p->alignment)) < 0 ||
         set_bytes(d, "ddp_caps", p->ddp_caps, p->num_ddp_caps, sizeof(int64_t)) < 0 ||
-        set_int(d, "merged_cuts", PyLong_FromLongLong(p->merged_cuts)) < 0) {
+        set_int(d, "merged_cuts", PyLong_FromLongLong(p->merged_cuts)) < 0 ||
+        set_int(d, "bucket_cap_bytes", PyLong_FromLongLong(p->bucket_cap_bytes)) < 0 ||
+        set_int(d, "first_bucket_cap_bytes", PyLong_FromLongLong(p->first_bucket_cap_bytes)) < 0 ||
+        set_bytes(d, "bucket_caps_bytes", p->bucket_caps_bytes, p->num_bucket_caps, sizeof(int64_t)) < 0 ||
+        set_int(d, "max_pieces", PyLong_FromLongLong(p->max_pieces)) < 0 ||
+        set_int(d, "align_buckets", PyBool_FromLong(p->align_buckets)) < 0 ||
+        set_int(d, "bucket_order", PyLong_FromLong((long)p->bucket_order)) < 0 ||
+        set_int(d, "align_reason", PyLong_FromLong((long)p->align_reason)) < 0 ||
+        set_string(d, "align_detail", p->align_detail) < 0 ||
+        set_string(d, "alignment_name", p->alignment_name) < 0 ||
+        set_int(d, "num_counted_params", PyLong_FromLongLong(p->num_counted_params)) < 0 ||
+        set_bytes(d, "piece_param_offsets", p->piece_param_offsets, np + 1, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "piece_params", p->piece_params, csr_total(p->piece_param_offsets, np), sizeof(int32_t)) < 0 ||
+        set_bytes(d, "eager_pieces", p->eager_pieces, p->num_eager_pieces, sizeof(int32_t)) < 0) {
+        goto fail;
+    }
+    /* None when the graph has no blocks. */
+    if (p->node_block_ids == NULL) {
+        if (PyDict_SetItemString(d, "node_block_ids", Py_None) < 0) goto fail;
+    } else if (set_bytes(d, "node_block_ids", p->node_block_ids, nn, sizeof(int32_t)) < 0) {
         goto fail;
     }
     return d;
@@ -642,6 +823,15 @@ PyDoc_STRVAR(plan_graph_doc,
              "field names of goddp_graph and goddp_config (csrc/goddp.h), except that\n"
              "config['align_buckets'] (bool or int) and config['bucket_order'] are optional and\n"
              "default to 0, and graph['param_ddp_positions'] is optional (absent or None: NULL);\n"
+             "ABI 6: config['bucket_cap_bytes'] and ['first_bucket_cap_bytes'] may be None (the\n"
+             "planner fills them in), config['block_cuts'], ['edges'] and ['ddp'] (a dict of\n"
+             "DDP_KEYS, goddp_ddp's fields, or None) are optional, and so are the graph's module\n"
+             "stacks (module_string_offsets, module_strings, node_stack_offsets, node_stack_paths,\n"
+             "node_stack_types: all or none). The reply's ABI 6 keys are the decisions: the\n"
+             "settings the plan stands for (bucket_cap_bytes, first_bucket_cap_bytes,\n"
+             "bucket_caps_bytes, max_pieces, align_buckets, bucket_order), align_reason and\n"
+             "align_detail (str), alignment_name (str), num_counted_params, piece_param_offsets\n"
+             "and piece_params, eager_pieces, node_block_ids (bytes, or None without blocks);\n"
              "arrays are buffers\n"
              "of native integers (int32: array('i'), int64: array('q'), uint8: bytes,\n"
              "uint32: array('I')). The result's keys are the field names of goddp_plan;\n"
@@ -662,10 +852,11 @@ static PyObject *py_plan_graph(PyObject *self, PyObject *args, PyObject *kwargs)
     memset(&g, 0, sizeof g);
     goddp_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    int64_t *caps = NULL;
+    struct config_storage st;
+    memset(&st, 0, sizeof st);
     PyObject *result = NULL;
 
-    if (graph_from_dict(graph_obj, &gv, &g) < 0 || config_from_dict(config_obj, &cfg, &caps) < 0) goto done;
+    if (graph_from_dict(graph_obj, &gv, &g) < 0 || config_from_dict(config_obj, &cfg, &st) < 0) goto done;
 
     goddp_plan *plan = NULL;
     char *msg = NULL;
@@ -688,7 +879,8 @@ static PyObject *py_plan_graph(PyObject *self, PyObject *args, PyObject *kwargs)
     goddp_plan_free(plan);
 done:
     release_graph_views(&gv);
-    PyMem_Free(caps);
+    PyMem_Free(st.caps);
+    PyMem_Free(st.ddp_caps);
     return result;
 }
 
@@ -815,6 +1007,16 @@ static int add_constants(PyObject *m) {
         {"ALIGN_READY", GODDP_ALIGN_READY},
         {"ALIGN_DECLARATION", GODDP_ALIGN_DECLARATION},
         {"ALIGN_DECLARATION_MERGED", GODDP_ALIGN_DECLARATION_MERGED},
+        {"REASON_ALIGNED", GODDP_REASON_ALIGNED},
+        {"REASON_OFF", GODDP_REASON_OFF},
+        {"REASON_NOT_COVERED", GODDP_REASON_NOT_COVERED},
+        {"REASON_ONE_PIECE", GODDP_REASON_ONE_PIECE},
+        {"EDGES_COMPILE", GODDP_EDGES_COMPILE},
+        {"EDGES_AUTO", GODDP_EDGES_AUTO},
+        {"EDGES_EAGER", GODDP_EDGES_EAGER},
+        {"DDP_FIND_UNUSED_PARAMETERS", GODDP_DDP_FIND_UNUSED_PARAMETERS},
+        {"DDP_STATIC_GRAPH", GODDP_DDP_STATIC_GRAPH},
+        {"DDP_CAP_IS_DEFAULT", GODDP_DDP_CAP_IS_DEFAULT},
         {"OK", GODDP_OK},
         {"ERR_INVALID_CONFIG", GODDP_ERR_INVALID_CONFIG},
         {"ERR_INVALID_GRAPH", GODDP_ERR_INVALID_GRAPH},
@@ -835,6 +1037,10 @@ static int add_constants(PyObject *m) {
         return -1;
     }
     if ((t = string_tuple(plan_keys, NUM_PLAN_KEYS)) == NULL || PyModule_AddObject(m, "PLAN_KEYS", t) < 0) {
+        Py_XDECREF(t);
+        return -1;
+    }
+    if ((t = string_tuple(ddp_keys, NUM_DDP_KEYS)) == NULL || PyModule_AddObject(m, "DDP_KEYS", t) < 0) {
         Py_XDECREF(t);
         return -1;
     }

@@ -463,6 +463,79 @@ static void check_threads(const goddp_graph *g, uint64_t want) {
     }
 }
 
+/* The decisions (ABI 6): inside a DDP module of a 4 MB cap (none given by
+ * the caller), aligned buckets, with module stacks that make each layer a
+ * block. The plan reports DDP's cap (also the first cap, DDP's rule), one
+ * piece per block, the alignment's name, each piece's parameters and the
+ * counted parameters; a DDP flag the ABI does not know is refused. */
+static void check_decisions(const goddp_graph *base) {
+    static const char strings[] = "L['self']ModelBlockL['self'].layers.0L['self'].layers.1L['self'].layers.2";
+    int64_t string_offsets[] = {0, 9, 14, 19, 37, 55, 73};
+    int64_t stack_offsets[NUM_NODES + 1];
+    int32_t paths[2 * NUM_NODES], types[2 * NUM_NODES];
+    int64_t k = 0;
+    for (int i = 0; i < NUM_NODES; i++) {
+        stack_offsets[i] = k;
+        paths[k] = 0, types[k] = 1, k++;
+        for (int l = 0; l < LAYERS; l++) {
+            if (i == linear_node(l) || i == relu_node(l)) paths[k] = 3 + l, types[k] = 2, k++;
+        }
+    }
+    stack_offsets[NUM_NODES] = k;
+    int32_t positions[NUM_PARAMS];
+    for (int p = 0; p < NUM_PARAMS; p++) positions[p] = p;
+    goddp_graph g = *base;
+    g.num_module_strings = 6;
+    g.module_string_offsets = string_offsets;
+    g.module_strings = strings;
+    g.node_stack_offsets = stack_offsets;
+    g.node_stack_paths = paths;
+    g.node_stack_types = types;
+    g.param_ddp_positions = positions;
+
+    goddp_ddp ddp = {.bucket_cap_bytes = CAP_BYTES, .first_bucket_cap_bytes = -1, .num_params = NUM_PARAMS};
+    goddp_config cfg = toy_config(GODDP_MODE_DDP);
+    cfg.defaults = GODDP_DEFAULT_BUCKET_CAP | GODDP_DEFAULT_FIRST_BUCKET_CAP;
+    cfg.bucket_cap_bytes = cfg.first_bucket_cap_bytes = 0; /* ignored */
+    cfg.align_buckets = 1;
+    cfg.block_cuts = 1;
+    cfg.edges = GODDP_EDGES_AUTO;
+    cfg.ddp = &ddp;
+    goddp_plan *plan = NULL;
+    char *msg = NULL;
+    goddp_status st = goddp_plan_graph(&g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_OK && plan != NULL, "decisions: status %d, message: %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+    msg = NULL;
+    if (st == GODDP_OK && plan != NULL) {
+        CHECK(plan->bucket_cap_bytes == CAP_BYTES && plan->first_bucket_cap_bytes == CAP_BYTES,
+              "decisions: caps %" PRId64 " / %" PRId64, plan->bucket_cap_bytes, plan->first_bucket_cap_bytes);
+        CHECK(plan->align_buckets == 1 && plan->align_reason == GODDP_REASON_ALIGNED && plan->align_detail[0] == 0,
+              "decisions: align %d reason %d (%s)", plan->align_buckets, plan->align_reason, plan->align_detail);
+        CHECK(strcmp(plan->alignment_name, "ready-order caps") == 0, "decisions: alignment name %s",
+              plan->alignment_name);
+        CHECK(plan->num_pieces == LAYERS && plan->num_counted_params == NUM_PARAMS && plan->num_eager_pieces == 0,
+              "decisions: %" PRId64 " pieces, %" PRId64 " counted, %" PRId64 " eager", plan->num_pieces,
+              plan->num_counted_params, plan->num_eager_pieces);
+        CHECK(plan->node_block_ids != NULL && plan->node_block_ids[linear_node(1)] == 1 &&
+                  plan->node_block_ids[0] == -1,
+              "decisions: block ids");
+        for (int l = 0; l < LAYERS && l < plan->num_pieces; l++) {
+            int32_t want[2] = {2 * l, 2 * l + 1}; /* forward order: weight, then bias */
+            check_list("piece_params", l, plan->piece_param_offsets, plan->piece_params, want, 2);
+        }
+    }
+    goddp_plan_free(plan);
+
+    ddp.flags = 0x80;
+    plan = NULL;
+    st = goddp_plan_graph(&g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && plan == NULL, "unknown DDP flag: status %d", st);
+    CHECK(msg != NULL && strstr(msg, "ddp.flags = 0x80 has unknown bits") != NULL, "unknown DDP flag: message %s",
+          msg ? msg : "(none)");
+    goddp_string_free(msg);
+}
+
 int main(void) {
     CHECK(goddp_abi_version() == GODDP_ABI_VERSION, "library ABI %d, header ABI %d", goddp_abi_version(),
           GODDP_ABI_VERSION);
@@ -474,6 +547,7 @@ int main(void) {
     check_fingerprint_stable(&g, GODDP_MODE_TORCH, fp_torch);
     check_aligned(&g);
     check_blocks(&g);
+    check_decisions(&g);
     check_errors(&g);
     check_max_procs();
     check_threads(&g, fp_ddp);

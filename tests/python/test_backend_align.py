@@ -106,18 +106,25 @@ def test_ddp_keeps_its_own_buckets_where_goddp_cannot_set_them(ddp_kwargs, optio
     assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
 
 
-def test_a_graph_break_leaves_ddp_buckets_alone():
+def test_a_graph_break_leaves_ddp_buckets_alone(monkeypatch):
     """Each frame holds only part of DDP's parameters, while DDP buckets the
-    whole model: per-frame caps cannot describe that."""
+    whole model: per-frame caps cannot describe that. The planner decides
+    so in the one call that plans each frame (planner/decide.go): the plan
+    is the unaligned one, and no frame is planned twice."""
+    calls = []
+    real = goddp.compile.pipeline.call_planner
+    monkeypatch.setattr(goddp.compile.pipeline, "call_planner", lambda *a: calls.append(a) or real(*a))
     entry = ZOO["graph_break"]
     ddp = entry.wrap(entry.build(), bucket_cap_mb=entry.ddp_cap_mb)
     compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
     entry.loss(compiled(*entry.make_inputs(0))).backward()
     plans = goddp.last_plans()
-    assert len(plans) == 2
+    assert len(plans) == 2 and len(calls) == 2
     for plan in plans:
         assert plan["ddp_buckets"]["aligned"] is False
         assert "of DDP's" in plan["ddp_buckets"]["reason"]
+        assert plan["alignment"] == "none" and plan["ddp_caps"] == []
+        assert plan["caps"]["align_buckets"] is False
     assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
 
 
@@ -298,3 +305,14 @@ def test_a_later_plan_never_rebuckets_a_decided_module():
     assert first_plan["ddp_buckets"]["aligned"] is True
     assert second_plan["ddp_buckets"]["aligned"] is False
     assert "never change mid-training" in second_plan["ddp_buckets"]["reason"]
+
+
+def test_caps_below_one_byte_are_refused_before_the_reducer_is_touched():
+    """The planner hands DDP caps of at least 1 byte (planner/decide.go); a
+    cap of 0 would give each parameter a bucket of its own, so the installer
+    refuses one, naming it, and leaves DDP's reducer alone."""
+    ddp = DDP(Stack(width=8, depth=2))
+    before = ddp.reducer
+    with pytest.raises(ValueError, match=r"at least 1 byte, got \[0, 5\]"):
+        install_bucket_caps(ddp, [0, 5])
+    assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)

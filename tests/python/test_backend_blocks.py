@@ -16,7 +16,6 @@ import torch.distributed as dist
 from torch._dynamo.backends.registry import lookup_backend
 
 import goddp
-from goddp.graph.blocks import block_ids
 from models import ZOO, SquareStack
 from test_blocks import dynamo_graph, module_path
 
@@ -125,7 +124,8 @@ def test_cuts_fall_on_block_boundaries(dist_group):
     entry = ZOO["blocks"]
     gm = dynamo_graph(entry.build(seed=0), *entry.make_inputs(0))
     nodes = list(gm.graph.nodes)
-    blocks = block_ids(nodes)
+    blocks = goddp.plan_graph_module(gm, block_cuts=True).node_block_ids  # the planner's block rule
+    assert blocks is not None and max(blocks) == 2
     for cap in (entry.cap_bytes, 10 * entry.cap_bytes, 2**30):
         plan = goddp.plan_graph_module(gm, bucket_cap_bytes=cap, align_buckets=True, block_cuts=True)
         assert plan.num_pieces == 4, cap

@@ -189,7 +189,7 @@ def test_real_planner_error_for_bad_caps_falls_back(dist_group, native_module):
         ("export", "export_graph"),
         ("cut", "cut_graph"),
         ("example_inputs", "piece_example_inputs"),
-        ("identify", "edge_pieces"),
+        ("identify", "group_pieces"),
         ("stitch", "StitchedPieces"),
     ],
 )

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import goddp
 from goddp.native import extension as _native
 from goddp.graph.export import export_graph
-from goddp.native.plan import native_config, resolve_caps
+from goddp.native.plan import PlanRequest
 import _testhooks
 from _fork_util import wait_for_child
 from models import SquareStack
@@ -98,7 +98,7 @@ def test_forked_child_calling_the_planner_gets_a_clear_error(native_module):
     torch.manual_seed(0)
     gm = capture_dynamo_graph(Stack(16, 2), torch.randn(2, 16))
     exported = export_graph(gm)
-    config = native_config("ddp", resolve_caps("ddp", 1000, 1000))
+    config = PlanRequest("ddp", bucket_cap_bytes=1000, first_bucket_cap_bytes=1000).to_native()
     _native.plan_graph(exported.arrays, config)  # Go is running in the parent
     assert _native.is_loaded()
 

@@ -10,9 +10,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from goddp.compile.inner import resolve_inner
-from goddp.ddp.settings import caps_for, read_ddp_settings
+from goddp.ddp.settings import DDPSettings, read_ddp_settings
 from goddp.graph.export import export_graph, name_from_dynamo_source
 from goddp.native.extension import PARAM_DDP_IGNORED, PARAM_REQUIRES_GRAD
+from goddp.native.plan import MIB as PLAN_MIB, PlanRequest, PlanSettings, call_planner, decode_plan
 from goddp.options import parse_options
 
 MIB = 1 << 20
@@ -28,17 +29,45 @@ class Two(nn.Module):
         return self.head(torch.relu(self.enc(x)))
 
 
-def test_default_ddp_caps(dist_group):
+def caps_for(settings: DDPSettings, options) -> PlanSettings:
+    """The caps the planner resolves for a DDP module's settings and the
+    user's options (planner/settings.go, Note [Cap defaults]), read off the
+    plan of a small graph."""
+    graphs = []
+
+    def capture(gm, example_inputs, **_):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(Two(), backend=capture)(torch.randn(2, 8))
+    torch._dynamo.reset()
+    in_bytes = lambda mb: None if mb is None else int(mb * PLAN_MIB)
+    request = PlanRequest(
+        mode=options.mode,
+        bucket_cap_bytes=in_bytes(options.bucket_cap_mb),
+        first_bucket_cap_bytes=in_bytes(options.first_bucket_cap_mb),
+        max_pieces=options.max_pieces,
+        ddp=settings.request(),
+    )
+    exported = export_graph(graphs[0])
+    return decode_plan(call_planner(exported, request), exported, request.mode).caps
+
+
+def test_default_ddp_caps(dist_group, native_module):
     settings = read_ddp_settings(DDP(Two()))
     assert settings.bucket_cap_bytes == 25 * MIB
-    assert settings.first_bucket_cap_bytes == 1 * MIB
+    assert settings.cap_is_default
+    assert settings.first_bucket_cap_bytes in (1 * MIB, None)  # None: this torch keeps none
     assert settings.bucket_caps_bytes == ()
+    caps = caps_for(settings, parse_options({}))
+    assert (caps.bucket_cap_bytes, caps.first_bucket_cap_bytes) == (25 * MIB, 1 * MIB)
     assert not settings.find_unused_parameters and not settings.static_graph
 
 
-def test_explicit_bucket_cap_is_also_the_first_cap_in_ddp_mode(dist_group):
+def test_explicit_bucket_cap_is_also_the_first_cap_in_ddp_mode(dist_group, native_module):
     settings = read_ddp_settings(DDP(Two(), bucket_cap_mb=10, static_graph=True))
-    assert settings.bucket_cap_bytes == settings.first_bucket_cap_bytes == 10 * MIB
+    assert settings.bucket_cap_bytes == 10 * MIB and not settings.cap_is_default
     assert settings.static_graph
     ddp_caps = caps_for(settings, parse_options({}))
     assert (ddp_caps.bucket_cap_bytes, ddp_caps.first_bucket_cap_bytes) == (10 * MIB, 10 * MIB)
@@ -47,7 +76,7 @@ def test_explicit_bucket_cap_is_also_the_first_cap_in_ddp_mode(dist_group):
     assert (torch_caps.bucket_cap_bytes, torch_caps.first_bucket_cap_bytes) == (10 * MIB, 1 * MIB)
 
 
-def test_per_bucket_caps_are_read_and_dropped_when_the_cap_is_overridden(dist_group):
+def test_per_bucket_caps_are_read_and_dropped_when_the_cap_is_overridden(dist_group, native_module):
     settings = read_ddp_settings(DDP(Two(), bucket_cap_mb_list=[1, 4]))
     assert settings.bucket_caps_bytes == (1 * MIB, 4 * MIB)
     assert caps_for(settings, parse_options({})).bucket_caps_bytes == (1 * MIB, 4 * MIB)
@@ -57,7 +86,7 @@ def test_per_bucket_caps_are_read_and_dropped_when_the_cap_is_overridden(dist_gr
     assert overridden.first_bucket_cap_bytes <= 2 * MIB
 
 
-def test_option_overrides(dist_group):
+def test_option_overrides(dist_group, native_module):
     settings = read_ddp_settings(DDP(Two()))
     caps = caps_for(settings, parse_options({"bucket_cap_mb": 0.5, "first_bucket_cap_mb": 0.25, "max_pieces": 3}))
     assert (caps.bucket_cap_bytes, caps.first_bucket_cap_bytes, caps.max_pieces) == (MIB // 2, MIB // 4, 3)

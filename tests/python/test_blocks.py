@@ -4,12 +4,12 @@ pieces (goddp.graph.blocks), without the planner."""
 from __future__ import annotations
 
 import operator
-from types import SimpleNamespace
 
 import torch
 from torch import fx, nn
 
-from goddp.graph.blocks import backward_order, block_ids, edge_pieces, group_pieces, piece_signature
+import goddp
+from goddp.graph.blocks import backward_order, group_pieces, piece_signature
 from models import SquareStack, TiedEmbeddingLM, TransformerStack
 
 
@@ -33,10 +33,16 @@ def module_path(node: fx.Node) -> str:
     return str(list(stack.values())[0][0]) if stack else ""
 
 
+def block_ids(gm: fx.GraphModule) -> list[int]:
+    """Per node, the planner's repeated block (-1: none)."""
+    ids = goddp.plan_graph_module(gm, block_cuts=True).node_block_ids
+    return [-1] * len(gm.graph.nodes) if ids is None else ids
+
+
 def test_transformer_blocks_are_found():
     gm = dynamo_graph(TransformerStack(width=32, heads=2, depth=3), torch.randn(2, 4, 32))
     nodes = list(gm.graph.nodes)
-    ids = block_ids(nodes)
+    ids = block_ids(gm)
     assert len(ids) == len(nodes)
     seen = []
     for node, block in zip(nodes, ids):
@@ -57,7 +63,7 @@ def test_transformer_blocks_are_found():
 def test_repeated_single_layers_are_not_blocks():
     # A Linear is one node: a piece per Linear would be all overhead.
     gm = dynamo_graph(SquareStack(width=16, depth=4), torch.randn(2, 16))
-    assert set(block_ids(list(gm.graph.nodes))) == {-1}
+    assert set(block_ids(gm)) == {-1}
 
 
 def test_nested_blocks_use_the_outermost_level():
@@ -65,7 +71,7 @@ def test_nested_blocks_use_the_outermost_level():
     # residual add between them belongs to no block.
     gm = dynamo_graph(TiedEmbeddingLM(vocab=64, width=16), torch.randint(64, (2, 4)))
     nodes = list(gm.graph.nodes)
-    ids = block_ids(nodes)
+    ids = block_ids(gm)
     by_block: dict[int, set[str]] = {}
     for node, block in zip(nodes, ids):
         if block >= 0:
@@ -79,7 +85,7 @@ def test_no_module_stack_means_no_blocks():
     graph = fx.Graph()
     x = graph.placeholder("x")
     graph.output(graph.call_function(torch.relu, (x,)))
-    assert block_ids(list(graph.nodes)) == [-1, -1, -1]
+    assert goddp.plan_graph_module(fx.GraphModule(nn.Module(), graph), block_cuts=True).node_block_ids is None
 
 
 def _linear_piece(names: tuple[str, str, str, str], fn=torch.nn.functional.linear) -> fx.GraphModule:
@@ -142,46 +148,3 @@ def test_grouping_and_backward_order():
     assert backward_order(leaders) == [5, 1, 3, 0]
     # interleaved classes: A B B A compiles A's backward first
     assert backward_order(group_pieces([("a",), ("b",), ("b",), ("a",)])) == [0, 1]
-
-
-def _edge_case(layout):
-    """Nodes, block ids and pieces from a layout: per piece, a list of block
-    ids (-1: no block), one compute node each; a placeholder first."""
-    nodes, blocks, pieces = [SimpleNamespace(op="placeholder")], [-1], [-1]
-    for piece, members in enumerate(layout):
-        for block in members:
-            nodes.append(SimpleNamespace(op="call_function"))
-            blocks.append(block)
-            pieces.append(piece)
-    nodes.append(SimpleNamespace(op="output"))
-    return nodes, blocks + [-1], pieces + [-1]
-
-
-def test_edges_no_bigger_than_a_block_run_eagerly():
-    # preamble of 2 nodes, blocks of 3 (the second with a trailing node
-    # outside any block, joined to it), a tail of 4: the mean block holds 3
-    layout = [[-1, -1], [0, 0, 0], [1, 1, 1, -1], [-1, -1, -1, -1]]
-    nodes, blocks, pieces = _edge_case(layout)
-    assert edge_pieces(nodes, blocks, pieces, "auto") == [0]
-    assert edge_pieces(nodes, blocks, pieces, "eager") == [0, 3]
-    assert edge_pieces(nodes, blocks, pieces, "compile") == []
-    # an edge exactly one mean block big is still small enough
-    nodes, blocks, pieces = _edge_case([[0, 0, 0], [1, 1, 1], [-1, -1, -1]])
-    assert edge_pieces(nodes, blocks, pieces, "auto") == [2]
-
-
-def test_a_piece_between_blocks_is_no_edge():
-    # byte-driven cuts (the planner keeps them under find_unused_parameters)
-    # can leave a piece of block-free nodes between two blocks
-    nodes, blocks, pieces = _edge_case([[-1], [0, 0, 0], [-1], [1, 1, 1], [-1]])
-    assert edge_pieces(nodes, blocks, pieces, "eager") == [0, 4]
-    # and a piece that starts in the preamble and reaches into a block is none
-    nodes, blocks, pieces = _edge_case([[-1, 0, 0], [0, 1, 1, 1]])
-    assert edge_pieces(nodes, blocks, pieces, "eager") == []
-
-
-def test_no_blocks_no_edges():
-    nodes, blocks, pieces = _edge_case([[-1], [-1, -1]])
-    for policy in ("auto", "eager", "compile"):
-        assert edge_pieces(nodes, blocks, pieces, policy) == []
-        assert edge_pieces(nodes, None, pieces, policy) == []

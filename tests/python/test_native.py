@@ -150,18 +150,19 @@ def csr(offsets: bytes, values: bytes) -> list[list[int]]:
 
 def test_constants_mirror_the_extension(ext):
     names = [n for n in dir(_native) if n.isupper() and isinstance(getattr(_native, n), int)]
-    assert len(names) == 27
+    assert len(names) == 37
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
-    assert ext.abi_version() == ext.ABI_VERSION == 5
+    assert ext.abi_version() == ext.ABI_VERSION
 
 
 def test_key_tuples_match_the_builders(ext):
     # chain_graph and toy_config leave out the optional keys, as callers
-    # written before ABI 2, 4 and 5 do.
-    assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"}
-    assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order"}
-    assert len(ext.PLAN_KEYS) == 19
+    # written before ABI 2, 4, 5 and 6 do.
+    assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"} | set(STACK_KEYS)
+    assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp"}
+    assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
+    assert len(ext.PLAN_KEYS) == 33
 
 
 def test_node_block_ids_cut_at_blocks(ext):
@@ -184,6 +185,73 @@ def test_node_block_ids_cut_at_blocks(ext):
     assert pieces[first_compute:-1] == [0, 0, 1, 1, 2, 2]
     with pytest.raises(ValueError, match="node_block_ids"):
         ext.plan_graph({**graph, "node_block_ids": blocks[1:]}, cfg)
+
+
+STACK_KEYS = ("module_string_offsets", "module_strings", "node_stack_offsets", "node_stack_paths", "node_stack_types")
+
+
+def with_stacks(graph: dict, layers: int) -> dict:
+    """chain_graph with module stacks (ABI 6): every node inside the model,
+    layer i's linear and relu inside L['self'].layers.<i> as well."""
+    strings = ["L['self']", "Model", "Block"] + [f"L['self'].layers.{i}" for i in range(layers)]
+    offsets, data = array("q", [0]), b""
+    for text in strings:
+        data += text.encode()
+        offsets.append(len(data))
+    stack_offsets, paths, types = array("q", [0]), array("i"), array("i")
+    first_compute = 2 * layers + 1
+    for node in range(graph["num_nodes"]):
+        paths.append(0), types.append(1)
+        if first_compute <= node < first_compute + 2 * layers:
+            paths.append(3 + (node - first_compute) // 2), types.append(2)
+        stack_offsets.append(len(paths))
+    return {**graph, "module_string_offsets": offsets, "module_strings": data, "node_stack_offsets": stack_offsets,
+            "node_stack_paths": paths, "node_stack_types": types}
+
+
+def test_decisions_cross_the_extension(ext):
+    """ABI 6: caps left to the planner (None) inside a DDP module, module
+    stacks, and the decisions in the reply: DDP's caps, a piece per block,
+    each piece's parameters, the counted parameters, the alignment's name
+    and reason."""
+    layers = 3
+    graph = with_stacks(chain_graph(layers), layers)
+    graph["param_ddp_positions"] = array("i", range(2 * layers))
+    ddp = {"bucket_cap_bytes": 1 << 40, "first_bucket_cap_bytes": None, "num_params": 2 * layers}
+    cfg = toy_config(bucket_cap_bytes=None, first_bucket_cap_bytes=None, align_buckets=True, block_cuts=1,
+                     edges=_native.EDGES_AUTO, ddp=ddp)
+    plan = ext.plan_graph(graph, cfg)
+    assert (plan["bucket_cap_bytes"], plan["first_bucket_cap_bytes"]) == (1 << 40, 1 << 40)
+    assert plan["num_pieces"] == layers and plan["align_buckets"] is True
+    assert (plan["align_reason"], plan["align_detail"]) == (_native.REASON_ALIGNED, "")
+    assert plan["alignment_name"] == "ready-order caps"
+    assert plan["num_counted_params"] == 2 * layers
+    assert csr(plan["piece_param_offsets"], plan["piece_params"]) == [[0, 1], [2, 3], [4, 5]]
+    assert unpack(plan["node_block_ids"], "i")[2 * layers + 1: -1] == [0, 0, 1, 1, 2, 2]
+    assert unpack(plan["eager_pieces"], "i") == []
+    # DDP reduces one more parameter than the graph uses: planned unaligned.
+    plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "num_params": 2 * layers + 1}})
+    assert plan["align_reason"] == _native.REASON_NOT_COVERED and plan["align_buckets"] is False
+    assert "the graph uses 6 of DDP's 7 parameters" in plan["align_detail"]
+    assert plan["alignment_name"] == "none"
+    # Bad input is named.
+    with pytest.raises(ext.PlannerError, match="ddp.flags = 0x40 has unknown bits") as info:
+        ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": 0x40}})
+    assert info.value.code == _native.ERR_INVALID_CONFIG
+    with pytest.raises(ext.PlannerError, match="DDP's bucket cap is 0 bytes"):
+        ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "bucket_cap_bytes": 0}})
+    with pytest.raises(ValueError, match="unknown key.*'cap'"):
+        ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "cap": 1}})
+    with pytest.raises(TypeError, match=r"config\['ddp'\] must be a dict or None"):
+        ext.plan_graph(graph, {**cfg, "ddp": 5})
+    with pytest.raises(ValueError, match="module stacks need all of"):
+        ext.plan_graph({**graph, "node_stack_types": None}, cfg)
+    with pytest.raises(ValueError, match=r"node_stack_paths'\] has 1 items"):
+        ext.plan_graph({**graph, "node_stack_paths": array("i", [0])}, cfg)
+    bad = {**graph, "node_stack_paths": array("i", [99]) * len(graph["node_stack_paths"])}
+    with pytest.raises(ext.PlannerError, match="path string 99 out of range") as info:
+        ext.plan_graph(bad, cfg)
+    assert info.value.code == _native.ERR_INVALID_GRAPH
 
 
 def test_exceptions_are_runtime_errors(ext):
@@ -232,6 +300,26 @@ def test_set_max_procs_round_trip(ext):
         ext.set_max_procs("2")
 
 
+def test_a_stale_extension_is_refused_at_load():
+    """An extension built for another ABI (a stale build) is refused with a
+    message naming both versions, before any plan could be misread."""
+    code = textwrap.dedent(
+        """
+        import sys, types
+        stale = types.ModuleType("goddp._goddp")
+        stale.ABI_VERSION = 5
+        sys.modules["goddp._goddp"] = stale
+        from goddp.native import extension
+        try:
+            extension.load()
+        except ImportError as e:
+            print("refused" if f"ABI 5, this Python package needs ABI {extension.ABI_VERSION}" in str(e) else e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["refused"], out
+
+
 def test_load_is_cached_across_threads():
     results = []
     threads = [threading.Thread(target=lambda: results.append(_native.load())) for _ in range(8)]
@@ -251,9 +339,13 @@ def test_load_is_cached_across_threads():
 def test_toy_graph_plan(ext, mode):
     plan = _native.plan_graph(chain_graph(3), toy_config(mode))
     assert set(plan) == set(ext.PLAN_KEYS)
-    scalars = ("num_", "fingerprint", "alignment", "merged_cuts")
-    assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(scalars))
-    assert all(isinstance(plan[k], int) for k in ext.PLAN_KEYS if k.startswith(scalars))
+    scalars = ("num_", "fingerprint", "alignment", "merged_cuts", "bucket_cap_bytes", "first_bucket_cap_bytes",
+               "max_pieces", "align_", "bucket_order")
+    strings = ("align_detail", "alignment_name")
+    assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(scalars) and k != "node_block_ids")
+    assert all(isinstance(plan[k], str) for k in strings)
+    assert all(isinstance(plan[k], int) for k in ext.PLAN_KEYS if k.startswith(scalars) and k not in strings)
+    assert plan["node_block_ids"] is None  # no module stacks, no blocks
     assert plan["num_nodes"] == 14
     assert plan["num_pieces"] == 3
     assert plan["num_buckets"] == 3

@@ -5,10 +5,12 @@ graph Dynamo captures here. Outside a DDP forward the graph goes to the inner
 compiler untouched. Inside one, goddp:
 
 1. reads the active DDP module's bucket settings (goddp.ddp.settings);
-2. exports the graph to flat arrays (goddp.graph.export) and asks the Go planner
-   where DDP's buckets close (goddp mode "ddp") or where torch's
-   DDPOptimizer would cut (goddp mode "torch"), deciding on the way whether
-   DDP's own buckets can be set to the pieces (docs/align.md);
+2. exports the graph to flat arrays (goddp.graph.export) and asks the Go planner,
+   in one call, where DDP's buckets close (goddp mode "ddp") or where torch's
+   DDPOptimizer would cut (goddp mode "torch"); the planner also resolves the
+   caps, finds the repeated blocks and the edge pieces, and decides whether
+   DDP's own buckets can be set to the pieces (docs/align.md,
+   planner/decide.go);
 3. cuts the graph into pieces along the plan (goddp.graph.cut) and compiles each
    piece with the inner compiler (goddp.compile.pieces), so that each bucket's
    allreduce can start while the rest of backward still runs;
@@ -41,17 +43,16 @@ from goddp.compile import ddp_optimizer
 from goddp.compile.fallback import FellBack, Stages, warn_fallback
 from goddp.compile.inner import inner_name, resolve_inner
 from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
-from goddp.ddp.declaration import bucket_order, ddp_parameter_names
+from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
-from goddp.ddp.refusals import alignment_blocker, coverage_blocker
-from goddp.ddp.settings import caps_for, module_of, note_ddp_settings, note_once, read_ddp_settings
-from goddp.graph.blocks import edge_pieces, group_pieces, piece_signature
+from goddp.ddp.refusals import alignment_blocker
+from goddp.ddp.settings import module_of, note_ddp_settings, note_once, read_ddp_settings
+from goddp.graph.blocks import group_pieces, piece_signature
 from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
-from goddp.native import extension as _native
-from goddp.native.plan import GraphPlan, PlanSettings, call_planner, decode_plan
+from goddp.native.plan import MIB, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan
 from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
 from goddp.ranks.plan_check import Statement
@@ -59,39 +60,6 @@ from goddp.reports.records import GraphRecord, add_record, new_timings
 from goddp.reports.table import plan_table
 
 logger = logging.getLogger("goddp")
-
-ALIGNMENT_OFF = "off (align_buckets=False or mode='torch')"
-
-
-# --------------------------------------------------------------------------
-# Planning, and whether DDP's buckets become the pieces
-
-
-def plan_and_align(
-    ddp: Any, exported: ExportedGraph, options: Options, caps: PlanSettings
-) -> tuple[GraphPlan, PlanSettings | str]:
-    """Plans the graph and decides, in this one place, whether DDP's buckets
-    are set to the pieces (docs/align.md). Returns the plan and either the
-    caps to align with (align_buckets=True) or the reason not to."""
-
-    def plan_with(settings: PlanSettings) -> GraphPlan:
-        return decode_plan(call_planner(exported, options.mode, settings), exported, options.mode, settings)
-
-    reason = alignment_blocker(ddp) if options.aligns_buckets else ALIGNMENT_OFF
-    if reason is not None:
-        return plan_with(caps), reason
-    # A DDP that never rebuilds its buckets keeps declaration-order ones:
-    # the planner needs each parameter's place in DDP's list for them.
-    aligned = dataclasses.replace(caps, align_buckets=True, bucket_order=bucket_order(ddp))
-    if aligned.bucket_order == "declaration":
-        exported = with_ddp_positions(exported, ddp_parameter_names(ddp))
-    plan = plan_with(aligned)
-    reason = coverage_blocker(ddp, [b.param_names for b in plan.buckets])
-    if reason is not None:
-        return plan_with(caps), reason
-    if plan.num_pieces <= 1:
-        return plan, "one piece: nothing to align"
-    return plan, aligned
 
 
 # --------------------------------------------------------------------------
@@ -139,7 +107,6 @@ class _DDPGraphCompile:
         self.ddp = ddp
         self.settings = read_ddp_settings(ddp)
         note_ddp_settings(ddp, self.settings, options)
-        self.caps = caps_for(self.settings, options)
         self.frame = frame_info(gm)
         self.stages = Stages(options.strict, new_timings())
 
@@ -152,10 +119,10 @@ class _DDPGraphCompile:
         try:
             with stages.stage("export"):
                 exported = self.export()
-            if not _holds_ddp_parameters(exported):
-                return self.parameter_free(exported)
             with stages.stage("plan"):
                 planned = self.plan(exported)
+            if planned.plan.num_counted_params == 0:
+                return self.parameter_free(exported, planned)
             self.note(planned)
             if planned.plan.num_pieces <= 1:
                 self.log_table(planned.plan)
@@ -192,14 +159,44 @@ class _DDPGraphCompile:
             self.gm,
             param_name_of=self.settings.param_name_of,
             ignored_names=self.settings.ignored_names,
-            block_cuts=self.options.cuts_at_blocks,
+        )
+
+    def request(self, align: bool = False, num_params: int = 0) -> PlanRequest:
+        """What the planner is told besides the graph: the user's options
+        (None: not given) and the DDP module's settings."""
+        options = self.options
+
+        def in_bytes(mb: float | None) -> int | None:
+            return None if mb is None else int(mb * MIB)
+
+        return PlanRequest(
+            mode=options.mode,
+            bucket_cap_bytes=in_bytes(options.bucket_cap_mb),
+            first_bucket_cap_bytes=in_bytes(options.first_bucket_cap_mb),
+            max_pieces=options.max_pieces,
+            align_buckets=align,
+            block_cuts=options.cuts_at_blocks,
+            edges=options.edge_policy,
+            ddp=self.settings.request(num_params),
         )
 
     def plan(self, exported: ExportedGraph) -> Planned:
-        plan, alignment = plan_and_align(self.ddp, exported, self.options, self.caps)
-        if isinstance(alignment, PlanSettings):
-            return Planned(plan, alignment, None)
-        return Planned(plan, dataclasses.replace(self.caps, align_buckets=False), alignment)
+        """One call into the planner. Whether DDP's buckets may be set to the
+        pieces at all needs DDP's objects (alignment_blocker); whether the
+        plan's buckets can be DDP's is the planner's decision, from each
+        parameter's position in DDP's list (docs/align.md)."""
+        blocker = alignment_blocker(self.ddp) if self.options.aligns_buckets else None
+        align, num_params = self.options.aligns_buckets and blocker is None, 0
+        if align:
+            try:
+                names = ddp_parameter_names(self.ddp)
+            except Exception as exc:  # a DDP whose private API differs: leave it alone
+                blocker, align = f"could not inspect DDP ({type(exc).__name__}: {exc})", False
+            else:
+                exported, num_params = with_ddp_positions(exported, names), len(names)
+        request = self.request(align, num_params)
+        plan = decode_plan(call_planner(exported, request), exported, request.mode)
+        return Planned(plan, plan.caps, blocker or plan.not_aligned)
 
     def identify(
         self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Piece], piece_inputs: list[list[Any]]
@@ -207,13 +204,9 @@ class _DDPGraphCompile:
         """Per piece, the piece whose compiled callable it will run: an
         earlier identical one (same code and input metadata, names aside;
         goddp.graph.blocks) with block cuts, else itself; and the edge pieces
-        that run eagerly (option edges; goddp.graph.blocks, "Edges")."""
-        eager = edge_pieces(
-            exported.nodes,
-            exported.arrays.get("node_block_ids"),
-            [plan.node_pieces[node.name] for node in exported.nodes],
-            self.options.edge_policy,
-        )
+        that run eagerly (option edges; the planner's, Note [Edges] in
+        planner/edges.go)."""
+        eager = list(plan.eager_pieces)
         if self.options.cuts_at_blocks:
             # An eager piece shares nothing: no compiled piece may run its
             # uncompiled code, nor it a compiled piece's.
@@ -226,13 +219,13 @@ class _DDPGraphCompile:
 
     # -- the ends: a graph without DDP's parameters, the whole graph
 
-    def parameter_free(self, exported: ExportedGraph) -> Callable[..., Any]:
-        """A graph that uses no parameter DDP reduces (what a trainer's
-        graph break leaves behind, e.g. after Lightning's self.log): nothing
-        to cut or align, nothing for the ranks to agree on, so no plan, no
-        plan check (whose per-graph sequence would drift where ranks compile
-        different small frames), no note and no warning; one INFO line
-        names the frame."""
+    def parameter_free(self, exported: ExportedGraph, planned: Planned) -> Callable[..., Any]:
+        """A graph that uses no parameter DDP reduces (the planner counted
+        none; what a trainer's graph break leaves behind, e.g. after
+        Lightning's self.log): nothing to cut or align, nothing for the
+        ranks to agree on, so its plan goes unused: no plan check (whose
+        per-graph sequence would drift where ranks compile different small
+        frames), no note and no warning; one INFO line names the frame."""
         logger.info("goddp: %s holds no parameters of DDP: compiled whole, not planned", self.frame.describe())
         try:
             with self.stages.timed("compile"):
@@ -240,7 +233,9 @@ class _DDPGraphCompile:
                 # parameters, so every rank leaves it out of the agreement.
                 return self.inner(self.gm, self.example_inputs)
         finally:
-            add_record(self.record(exported, ddp_buckets={"aligned": False, "reason": "no parameters in this graph"}))
+            add_record(
+                self.record(exported, caps=planned.caps, ddp_buckets={"aligned": False, "reason": "no parameters in this graph"})
+            )
 
     def whole_graph(
         self, exported: ExportedGraph | None, planned: Planned | None, fell: FellBack | None = None
@@ -254,10 +249,7 @@ class _DDPGraphCompile:
         finally:
             add_record(record)
         # A rank that fell back still takes part in the agreement, and says why.
-        if fell is not None:
-            reason = f"fallback: {fell.reason}"
-        else:
-            reason = planned.not_aligned if planned is not None else ALIGNMENT_OFF
+        reason = f"fallback: {fell.reason}" if fell is not None else planned.not_aligned
         gate = self.training_gate(record, planned, None, reason)
         return compiled if gate is None else GatedCall(compiled, gate)
 
@@ -284,14 +276,17 @@ class _DDPGraphCompile:
         identified: Identified | None = None,
         fell: FellBack | None = None,
         ddp_buckets: dict[str, Any] | None = None,
+        caps: PlanSettings | None = None,
     ) -> GraphRecord:
         """The one place a graph's record (goddp.last_plans()) is made, from
-        what the steps made; missing values are steps that did not run."""
-        caps = planned.caps if planned is not None else self.caps
+        what the steps made; missing values are steps that did not run. The
+        caps are the plan's (or caps), else what the planner was asked."""
+        if planned is not None:
+            caps = planned.caps
         record = GraphRecord(
             mode=self.options.mode,
             block_cuts=self.options.cuts_at_blocks,
-            caps=caps.to_dict(),
+            caps=(caps or self.request()).to_dict(),
             graph={"num_nodes": len(self.gm.graph.nodes), "num_params": None if exported is None else len(exported.params)},
             inner=inner_name(self.options.inner),
             frame=self.frame.to_dict(),
@@ -303,10 +298,10 @@ class _DDPGraphCompile:
             record.fallback, record.fallback_stage = fell.reason, fell.stage
         if planned is None:
             return record
-        plan, aligned = planned.plan, caps.align_buckets
-        record.ddp_buckets = {"aligned": aligned, "reason": planned.not_aligned}
-        record.alignment = plan.alignment if aligned else "none"
-        record.ddp_caps = list(plan.ddp_caps) if aligned else []
+        plan = planned.plan
+        record.ddp_buckets = {"aligned": planned.caps.align_buckets, "reason": planned.not_aligned}
+        record.alignment = plan.alignment
+        record.ddp_caps = list(plan.ddp_caps)
         record.merged_cuts = plan.merged_cuts
         plan_dict = plan.to_dict()
         record.fingerprint = plan.fingerprint
@@ -341,12 +336,6 @@ class _DDPGraphCompile:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
 
         return gate_for_training(self.ddp, statement, report)
-
-
-def _holds_ddp_parameters(exported: ExportedGraph) -> bool:
-    """Whether the graph uses a parameter whose gradient DDP reduces."""
-    required, ignored = _native.PARAM_REQUIRES_GRAD, _native.PARAM_DDP_IGNORED
-    return any(f & required and not f & ignored for f in exported.arrays["param_flags"])
 
 
 def _declaration_note(plan: GraphPlan) -> str:

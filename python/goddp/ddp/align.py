@@ -35,10 +35,11 @@ def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
     forward, after its pre-forward. Returns False if the caps were already in
     place. Raises what the rebuild raises (goddp.ddp.private.rebuild_reducer:
     DDP's previous reducer is back, or ReducerLost)."""
-    # A bucket of zero-byte parameters only (possible for the forward-first
-    # piece) gets cap 1 rather than 0, which would make DDP give each of
-    # them a bucket of its own.
-    caps = tuple(max(1, int(c)) for c in caps_bytes)
+    # The planner's caps are at least 1 byte each (planner/decide.go,
+    # clampCaps); a cap of 0 would make DDP give each parameter its own bucket.
+    caps = tuple(int(c) for c in caps_bytes)
+    if any(c < 1 for c in caps):
+        raise ValueError(f"goddp: DDP bucket caps must be at least 1 byte, got {list(caps)}")
     if getattr(ddp, ALIGNED_CAPS_ATTR, None) == caps:
         return False
     if not hasattr(ddp, ORIGINAL_CONFIG_ATTR):

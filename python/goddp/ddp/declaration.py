@@ -2,10 +2,11 @@
 
 With ``find_unused_parameters=True`` and no ``static_graph``, DDP never
 rebuilds its buckets: it keeps the ones it filled at construction, walking
-its parameter list in declaration order against the caps. goddp then plans
-with ``bucket_order="declaration"`` and tells the planner each parameter's
-position in that list; the planner (planner/declorder.go) decides the caps
-and which cuts to keep. This module only gathers the facts.
+its parameter list in declaration order against the caps. goddp tells the
+planner DDP's flags and each parameter's position in that list; the planner
+decides the order (planner/settings.go), the caps and which cuts to keep
+(planner/declorder.go), and checks with the same positions that aligned
+buckets hold exactly DDP's parameters. This module only gathers the facts.
 """
 
 from __future__ import annotations
@@ -14,13 +15,6 @@ from typing import Any
 
 from goddp.ddp import private
 from goddp.graph.export import parameter_names
-
-
-def bucket_order(ddp: Any) -> str:
-    """"declaration" when this DDP module never rebuilds its buckets, else "ready"."""
-    if getattr(ddp, "find_unused_parameters", False) and not getattr(ddp, "static_graph", False):
-        return "declaration"
-    return "ready"
 
 
 def ddp_parameter_names(ddp: Any) -> list[str]:

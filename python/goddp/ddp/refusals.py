@@ -3,17 +3,17 @@
 Two things goddp may change on a DDP module, each refused where it is not
 known to be safe, with a reason the user reads:
 - alignment (docs/align.md): ``alignment_blocker`` (DDP's settings),
-  ``coverage_blocker`` (the plan's buckets), ``rebuild_blocker`` (the
-  moment of the rebuild); goddp then keeps DDP's own buckets;
+  ``rebuild_blocker`` (the moment of the rebuild); goddp then keeps DDP's
+  own buckets. Whether the plan's buckets hold exactly DDP's parameters is
+  the planner's decision (planner/decide.go, GODDP_REASON_NOT_COVERED);
 - goddp.trace: ``trace_refusal``; the trace is then refused on every rank.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 from goddp.ddp import private
-from goddp.graph.export import parameter_names
 
 # Set on a DDP module while a goddp.trace is installed on it.
 TRACE_ACTIVE_ATTR = "_goddp_trace_active"
@@ -46,25 +46,6 @@ def _settings_blocker(ddp: Any) -> str | None:
     keys = {(p.dtype, p.device) for p in private.ddp_parameters(ddp)}
     if len(keys) != 1:
         return f"parameters span {len(keys)} (dtype, device) groups; DDP buckets each group apart"
-    return None
-
-
-def coverage_blocker(ddp: Any, bucket_param_names: Sequence[Sequence[str]]) -> str | None:
-    """Why the planned buckets cannot be DDP's: they must hold exactly DDP's
-    parameters. ``bucket_param_names`` lists, per bucket, fully qualified
-    names relative to the DDP-wrapped module."""
-    try:
-        names = parameter_names(ddp.module)
-        parameters = private.ddp_parameters(ddp)
-    except Exception as exc:
-        return f"could not inspect DDP ({type(exc).__name__}: {exc})"
-    expected = sorted(names.get(id(p), "?") for p in parameters)
-    planned = sorted(name for bucket in bucket_param_names for name in bucket)
-    if planned != expected:
-        return (
-            f"the graph uses {len(planned)} of DDP's {len(expected)} parameters "
-            "(a graph break, or parameters used outside this graph); DDP buckets the whole model"
-        )
     return None
 
 

@@ -1,4 +1,8 @@
-"""Reading the active DistributedDataParallel module's real settings."""
+"""Reading the active DistributedDataParallel module's real settings.
+
+Only facts are read here; what caps and bucket order they make is the
+planner's decision (planner/settings.go, Note [Cap defaults]).
+"""
 
 from __future__ import annotations
 
@@ -15,64 +19,53 @@ from goddp.ddp import private
 from goddp.ddp.align import users_bucket_config
 from goddp.graph.export import parameter_names
 from goddp.options import Options
-from goddp.native.plan import MIB, PlanSettings, default_first_bucket_cap, resolve_caps
+from goddp.native.plan import DDPRequest
 
 logger = logging.getLogger("goddp")
 
 
 @dataclass(frozen=True)
 class DDPSettings:
-    """What goddp needs from a DDP module."""
+    """What goddp needs from a DDP module: its bucket settings as the user
+    made them (first_bucket_cap_bytes None where this torch keeps none),
+    its flags, the parameters it ignores and how it names parameters."""
 
     bucket_cap_bytes: int
-    first_bucket_cap_bytes: int
+    first_bucket_cap_bytes: int | None
+    cap_is_default: bool
     bucket_caps_bytes: tuple[int, ...]
     ignored_names: frozenset[str]
     find_unused_parameters: bool
     static_graph: bool
     param_name_of: Callable[[torch.Tensor], str | None]
 
-
-def _first_bucket_cap(ddp: Any, cap: int) -> int:
-    first = private.first_bucket_cap(users_bucket_config(ddp))
-    if first is not None:
-        return first
-    # Older torch keeps no first cap: DDP's rule from the cap applies.
-    return default_first_bucket_cap("ddp", cap, cap_is_default=private.cap_is_default(ddp))
+    def request(self, num_params: int = 0) -> DDPRequest:
+        """These settings for the planner (goddp_ddp); num_params: how many
+        parameters DDP reduces, when goddp asks to align its buckets."""
+        return DDPRequest(
+            bucket_cap_bytes=self.bucket_cap_bytes,
+            first_bucket_cap_bytes=self.first_bucket_cap_bytes,
+            bucket_caps_bytes=self.bucket_caps_bytes,
+            cap_is_default=self.cap_is_default,
+            find_unused_parameters=self.find_unused_parameters,
+            static_graph=self.static_graph,
+            num_params=num_params,
+        )
 
 
 def read_ddp_settings(ddp: Any) -> DDPSettings:
-    cap = int(ddp.bucket_bytes_cap)
     names = parameter_names(getattr(ddp, "module", ddp))
     ignored = frozenset(getattr(ddp, "parameters_to_ignore", ()) or ())
+    config = users_bucket_config(ddp)
     return DDPSettings(
-        bucket_cap_bytes=cap,
-        first_bucket_cap_bytes=_first_bucket_cap(ddp, cap),
-        bucket_caps_bytes=private.per_bucket_caps(ddp, users_bucket_config(ddp)),
+        bucket_cap_bytes=int(ddp.bucket_bytes_cap),
+        first_bucket_cap_bytes=private.first_bucket_cap(config),
+        cap_is_default=private.cap_is_default(ddp),
+        bucket_caps_bytes=private.per_bucket_caps(ddp, config),
         ignored_names=ignored,
         find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),
         static_graph=bool(getattr(ddp, "static_graph", False)),
         param_name_of=lambda p: names.get(id(p)),
-    )
-
-
-def caps_for(settings: DDPSettings, options: Options) -> PlanSettings:
-    """The caps to plan with: the DDP module's, unless options override
-    (defaults: goddp.native.plan.resolve_caps).
-
-    ddp mode follows DDP itself (its first-bucket cap and per-bucket caps);
-    an overridden bucket_cap_mb drops DDP's per-bucket caps and clamps its
-    first cap. torch mode follows DDPOptimizer: DDP's bucket_bytes_cap and a
-    1 MiB first bucket (at most the cap), unless first_bucket_cap_mb is given.
-    """
-    overridden = options.bucket_cap_mb is not None
-    return resolve_caps(
-        options.mode,
-        int(options.bucket_cap_mb * MIB) if overridden else settings.bucket_cap_bytes,
-        None if options.first_bucket_cap_mb is None else int(options.first_bucket_cap_mb * MIB),
-        () if (overridden or options.mode == "torch") else settings.bucket_caps_bytes,
-        options.max_pieces,
-        ddp_first_bucket_cap_bytes=settings.first_bucket_cap_bytes,
     )
 
 

@@ -1,12 +1,11 @@
-"""Repeated module blocks: finding them in a Dynamo graph, and compiling
-each distinct piece once.
+"""Repeated module blocks: compiling each distinct piece once.
 
 Models built from repeated blocks (transformer layers) give pieces that are
-the same graph when goddp cuts at block boundaries (the planner does that,
-see planner/blocks.go). Two facts are gathered here:
+the same graph when goddp cuts at block boundaries. The planner finds the
+blocks from each node's module stack (planner/modstack.go, Note [Block
+rule]), cuts at them (planner/blocks.go) and picks the edge pieces that run
+eagerly (planner/edges.go, Note [Edges]). What needs torch objects is here:
 
-- ``block_ids``: per node, which instance of a repeated block it belongs to,
-  read from Dynamo's ``node.meta["nn_module_stack"]``;
 - ``piece_signature``: a key that is equal for two pieces exactly when one
   compiled callable can serve both: same nodes, targets, constants and
   wiring, and same input metadata, names aside.
@@ -22,83 +21,12 @@ backward compile reads from DDPOptimizerContext (see ``backward_order``).
 
 from __future__ import annotations
 
-import re
 from typing import Any, Sequence
 
 import torch
 from torch import fx, nn
 
-from goddp.graph.nodes import is_compute, resolve_attr
-
-# A module path that ends in an index: "L['self'].blocks.3" or "...blocks[3]".
-_INDEXED_PATH = re.compile(r"^(?P<parent>.+?)(?:\.(?P<dot>\d+)|\[(?P<bracket>\d+)\])$")
-
-# A block must span at least this many compute nodes per instance on
-# average: a repeated nn.Linear (one node) is a layer, not a block, and a
-# piece per Linear would only add per-piece overhead.
-MIN_BLOCK_NODES = 2
-
-
-def _type_key(kind: Any) -> str:
-    if isinstance(kind, type):
-        return f"{kind.__module__}.{kind.__qualname__}"
-    return str(kind)
-
-
-def _stack_entries(node: fx.Node) -> list[tuple[tuple[str, str], str]]:
-    """((parent path, type), path) for each indexed module on node's module
-    stack, outermost first."""
-    stack = node.meta.get("nn_module_stack") or {}
-    entries = []
-    for value in stack.values():
-        try:
-            path, kind = value[0], value[1]
-        except (TypeError, IndexError):
-            continue
-        match = _INDEXED_PATH.match(str(path))
-        if match is not None:
-            entries.append(((match.group("parent"), _type_key(kind)), str(path)))
-    return entries
-
-
-def block_ids(nodes: Sequence[fx.Node]) -> list[int]:
-    """Per node, the repeated block instance it belongs to (numbered in order
-    of first appearance), or -1.
-
-    A repeated block is a module reached by index from a container
-    (``blocks.0``, ``blocks.1``, ...) whose siblings of the same type also
-    appear in the graph: at least two instances, spanning at least
-    MIN_BLOCK_NODES compute nodes each on average. A node belongs to the
-    outermost such module on its stack. Placeholders and the output belong
-    to none. Only graph facts are used, so every rank numbers alike.
-    """
-    stacks: list[list[tuple[tuple[str, str], str]]] = []
-    members: dict[tuple[str, str], dict[str, int]] = {}
-    for node in nodes:
-        if not is_compute(node):
-            stacks.append([])
-            continue
-        entries = _stack_entries(node)
-        stacks.append(entries)
-        for key, path in entries:
-            counts = members.setdefault(key, {})
-            counts[path] = counts.get(path, 0) + 1
-    repeated = {
-        key
-        for key, counts in members.items()
-        if len(counts) >= 2 and sum(counts.values()) >= MIN_BLOCK_NODES * len(counts)
-    }
-    numbers: dict[str, int] = {}
-    result = []
-    for entries in stacks:
-        block = -1
-        for key, path in entries:
-            if key in repeated:
-                block = numbers.setdefault(path, len(numbers))
-                break
-        result.append(block)
-    return result
-
+from goddp.graph.nodes import resolve_attr
 
 # --------------------------------------------------------------------------
 # Piece identity
@@ -216,58 +144,3 @@ def backward_order(leaders: Sequence[int]) -> list[int]:
     for piece, leader in enumerate(leaders):
         last[leader] = piece
     return sorted(last, key=lambda leader: last[leader], reverse=True)
-
-
-# --------------------------------------------------------------------------
-# Edges
-#
-# A graph with repeated blocks has, outside them, a preamble before the first
-# block (embeddings) and a tail after the last (final norm, head); the pieces
-# that lie wholly there are its edges (with block cuts, at most two). Each is
-# a distinct graph, so compiling it costs about what compiling a block does
-# (on CPU most of it is the C++ compiler, once per kernel of forward and
-# backward), while it runs once per step against the blocks' many. Regional
-# compilation, the alternative users weigh goddp against, runs them eagerly
-# for that reason. goddp does too, by default, for an edge no bigger than the
-# mean block (in compute nodes); a larger edge holds enough work for the inner
-# compiler's fusion to matter, and is compiled. Node counts do not weigh cost:
-# a large-vocabulary head is a few nodes and runs eagerly, which costs little
-# since its matmul is an extern kernel either way. README.md ("Repeated
-# blocks: compile time against depth") has the measurement. Running a piece
-# eagerly changes nothing DDP communicates, so ranks need not agree on it.
-
-
-def edge_pieces(
-    nodes: Sequence[fx.Node],
-    node_blocks: Sequence[int] | None,
-    node_pieces: Sequence[int],
-    policy: str,
-) -> list[int]:
-    """The pieces to run eagerly under option ``edges`` (policy: "auto",
-    "compile" or "eager"), ascending: the pieces whose compute nodes all lie
-    before the first node of a repeated block or after the last, in a graph
-    that has repeated blocks (node_blocks, per node, from block_ids; None
-    when it has none); "auto" keeps only those no bigger than the mean
-    block. node_pieces is each node's piece (-1 for none)."""
-    if policy == "compile" or node_blocks is None:
-        return []
-    in_block = [i for i, (node, block) in enumerate(zip(nodes, node_blocks)) if block >= 0 and is_compute(node)]
-    if not in_block:
-        return []
-    first, last = in_block[0], in_block[-1]
-    block_size: dict[int, int] = {}
-    piece_size: dict[int, int] = {}
-    inside: set[int] = set()
-    for i, (node, block, piece) in enumerate(zip(nodes, node_blocks, node_pieces)):
-        if piece < 0 or not is_compute(node):
-            continue
-        piece_size[piece] = piece_size.get(piece, 0) + 1
-        if block >= 0:
-            block_size[block] = block_size.get(block, 0) + 1
-        if first <= i <= last:
-            inside.add(piece)
-    edges = sorted(p for p in piece_size if p not in inside)
-    if policy == "eager":
-        return edges
-    mean_block = sum(block_size.values()) / len(block_size)
-    return [p for p in edges if piece_size[p] <= mean_block]

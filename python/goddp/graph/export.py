@@ -2,8 +2,9 @@
 
 The arrays are exactly the fields of ``goddp_graph`` in csrc/goddp.h (codes
 from goddp.native.extension, their one owner). Only facts about the graph are
-gathered here (which node refers to which parameter, and how); every
-decision about where to cut is the planner's.
+gathered here (which node refers to which parameter, and how, and which
+modules each node runs inside); every decision about where to cut, and
+which modules are repeated blocks, is the planner's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import fx, nn
 
-from goddp.graph.blocks import block_ids
 from goddp.graph.nodes import resolve_attr
 from goddp.native import extension as _native
 
@@ -120,6 +120,25 @@ def _storage_bytes(param: torch.Tensor, fallback: int) -> int:
         return fallback
 
 
+def _type_key(kind: Any) -> str:
+    if isinstance(kind, type):
+        return f"{kind.__module__}.{kind.__qualname__}"
+    return str(kind)
+
+
+def module_stack(node: fx.Node) -> list[tuple[str, str]]:
+    """(path, type) of each module on node's nn_module_stack, outermost
+    first; entries of another shape are skipped."""
+    entries = []
+    for value in (node.meta.get("nn_module_stack") or {}).values():
+        try:
+            path, kind = value[0], value[1]
+        except (TypeError, IndexError):
+            continue
+        entries.append((str(path), _type_key(kind)))
+    return entries
+
+
 class _CodeTable:
     """Small ints for dtypes/devices in order of first appearance, so every
     rank assigns the same codes for the same graph."""
@@ -143,10 +162,8 @@ class _Exporter:
         gm: fx.GraphModule,
         param_name_of: Callable[[torch.Tensor], str | None] | None,
         ignored_names: Iterable[str],
-        block_cuts: bool = False,
     ) -> None:
         self.gm = gm
-        self.block_cuts = block_cuts
         self.nodes = list(gm.graph.nodes)
         self.node_index = {node: i for i, node in enumerate(self.nodes)}
         self.param_name_of = param_name_of
@@ -171,7 +188,7 @@ class _Exporter:
         self.find_placeholder_params()
         for node in self.nodes:
             self.add_node(node)
-        arrays = {"num_nodes": len(self.nodes), **self.node_arrays(), **self.param_arrays(), **self.block_arrays()}
+        arrays = {"num_nodes": len(self.nodes), **self.node_arrays(), **self.param_arrays(), **self.stack_arrays()}
         return ExportedGraph(self.nodes, self.node_index, self.params, self.param_names, arrays)
 
     # -- the parameter table
@@ -314,16 +331,34 @@ class _Exporter:
             "node_users": self.node_users,
         }
 
-    def block_arrays(self) -> dict[str, Any]:
-        """node_block_ids (goddp.graph.blocks) when asked for and the graph has
-        repeated blocks; otherwise nothing, so that the plan and its
-        fingerprint stay the byte-driven ones."""
-        if not self.block_cuts:
-            return {}
-        ids = block_ids(self.nodes)
-        if all(block < 0 for block in ids):
-            return {}
-        return {"node_block_ids": array("i", ids)}
+    def stack_arrays(self) -> dict[str, Any]:
+        """Each node's module stack (Dynamo's nn_module_stack), outermost
+        first, as goddp_graph's interned table: the facts the planner's block
+        rule reads (planner/modstack.go, Note [Block rule])."""
+        index: dict[str, int] = {}
+        string_offsets, strings = array("q", [0]), bytearray()
+
+        def intern(text: str) -> int:
+            slot = index.get(text)
+            if slot is None:
+                slot = index[text] = len(index)
+                strings.extend(text.encode("utf-8"))
+                string_offsets.append(len(strings))
+            return slot
+
+        stack_offsets, paths, types = array("q", [0]), array("i"), array("i")
+        for node in self.nodes:
+            for path, kind in module_stack(node):
+                paths.append(intern(path))
+                types.append(intern(kind))
+            stack_offsets.append(len(paths))
+        return {
+            "module_string_offsets": string_offsets,
+            "module_strings": bytes(strings),
+            "node_stack_offsets": stack_offsets,
+            "node_stack_paths": paths,
+            "node_stack_types": types,
+        }
 
     def param_flags(self, param: torch.Tensor, name: str) -> int:
         flags = _native.PARAM_REQUIRES_GRAD if param.requires_grad else 0
@@ -367,18 +402,17 @@ def export_graph(
     *,
     param_name_of: Callable[[torch.Tensor], str | None] | None = None,
     ignored_names: Iterable[str] = (),
-    block_cuts: bool = False,
 ) -> ExportedGraph:
     """Flattens gm into the planner's arrays.
 
     param_name_of maps a real parameter to its fully qualified name (relative
     to the DDP-wrapped module); where it returns None the name comes from
     Dynamo's source, then from the graph. ignored_names are FQNs DDP ignores
-    (besides parameters marked ``_ddp_ignored``). With block_cuts, each
-    node's repeated-block membership goes along (``node_block_ids``) when
-    the graph has repeated blocks, so that ddp mode cuts at them.
+    (besides parameters marked ``_ddp_ignored``). Each node's module stack
+    goes along, from which the planner finds repeated blocks when asked to
+    cut at them.
     """
-    return _Exporter(gm, param_name_of, ignored_names, block_cuts).run()
+    return _Exporter(gm, param_name_of, ignored_names).run()
 
 
 def with_ddp_positions(exported: ExportedGraph, names: Sequence[str]) -> ExportedGraph:

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 EXTENSION_NAME = "goddp._goddp"
 
 # Mirrors of csrc/goddp.h (checked against the extension by the tests).
-ABI_VERSION = 5
+ABI_VERSION = 6
 OP_PLACEHOLDER = 0
 OP_GET_ATTR = 1
 OP_CALL_MODULE = 2
@@ -50,6 +50,16 @@ ALIGN_NONE = 0
 ALIGN_READY = 1
 ALIGN_DECLARATION = 2
 ALIGN_DECLARATION_MERGED = 3
+REASON_ALIGNED = 0
+REASON_OFF = 1
+REASON_NOT_COVERED = 2
+REASON_ONE_PIECE = 3
+EDGES_COMPILE = 0
+EDGES_AUTO = 1
+EDGES_EAGER = 2
+DDP_FIND_UNUSED_PARAMETERS = 0x1
+DDP_STATIC_GRAPH = 0x2
+DDP_CAP_IS_DEFAULT = 0x4
 OK = 0
 ERR_INVALID_CONFIG = 1
 ERR_INVALID_GRAPH = 2
@@ -98,6 +108,14 @@ def load() -> ModuleType:
                     "`pip install .` (needs Go), or `make install` in a checkout",
                     name=EXTENSION_NAME,
                 ) from e
+            built = getattr(module, "ABI_VERSION", None)
+            if built != ABI_VERSION:
+                # A stale build: its replies would lack what this shim reads.
+                raise ImportError(
+                    f"{EXTENSION_NAME} implements goddp ABI {built}, this Python package needs ABI "
+                    f"{ABI_VERSION}: rebuild it (`make install`, or `pip install .`)",
+                    name=EXTENSION_NAME,
+                )
             if max_procs is not None:
                 module.set_max_procs(max_procs)
             _module = module

@@ -1,14 +1,17 @@
-"""Plans: the native planner's answer, decoded into Python objects.
+"""Plans: the request to the Go planner and its answer, as Python objects.
 
-Nothing here decides where to cut: the Go planner does. This module packs
-the request (graph arrays plus caps), calls ``_native.plan_graph`` and turns
-the flat reply into a GraphPlan that names nodes, pieces and parameters.
+Nothing here decides anything: the Go planner does, in one call per graph
+(planner/decide.go, Note [One call]). This module packs the request (the
+graph's arrays plus what the user and the DDP module said,
+``PlanRequest``), calls ``extension.plan_graph`` and turns the flat reply
+into a ``GraphPlan`` that names nodes, pieces and parameters. The reply's
+fields are goddp_plan's (csrc/goddp.h); ``GraphPlan`` keeps their names.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -19,30 +22,103 @@ from goddp.graph.export import ExportedGraph, export_graph, parameter_names, wit
 from goddp.options import check_ddp_mode_only, check_max_pieces, check_mode
 
 MIB = 1 << 20
-DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
-# torch.distributed._DEFAULT_FIRST_BUCKET_BYTES; spelled out so that planning
-# works on torch builds without the distributed package.
-DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 
 MODE_CODES = {"ddp": _native.MODE_DDP, "torch": _native.MODE_TORCH}
 # enum goddp_bucket_order: the order DDP fills the buckets it reduces with;
 # "declaration" when it never rebuilds them (find_unused_parameters=True
 # without static_graph; planner/declorder.go).
 BUCKET_ORDER_CODES = {"ready": _native.ORDER_READY, "declaration": _native.ORDER_DECLARATION}
-# enum goddp_alignment: how a plan's buckets relate to DDP's.
-ALIGNMENT_NAMES = {
-    _native.ALIGN_NONE: "none",
-    _native.ALIGN_READY: "ready-order caps",
-    _native.ALIGN_DECLARATION: "declaration-order caps",
-    _native.ALIGN_DECLARATION_MERGED: "declaration-order caps, pieces merged",
-}
+BUCKET_ORDER_NAMES = {code: name for name, code in BUCKET_ORDER_CODES.items()}
+# enum goddp_edges: option edges (planner/edges.go, Note [Edges]).
+EDGE_CODES = {"compile": _native.EDGES_COMPILE, "auto": _native.EDGES_AUTO, "eager": _native.EDGES_EAGER}
+
+
+@dataclass(frozen=True)
+class DDPRequest:
+    """What the planner needs to know about the DDP module (goddp_ddp): its
+    own bucket settings and flags, read by goddp.ddp.settings, and, when
+    goddp asks to align DDP's buckets, how many parameters it reduces."""
+
+    bucket_cap_bytes: int
+    first_bucket_cap_bytes: int | None  # None: this torch keeps none
+    bucket_caps_bytes: tuple[int, ...] = ()
+    cap_is_default: bool = False
+    find_unused_parameters: bool = False
+    static_graph: bool = False
+    num_params: int = 0  # 0: unknown (no coverage check)
+
+    def to_native(self) -> dict[str, Any]:
+        flags = (
+            (_native.DDP_FIND_UNUSED_PARAMETERS if self.find_unused_parameters else 0)
+            | (_native.DDP_STATIC_GRAPH if self.static_graph else 0)
+            | (_native.DDP_CAP_IS_DEFAULT if self.cap_is_default else 0)
+        )
+        return {
+            "bucket_cap_bytes": int(self.bucket_cap_bytes),
+            "first_bucket_cap_bytes": None if self.first_bucket_cap_bytes is None else int(self.first_bucket_cap_bytes),
+            "bucket_caps_bytes": [int(c) for c in self.bucket_caps_bytes],
+            "flags": flags,
+            "num_params": int(self.num_params),
+        }
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """One planning request besides the graph: the user's settings (None:
+    not given, the planner fills it in, Note [Cap defaults] in
+    planner/settings.go) and the DDP module's, when planning inside one.
+
+    align_buckets asks for DDP's buckets to be set to the pieces; the reply
+    says whether they are (GraphPlan.caps.align_buckets, not_aligned).
+    bucket_order is an explicit choice without a DDP module; with one the
+    planner derives it from DDP's flags. edges: "compile", "auto" or
+    "eager" (option edges)."""
+
+    mode: str = "ddp"
+    bucket_cap_bytes: int | None = None
+    first_bucket_cap_bytes: int | None = None
+    bucket_caps_bytes: tuple[int, ...] = ()
+    max_pieces: int | None = None
+    align_buckets: bool = False
+    bucket_order: str = "ready"
+    block_cuts: bool = False
+    edges: str = "compile"
+    ddp: DDPRequest | None = None
+
+    def to_native(self) -> dict[str, Any]:
+        """The goddp_config fields for extension.plan_graph."""
+        return {
+            "mode": MODE_CODES[self.mode],
+            "bucket_cap_bytes": None if self.bucket_cap_bytes is None else int(self.bucket_cap_bytes),
+            "first_bucket_cap_bytes": None if self.first_bucket_cap_bytes is None else int(self.first_bucket_cap_bytes),
+            "bucket_caps_bytes": [int(c) for c in self.bucket_caps_bytes],
+            "max_pieces": int(self.max_pieces or 0),
+            "align_buckets": int(self.align_buckets),
+            "bucket_order": BUCKET_ORDER_CODES[self.bucket_order],
+            "block_cuts": int(self.block_cuts),
+            "edges": EDGE_CODES[self.edges],
+            "ddp": None if self.ddp is None else self.ddp.to_native(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The "caps" of a record whose graph was never planned: what was
+        asked, under PlanSettings' keys (None where only a plan says)."""
+        return {
+            "bucket_cap_bytes": self.bucket_cap_bytes,
+            "first_bucket_cap_bytes": self.first_bucket_cap_bytes,
+            "bucket_caps_bytes": list(self.bucket_caps_bytes),
+            "max_pieces": self.max_pieces,
+            "align_buckets": False,
+            "bucket_order": self.bucket_order,
+        }
 
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """What a plan was made with besides the graph: the bucket caps in bytes
-    and the two ddp-mode settings that shape pieces (reported under the
-    "caps" key of plan dicts, and as GraphPlan.caps)."""
+    """What a plan stands for besides the graph, as the planner resolved it:
+    the bucket caps in bytes and the ddp-mode settings that shape pieces
+    (reported under the "caps" key of plan dicts, and as GraphPlan.caps).
+    align_buckets says whether DDP's buckets are to be set to the pieces."""
 
     bucket_cap_bytes: int
     first_bucket_cap_bytes: int
@@ -53,6 +129,17 @@ class PlanSettings:
     align_buckets: bool = False
     # "ready" or "declaration" (BUCKET_ORDER_CODES).
     bucket_order: str = "ready"
+
+    @classmethod
+    def from_reply(cls, raw: Mapping[str, Any]) -> "PlanSettings":
+        return cls(
+            bucket_cap_bytes=int(raw["bucket_cap_bytes"]),
+            first_bucket_cap_bytes=int(raw["first_bucket_cap_bytes"]),
+            bucket_caps_bytes=tuple(_ints(raw["bucket_caps_bytes"], "q")),
+            max_pieces=int(raw["max_pieces"]) or None,
+            align_buckets=bool(raw["align_buckets"]),
+            bucket_order=BUCKET_ORDER_NAMES[int(raw["bucket_order"])],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,16 +191,27 @@ class GraphPlan:
     num_pieces: how many pieces the graph is cut into.
     node_pieces: FX node name -> piece index (-1 for placeholders and output).
     buckets: BucketInfo list in DDP order.
-    caps: the PlanSettings used (caps, max_pieces, align_buckets).
+    caps: the PlanSettings the plan stands for (resolved caps, max_pieces,
+        align_buckets: whether DDP's buckets are to be the pieces).
     piece_inputs / piece_outputs: per piece, the names of the nodes that cross
         into / out of it (the planner's crossing values, ascending node order).
-    alignment: how the buckets relate to DDP's (ALIGNMENT_NAMES): "none"
-        (predicted), "ready-order caps" (for DDP's rebuild),
-        "declaration-order caps" (for the buckets DDP keeps under
-        find_unused_parameters=True), or "declaration-order caps, pieces
-        merged" (merged_cuts cuts dropped where no bucket could start).
-    ddp_caps: with alignment, the per-bucket caps (bytes) to give DDP, in
-        the order DDP walks them.
+    alignment: how the buckets relate to DDP's, in the planner's words
+        (Alignment.String, goddp_plan.alignment_name): "none" (predicted),
+        "ready-order caps" (for DDP's rebuild), "declaration-order caps"
+        (for the buckets DDP keeps under find_unused_parameters=True), or
+        "declaration-order caps, pieces merged" (merged_cuts cuts dropped
+        where no bucket could start).
+    ddp_caps: when aligned, the per-bucket caps (bytes, each at least 1) to
+        give DDP, in the order DDP walks them.
+    not_aligned: why DDP's buckets are not the pieces, in the planner's
+        words (goddp_plan.align_detail; align_reason its code), None when
+        they are.
+    piece_params: per piece in forward order, its parameters' names in
+        forward order (goddp_plan.piece_params; see piece_param_names).
+    num_counted_params: the parameters of the graph that DDP reduces.
+    eager_pieces: the edge pieces to run eagerly (option edges).
+    node_block_ids: per node, its repeated block (-1: none), None when the
+        planner found no blocks (or block cuts are off).
     """
 
     fingerprint: int
@@ -127,11 +225,15 @@ class GraphPlan:
     alignment: str = "none"
     ddp_caps: list[int] = field(default_factory=list)
     merged_cuts: int = 0
+    not_aligned: str | None = None
+    align_reason: int = _native.REASON_OFF
+    piece_params: list[list[str]] = field(default_factory=list, repr=False)
+    num_counted_params: int = 0
+    eager_pieces: list[int] = field(default_factory=list)
+    node_block_ids: list[int] | None = field(default=None, repr=False)
     # Index form of the crossing values, for the cutter (not public API).
     piece_input_indices: list[list[int]] = field(default_factory=list, repr=False)
     piece_output_indices: list[list[int]] = field(default_factory=list, repr=False)
-    # ddp mode: per piece, the bucketed parameters first used in it.
-    first_use_param_names: list[list[str]] | None = field(default=None, repr=False)
 
     def piece_param_names(self) -> list[list[str]]:
         """Per piece in forward order, the names of its parameters in forward
@@ -139,15 +241,7 @@ class GraphPlan:
         bucket may span several pieces). torch mode: the parameters of the
         bucket the piece completes, as torch counts them (a tied weight in
         each bucket that uses it)."""
-        if self.first_use_param_names is not None:
-            return [list(names) for names in self.first_use_param_names]
-        per_piece: list[list[str]] = [[] for _ in range(self.num_pieces)]
-        # Buckets are in DDP order (last piece first) and list parameters in
-        # gradient-ready order; walking both backwards gives forward order.
-        for bucket in reversed(self.buckets):
-            if 0 <= bucket.piece < self.num_pieces:
-                per_piece[bucket.piece].extend(reversed(bucket.param_names))
-        return per_piece
+        return [list(names) for names in self.piece_params]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable summary (node map omitted: it can be large)."""
@@ -178,19 +272,6 @@ class GraphPlan:
         }
 
 
-def native_config(mode: str, caps: PlanSettings) -> dict[str, Any]:
-    """The goddp_config fields for _native.plan_graph."""
-    return {
-        "mode": MODE_CODES[mode],
-        "bucket_cap_bytes": int(caps.bucket_cap_bytes),
-        "first_bucket_cap_bytes": int(caps.first_bucket_cap_bytes),
-        "bucket_caps_bytes": [int(c) for c in caps.bucket_caps_bytes],
-        "max_pieces": int(caps.max_pieces or 0),
-        "align_buckets": int(caps.align_buckets),
-        "bucket_order": BUCKET_ORDER_CODES[caps.bucket_order],
-    }
-
-
 def _ints(raw: Any, code: str) -> list[int]:
     if raw is None:
         return []
@@ -208,13 +289,18 @@ def _csr(offsets: list[int], values: list[int], count: int) -> list[list[int]]:
     return [values[offsets[i]: offsets[i + 1]] for i in range(count)]
 
 
-def call_planner(exported: ExportedGraph, mode: str, caps: PlanSettings) -> dict[str, Any]:
-    """Runs the Go planner. Loads the extension on first use (never at import,
-    so that fork-based workers created before it are unaffected)."""
-    return _native.plan_graph(exported.arrays, native_config(mode, caps))
+def call_planner(exported: ExportedGraph, request: PlanRequest) -> dict[str, Any]:
+    """Runs the Go planner, once. Loads the extension on first use (never at
+    import, so that fork-based workers created before it are unaffected)."""
+    return _native.plan_graph(exported.arrays, request.to_native())
 
 
-def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps: PlanSettings) -> GraphPlan:
+def plan(exported: ExportedGraph, request: PlanRequest) -> GraphPlan:
+    """Plans an exported graph: one call into the planner, decoded."""
+    return decode_plan(call_planner(exported, request), exported, request.mode)
+
+
+def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str) -> GraphPlan:
     """Turns the planner's flat reply into a GraphPlan, checking its shape."""
     num_nodes = int(raw["num_nodes"])
     if num_nodes != len(exported.nodes):
@@ -230,9 +316,7 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
     bucket_bytes = _ints(raw["bucket_bytes"], "q")
     bucket_pieces = _ints(raw["bucket_pieces"], "i")
     bucket_extended = _ints(raw["bucket_extended"], "B")
-    bucket_param_offsets = _ints(raw["bucket_param_offsets"], "q")
-    bucket_params = _ints(raw["bucket_params"], "i")
-    bucket_param_lists = _csr(bucket_param_offsets, bucket_params, num_buckets)
+    bucket_param_lists = _csr(_ints(raw["bucket_param_offsets"], "q"), _ints(raw["bucket_params"], "i"), num_buckets)
     names = exported.param_names
     buckets = [
         BucketInfo(
@@ -244,88 +328,33 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str, caps
         )
         for b in range(num_buckets)
     ]
-
     inputs = _csr(_ints(raw["piece_input_offsets"], "q"), _ints(raw["piece_inputs"], "i"), num_pieces)
     outputs = _csr(_ints(raw["piece_output_offsets"], "q"), _ints(raw["piece_outputs"], "i"), num_pieces)
+    piece_params = _csr(_ints(raw["piece_param_offsets"], "q"), _ints(raw["piece_params"], "i"), num_pieces)
     nodes = exported.nodes
-    first_use_names = None
-    if mode == "ddp":
-        first_use_names = _first_use_names(exported, piece_of_node, bucket_param_lists, num_pieces)
+    reason = int(raw["align_reason"])
+    blocks = raw["node_block_ids"]
     return GraphPlan(
         fingerprint=int(raw["fingerprint"]),
         mode=mode,
         num_pieces=num_pieces,
         node_pieces={node.name: piece_of_node[i] for i, node in enumerate(nodes)},
         buckets=buckets,
-        caps=caps,
+        caps=PlanSettings.from_reply(raw),
         piece_inputs=[[nodes[i].name for i in ins] for ins in inputs],
         piece_outputs=[[nodes[i].name for i in outs] for outs in outputs],
         piece_input_indices=inputs,
         piece_output_indices=outputs,
-        first_use_param_names=first_use_names,
-        alignment=ALIGNMENT_NAMES.get(int(raw.get("alignment", 0)), "unknown"),
-        ddp_caps=_ints(raw.get("ddp_caps"), "q"),
-        merged_cuts=int(raw.get("merged_cuts", 0)),
+        alignment=str(raw["alignment_name"]),
+        ddp_caps=_ints(raw["ddp_caps"], "q"),
+        merged_cuts=int(raw["merged_cuts"]),
+        not_aligned=None if reason == _native.REASON_ALIGNED else str(raw["align_detail"]),
+        align_reason=reason,
+        piece_params=[[names[i] for i in ids] for ids in piece_params],
+        num_counted_params=int(raw["num_counted_params"]),
+        eager_pieces=_ints(raw["eager_pieces"], "i"),
+        node_block_ids=None if blocks is None else _ints(blocks, "i"),
     )
-
-
-def _first_use_names(
-    exported: ExportedGraph, piece_of_node: list[int], bucket_params: list[list[int]], num_pieces: int
-) -> list[list[str]]:
-    """Per piece, the names of the bucketed parameters whose first use (the
-    first node referring to them, as ddp mode counts) is in that piece."""
-    pending = {i for ids in bucket_params for i in ids}
-    per_piece: list[list[str]] = [[] for _ in range(num_pieces)]
-    offsets, refs = exported.arrays["node_param_offsets"], exported.arrays["node_params"]
-    for node, piece in enumerate(piece_of_node):
-        for k in range(offsets[node], offsets[node + 1]):
-            p = refs[k]
-            if p in pending and piece >= 0:
-                per_piece[piece].append(exported.param_names[p])
-                pending.discard(p)
-    return per_piece
-
-
-def resolve_caps(
-    mode: str,
-    bucket_cap_bytes: int | None,
-    first_bucket_cap_bytes: int | None,
-    bucket_caps_bytes: Iterable[int] = (),
-    max_pieces: int | None = None,
-    align_buckets: bool = False,
-    *,
-    ddp_first_bucket_cap_bytes: int | None = None,
-) -> PlanSettings:
-    """The one place that fills in cap defaults, the way DDP (ddp mode) or
-    DDPOptimizer (torch mode) would, without deciding anything about cuts.
-
-    ddp_first_bucket_cap_bytes: the first-bucket cap a real DDP module uses,
-    when there is one (goddp.ddp.settings); without it the DDP rule applies.
-    """
-    cap_given = bucket_cap_bytes is not None
-    cap = int(bucket_cap_bytes) if cap_given else DEFAULT_BUCKET_CAP_BYTES
-    first = default_first_bucket_cap(
-        mode, cap, cap_is_default=not cap_given, ddp_first_bucket_cap_bytes=ddp_first_bucket_cap_bytes
-    ) if first_bucket_cap_bytes is None else int(first_bucket_cap_bytes)
-    return PlanSettings(cap, first, tuple(int(c) for c in bucket_caps_bytes), max_pieces, align_buckets)
-
-
-def default_first_bucket_cap(
-    mode: str, cap: int, *, cap_is_default: bool, ddp_first_bucket_cap_bytes: int | None = None
-) -> int:
-    """The first bucket's cap when nobody gave one.
-
-    torch mode: DDPOptimizer always uses 1 MiB (it asserts when that exceeds
-    the cap; goddp clamps instead). ddp mode: DDP's own first cap when known,
-    else DDP's rule (1 MiB with the default cap, else the cap itself), never
-    above the cap.
-    """
-    if mode == "torch":
-        return min(DEFAULT_FIRST_BUCKET_BYTES, cap)
-    first = ddp_first_bucket_cap_bytes
-    if first is None:
-        first = DEFAULT_FIRST_BUCKET_BYTES if cap_is_default else cap
-    return min(int(first), cap)
 
 
 def _name_lookup(param_names: Any) -> Callable[[torch.Tensor], str | None] | None:
@@ -388,10 +417,17 @@ def plan_graph_module(
     """
     check_mode(mode)
     check_ddp_mode_only(mode, check_max_pieces(max_pieces), align_buckets, block_cuts)
-    caps = resolve_caps(mode, bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes, max_pieces, align_buckets)
-    exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored, block_cuts=block_cuts)
+    request = PlanRequest(
+        mode=mode,
+        bucket_cap_bytes=bucket_cap_bytes,
+        first_bucket_cap_bytes=first_bucket_cap_bytes,
+        bucket_caps_bytes=tuple(int(c) for c in bucket_caps_bytes),
+        max_pieces=max_pieces,
+        align_buckets=align_buckets,
+        bucket_order="ready" if declaration_order is None else "declaration",
+        block_cuts=block_cuts,
+    )
+    exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored)
     if declaration_order is not None:
-        caps = replace(caps, bucket_order="declaration")
         exported = with_ddp_positions(exported, list(declaration_order))
-    return decode_plan(call_planner(exported, mode, caps), exported, mode, caps)
-
+    return plan(exported, request)

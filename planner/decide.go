@@ -1,0 +1,261 @@
+package planner
+
+import "fmt"
+
+// This file is the planner's one entry point for a caller that holds a
+// graph and the user's and DDP's settings: Decide makes, in one call, every
+// decision that needs no torch object. The caller then only cuts, compiles
+// and talks to DDP.
+//
+// Note [One call]: Decide resolves the caps (settings.go), assigns the
+// blocks (modstack.go), plans (Build), decides whether DDP's buckets can be
+// set to the pieces (planning a second time, unaligned, when they cannot),
+// clamps the caps handed to DDP, lists each piece's parameters and picks the
+// edge pieces (edges.go). Build stays the pure planner of one Config, under
+// the golden, oracle and fuzz tests; Decide's own rules have their tests
+// beside it (decide_test.go, modstack_test.go).
+
+// Request is one graph to plan and what is known about it.
+type Request struct {
+	Graph    *Graph
+	Stacks   *ModuleStacks // optional: per-node module stacks, for Settings.BlockCuts
+	Settings Settings
+}
+
+// AlignReason says whether DDP's buckets are set to the pieces, and if not
+// why (Decision.AlignReason).
+type AlignReason int32
+
+const (
+	// ReasonAligned: the plan's buckets are DDP's; Plan.DDPCaps are the caps.
+	ReasonAligned AlignReason = 0
+	// ReasonOff: alignment was not asked for (Settings.AlignBuckets false).
+	ReasonOff AlignReason = 1
+	// ReasonNotCovered: the aligned buckets would not hold exactly DDP's
+	// parameters (a graph break, or parameters used outside this graph);
+	// the plan is the unaligned one.
+	ReasonNotCovered AlignReason = 2
+	// ReasonOnePiece: the aligned plan has a single piece, so there is
+	// nothing to align; the plan is that single piece.
+	ReasonOnePiece AlignReason = 3
+)
+
+// String is the reason as plan records and logs say it.
+func (r AlignReason) String() string {
+	switch r {
+	case ReasonAligned:
+		return "aligned"
+	case ReasonOff:
+		return "off (align_buckets=False or mode='torch')"
+	case ReasonNotCovered:
+		return "the graph does not use all of DDP's parameters"
+	case ReasonOnePiece:
+		return "one piece: nothing to align"
+	}
+	return "unknown"
+}
+
+// Decision is Decide's answer.
+type Decision struct {
+	Plan *Plan
+	// Config holds the caps and switches the plan stands for: those Build
+	// planned with, except that when DDP's buckets are not set to the
+	// pieces (AlignReason != ReasonAligned) AlignBuckets is false and
+	// BucketOrder is what DDP's unaligned buckets follow.
+	Config Config
+	// AlignReason, with AlignDetail the words for it (counts included).
+	AlignReason AlignReason
+	AlignDetail string
+	// CountedParams counts the parameters of the table that DDP reduces
+	// (RequiresGrad, not Ignored), used by the graph or not.
+	CountedParams int
+	// PieceParams lists, per piece in forward order, its parameters in
+	// forward order. ModeDDP: the bucketed parameters first used in the
+	// piece (a bucket may span pieces). ModeTorch: the parameters of the
+	// bucket the piece completes, as torch counts them (a tied weight in
+	// each bucket that uses it).
+	PieceParams [][]int32
+	// EagerPieces are the edge pieces to run eagerly (Note [Edges]).
+	EagerPieces []int32
+	// BlockIDs is the block assignment the plan used (nil: none).
+	BlockIDs []int32
+}
+
+// decider holds the state of one Decide call.
+type decider struct {
+	req *Request
+	s   *Settings
+	g   Graph // the request's graph with the derived BlockIDs
+	out Decision
+}
+
+// Decide validates req and makes every decision of Note [One call]. Like
+// Build it keeps no state and gives identical answers for identical inputs;
+// the plan and its fingerprint are Build's for the resolved Config.
+func Decide(req *Request) (*Decision, error) {
+	if req == nil || req.Graph == nil {
+		return nil, errorf(ErrInvalidGraph, "planner: request has no graph")
+	}
+	d := &decider{req: req, s: &req.Settings, g: *req.Graph}
+	if err := checkSettings(d.s); err != nil {
+		return nil, err
+	}
+	if err := d.assignBlocks(); err != nil {
+		return nil, err
+	}
+	if err := d.plan(); err != nil {
+		return nil, err
+	}
+	d.clampCaps()
+	d.countParams()
+	d.pieceParams()
+	d.out.EagerPieces = eagerPieces(&d.g, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
+	d.out.BlockIDs = d.g.BlockIDs
+	return &d.out, nil
+}
+
+// assignBlocks derives Graph.BlockIDs from the module stacks under
+// Settings.BlockCuts (Note [Block rule]).
+func (d *decider) assignBlocks() error {
+	st := d.req.Stacks
+	if st == nil {
+		return nil
+	}
+	if d.g.BlockIDs != nil {
+		return errorf(ErrInvalidGraph, "planner: both BlockIDs and module stacks given; give the module stacks and let the planner assign the blocks")
+	}
+	if err := validateStacks(st, len(d.g.Ops)); err != nil {
+		return err
+	}
+	if d.s.BlockCuts {
+		d.g.BlockIDs = assignBlocks(&d.g, st)
+	}
+	return nil
+}
+
+// plan builds the plan, aligned if asked and possible; see AlignReason.
+func (d *decider) plan() error {
+	s := d.s
+	if !s.AlignBuckets {
+		return d.build(s.resolve(false), ReasonOff, "")
+	}
+	if err := d.build(s.resolve(true), ReasonAligned, ""); err != nil || s.DDP == nil {
+		return err
+	}
+	if planned, covered, err := d.covers(); err != nil {
+		return err
+	} else if !covered {
+		detail := fmt.Sprintf("the graph uses %d of DDP's %d parameters (a graph break, or parameters used outside this graph); DDP buckets the whole model",
+			planned, s.DDP.NumParams)
+		return d.build(s.resolve(false), ReasonNotCovered, detail)
+	}
+	if d.out.Plan.NumPieces <= 1 {
+		pl := d.out.Plan
+		pl.Alignment, pl.DDPCaps = AlignNone, nil
+		d.out.Config.AlignBuckets, d.out.Config.BucketOrder = false, OrderReady
+		d.out.AlignReason, d.out.AlignDetail = ReasonOnePiece, ReasonOnePiece.String()
+	}
+	return nil
+}
+
+// build plans under cfg and records the outcome.
+func (d *decider) build(cfg Config, reason AlignReason, detail string) error {
+	pl, err := Build(&d.g, cfg)
+	if err != nil {
+		return err
+	}
+	if detail == "" && reason != ReasonAligned {
+		detail = reason.String()
+	}
+	d.out.Plan, d.out.Config, d.out.AlignReason, d.out.AlignDetail = pl, cfg, reason, detail
+	return nil
+}
+
+// covers reports whether the aligned buckets hold exactly DDP's parameters
+// (by DDP position), and how many parameters they hold. Unknown
+// (DDPSettings.NumParams 0) counts as covered.
+func (d *decider) covers() (planned int, covered bool, err error) {
+	n := d.s.DDP.NumParams
+	if n == 0 {
+		return 0, true, nil
+	}
+	for p := range d.g.Params {
+		if pos := d.g.Params[p].DDPPosition; pos < -1 || int(pos) >= n {
+			return 0, false, errorf(ErrInvalidGraph, "planner: parameter %d (%q): DDP position %d out of range [-1, %d) for DDP's %d parameters",
+				p, d.g.Params[p].Name, pos, n, n)
+		}
+	}
+	seen := make([]bool, n)
+	covered = true
+	for _, b := range d.out.Plan.Buckets {
+		for _, p := range b.Params {
+			planned++
+			pos := d.g.Params[p].DDPPosition
+			if pos < 0 || seen[pos] {
+				covered = false
+				continue
+			}
+			seen[pos] = true
+		}
+	}
+	return planned, covered && planned == n, nil
+}
+
+// clampCaps raises every cap handed to DDP to at least 1 byte: a bucket of
+// zero-byte parameters only (possible for the forward-first piece) would
+// otherwise get cap 0, which makes DDP give each of them a bucket of its
+// own.
+func (d *decider) clampCaps() {
+	caps := d.out.Plan.DDPCaps
+	for k := range caps {
+		caps[k] = max(1, caps[k])
+	}
+}
+
+func (d *decider) countParams() {
+	for p := range d.g.Params {
+		if d.g.Params[p].counted() {
+			d.out.CountedParams++
+		}
+	}
+}
+
+// pieceParams fills Decision.PieceParams (see there).
+func (d *decider) pieceParams() {
+	pl, g := d.out.Plan, &d.g
+	per := make([][]int32, pl.NumPieces)
+	if d.out.Config.Mode == ModeTorch {
+		// Buckets are in DDP order (last piece first) and list parameters
+		// in gradient-ready order; walking both backwards gives forward
+		// order.
+		for k := len(pl.Buckets) - 1; k >= 0; k-- {
+			b := &pl.Buckets[k]
+			if b.Piece >= 0 && b.Piece < pl.NumPieces {
+				for j := len(b.Params) - 1; j >= 0; j-- {
+					per[b.Piece] = append(per[b.Piece], b.Params[j])
+				}
+			}
+		}
+		d.out.PieceParams = per
+		return
+	}
+	bucketed := make([]bool, len(g.Params))
+	for _, b := range pl.Buckets {
+		for _, p := range b.Params {
+			bucketed[p] = true
+		}
+	}
+	firstUse, _ := firstUses(g) // cannot fail: Build bounded the same sums
+	for i, piece := range pl.NodePiece {
+		if piece < 0 {
+			continue
+		}
+		for _, p := range g.ParamIndex[g.ParamOffsets[i]:g.ParamOffsets[i+1]] {
+			if bucketed[p] && int(firstUse[p]) == i {
+				per[piece] = append(per[piece], p)
+				bucketed[p] = false // listed once, at its first reference
+			}
+		}
+	}
+	d.out.PieceParams = per
+}

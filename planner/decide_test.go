@@ -1,0 +1,530 @@
+package planner
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// settingsFor gives every cap of cfg as the user's, so that resolving them
+// is the identity and Decide plans exactly cfg.
+func settingsFor(cfg Config, blockCuts bool) Settings {
+	return Settings{
+		Mode:                    cfg.Mode,
+		UserBucketCapBytes:      cfg.BucketCapBytes,
+		UserBucketCapGiven:      true,
+		UserFirstBucketCapBytes: cfg.FirstBucketCapBytes,
+		UserFirstBucketCapGiven: true,
+		UserBucketCapsBytes:     cfg.BucketCapsBytes,
+		MaxPieces:               cfg.MaxPieces,
+		AlignBuckets:            cfg.AlignBuckets,
+		BucketOrder:             cfg.BucketOrder,
+		BlockCuts:               blockCuts,
+	}
+}
+
+// defaultDDP is a DDP module built with every default.
+func defaultDDP() *DDPSettings {
+	return &DDPSettings{BucketCapBytes: 25 * mib, CapIsDefault: true, FirstBucketCapBytes: -1}
+}
+
+func TestResolveCaps(t *testing.T) {
+	ddpWith := func(change func(d *DDPSettings)) *DDPSettings {
+		d := defaultDDP()
+		change(d)
+		return d
+	}
+	userCap := func(s Settings, c int64) Settings {
+		s.UserBucketCapBytes, s.UserBucketCapGiven = c, true
+		return s
+	}
+	cases := []struct {
+		name       string
+		s          Settings
+		cap, first int64
+		caps       []int64
+	}{
+		{"no DDP, nothing given: DDP's defaults", Settings{}, 25 * mib, 1 * mib, nil},
+		{"no DDP, a cap: it is also the first cap", userCap(Settings{}, 10*mib), 10 * mib, 10 * mib, nil},
+		{"no DDP, torch: 1 MiB first", userCap(Settings{Mode: ModeTorch}, 10*mib), 10 * mib, 1 * mib, nil},
+		{"no DDP, torch, small cap: first clamped", userCap(Settings{Mode: ModeTorch}, mib/2), mib / 2, mib / 2, nil},
+		{"no DDP, the user's per-bucket caps", Settings{UserBucketCapsBytes: []int64{5, 7}}, 25 * mib, 1 * mib, []int64{5, 7}},
+		{"default DDP", Settings{DDP: defaultDDP()}, 25 * mib, 1 * mib, nil},
+		{"DDP with a cap of its own: first = cap",
+			Settings{DDP: ddpWith(func(d *DDPSettings) { d.BucketCapBytes, d.CapIsDefault = 10*mib, false })}, 10 * mib, 10 * mib, nil},
+		{"the same in torch mode: 1 MiB first",
+			Settings{Mode: ModeTorch, DDP: ddpWith(func(d *DDPSettings) { d.BucketCapBytes, d.CapIsDefault = 10*mib, false })}, 10 * mib, 1 * mib, nil},
+		{"DDP's own first cap is kept",
+			Settings{DDP: ddpWith(func(d *DDPSettings) { d.FirstBucketCapBytes = 3 * mib })}, 25 * mib, 3 * mib, nil},
+		{"a user cap below DDP's first cap clamps it",
+			userCap(Settings{DDP: ddpWith(func(d *DDPSettings) { d.FirstBucketCapBytes = 1 * mib })}, mib/2), mib / 2, mib / 2, nil},
+		{"the user's first cap",
+			func() Settings {
+				s := userCap(Settings{DDP: defaultDDP()}, mib/2)
+				s.UserFirstBucketCapBytes, s.UserFirstBucketCapGiven = mib/4, true
+				return s
+			}(), mib / 2, mib / 4, nil},
+		{"DDP's per-bucket caps",
+			Settings{DDP: ddpWith(func(d *DDPSettings) { d.BucketCapsBytes = []int64{1 * mib, 4 * mib} })}, 25 * mib, 1 * mib, []int64{1 * mib, 4 * mib}},
+		{"an overridden cap drops DDP's per-bucket caps",
+			userCap(Settings{DDP: ddpWith(func(d *DDPSettings) { d.BucketCapsBytes = []int64{1 * mib, 4 * mib} })}, 2*mib), 2 * mib, 1 * mib, nil},
+		{"torch mode drops DDP's per-bucket caps",
+			Settings{Mode: ModeTorch, DDP: ddpWith(func(d *DDPSettings) { d.BucketCapsBytes = []int64{1 * mib} })}, 25 * mib, 1 * mib, nil},
+		{"the user's per-bucket caps win over DDP's",
+			Settings{UserBucketCapsBytes: []int64{9}, DDP: ddpWith(func(d *DDPSettings) { d.BucketCapsBytes = []int64{1 * mib} })}, 25 * mib, 1 * mib, []int64{9}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.NoError(t, checkSettings(&tc.s))
+			cfg := tc.s.resolve(false)
+			assert.Equal(t, tc.cap, cfg.BucketCapBytes, "cap")
+			assert.Equal(t, tc.first, cfg.FirstBucketCapBytes, "first cap")
+			assert.Equal(t, tc.caps, cfg.BucketCapsBytes, "per-bucket caps")
+			assert.LessOrEqual(t, cfg.FirstBucketCapBytes, cfg.BucketCapBytes, "first cap above the cap")
+		})
+	}
+}
+
+func TestBucketOrderFromDDPFlags(t *testing.T) {
+	cases := []struct {
+		findUnused, static bool
+		want               BucketOrder
+	}{
+		{false, false, OrderReady},
+		{true, false, OrderDeclaration},
+		{true, true, OrderReady},
+		{false, true, OrderReady},
+	}
+	for _, tc := range cases {
+		d := defaultDDP()
+		d.FindUnusedParameters, d.StaticGraph = tc.findUnused, tc.static
+		s := Settings{DDP: d}
+		assert.Equal(t, tc.want, s.resolve(true).BucketOrder, "find_unused=%t static=%t, aligned", tc.findUnused, tc.static)
+		// Unaligned, DDP's buckets are its own: the cuts follow ready order.
+		assert.Equal(t, OrderReady, s.resolve(false).BucketOrder, "find_unused=%t static=%t, unaligned", tc.findUnused, tc.static)
+	}
+}
+
+func TestDecideRejects(t *testing.T) {
+	ddp := func(change func(d *DDPSettings)) Settings {
+		d := defaultDDP()
+		change(d)
+		return Settings{DDP: d}
+	}
+	cases := []struct {
+		name string
+		s    Settings
+		code ErrorCode
+		want string
+	}{
+		{"zero user cap", Settings{UserBucketCapGiven: true}, ErrInvalidConfig, "the user's bucket cap is 0 bytes; it must be > 0"},
+		{"negative user cap", Settings{UserBucketCapBytes: -5, UserBucketCapGiven: true}, ErrInvalidConfig, "the user's bucket cap is -5 bytes"},
+		{"zero user first cap", Settings{UserFirstBucketCapGiven: true}, ErrInvalidConfig, "the user's first-bucket cap is 0 bytes"},
+		{"user first cap above the cap", Settings{UserBucketCapBytes: 10, UserBucketCapGiven: true, UserFirstBucketCapBytes: 20, UserFirstBucketCapGiven: true},
+			ErrInvalidConfig, "FirstBucketCapBytes (20) must not exceed BucketCapBytes (10)"},
+		{"zero per-bucket cap", Settings{UserBucketCapsBytes: []int64{3, 0}}, ErrInvalidConfig, "BucketCapsBytes[1] must be > 0"},
+		{"zero DDP cap", ddp(func(d *DDPSettings) { d.BucketCapBytes = 0 }), ErrInvalidConfig, "DDP's bucket cap is 0 bytes"},
+		{"zero DDP first cap", ddp(func(d *DDPSettings) { d.FirstBucketCapBytes = 0 }), ErrInvalidConfig, "DDP's first-bucket cap is 0 bytes; it must be > 0, or -1"},
+		{"DDP first cap -2", ddp(func(d *DDPSettings) { d.FirstBucketCapBytes = -2 }), ErrInvalidConfig, "DDP's first-bucket cap is -2 bytes"},
+		{"zero DDP per-bucket cap", ddp(func(d *DDPSettings) { d.BucketCapsBytes = []int64{0} }), ErrInvalidConfig, "DDP's per-bucket cap 0 is 0 bytes"},
+		{"negative DDP parameter count", ddp(func(d *DDPSettings) { d.NumParams = -1 }), ErrInvalidConfig, "DDP's parameter count is -1"},
+		{"explicit order with DDP", func() Settings { s := ddp(func(*DDPSettings) {}); s.BucketOrder = OrderDeclaration; return s }(),
+			ErrInvalidConfig, "explicit bucket order (1) together with DDP settings"},
+		{"unknown edge policy", Settings{Edges: 7}, ErrInvalidConfig, "unknown edge policy 7"},
+		{"block cuts in torch mode", Settings{Mode: ModeTorch, BlockCuts: true}, ErrInvalidConfig, "BlockCuts is not supported in ModeTorch"},
+		{"unknown mode", Settings{Mode: 9}, ErrInvalidConfig, "unknown mode 9"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Decide(&Request{Graph: toyModel().graph(), Settings: tc.s})
+			var perr *Error
+			require.ErrorAs(t, err, &perr)
+			assert.Equal(t, tc.code, perr.Code)
+			assert.Contains(t, perr.Msg, tc.want)
+		})
+	}
+
+	t.Run("no graph", func(t *testing.T) {
+		_, err := Decide(&Request{})
+		require.ErrorContains(t, err, "request has no graph")
+		_, err = Decide(nil)
+		require.ErrorContains(t, err, "request has no graph")
+	})
+	t.Run("block ids and stacks", func(t *testing.T) {
+		b, blocks := gptModel(2, 8)
+		g := b.graph()
+		g.BlockIDs = blocks
+		_, err := Decide(&Request{Graph: g, Stacks: gptStacks(blocks), Settings: Settings{BlockCuts: true}})
+		require.ErrorContains(t, err, "both BlockIDs and module stacks given")
+	})
+	t.Run("DDP position out of range", func(t *testing.T) {
+		g := toyModel().graph()
+		setDDPPositions(g, countedParams(g))
+		g.Params[0].DDPPosition = 99
+		d := defaultDDP()
+		d.NumParams = len(countedParams(g))
+		_, err := Decide(&Request{Graph: g, Settings: Settings{AlignBuckets: true, DDP: d}})
+		require.ErrorContains(t, err, `parameter 0 ("fc1.weight"): DDP position 99 out of range [-1, 8)`)
+	})
+}
+
+// TestDecideMatchesBuild: with every cap given, Decide plans exactly what
+// Build plans (same fingerprints, so the golden files hold for it too).
+func TestDecideMatchesBuild(t *testing.T) {
+	for _, tc := range planCases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tc.model().graph()
+			want, err := Build(g, tc.cfg)
+			require.NoError(t, err)
+			dec, err := Decide(&Request{Graph: g, Settings: settingsFor(tc.cfg, false)})
+			require.NoError(t, err)
+			assert.Equal(t, want, dec.Plan)
+			assert.Equal(t, tc.cfg, dec.Config)
+			wantReason := ReasonOff
+			if tc.cfg.AlignBuckets {
+				wantReason = ReasonAligned // no DDP module: nothing to check coverage against
+			}
+			assert.Equal(t, wantReason, dec.AlignReason)
+		})
+	}
+}
+
+// alignedDDP asks for aligned buckets from a DDP module that reduces the
+// graph's counted parameters (plus extra more), declared in table order.
+func alignedDDP(g *Graph, extra int, change func(d *DDPSettings)) Settings {
+	counted := countedParams(g)
+	setDDPPositions(g, counted)
+	d := defaultDDP()
+	d.NumParams = len(counted) + extra
+	if change != nil {
+		change(d)
+	}
+	s := Settings{AlignBuckets: true, DDP: d}
+	s.UserBucketCapBytes, s.UserBucketCapGiven = 45000, true
+	s.UserFirstBucketCapBytes, s.UserFirstBucketCapGiven = 20, true
+	return s
+}
+
+func TestDecideAlignment(t *testing.T) {
+	t.Run("covered", func(t *testing.T) {
+		g := mlpModel().graph()
+		dec, err := Decide(&Request{Graph: g, Settings: alignedDDP(g, 0, nil)})
+		require.NoError(t, err)
+		assert.Equal(t, ReasonAligned, dec.AlignReason)
+		assert.Equal(t, "", dec.AlignDetail)
+		assert.True(t, dec.Config.AlignBuckets)
+		assert.Equal(t, AlignReady, dec.Plan.Alignment)
+		require.Greater(t, dec.Plan.NumPieces, 1)
+		for k, b := range dec.Plan.Buckets {
+			assert.Equal(t, b.Bytes, dec.Plan.DDPCaps[k])
+		}
+	})
+	t.Run("not covered: planned again unaligned", func(t *testing.T) {
+		for name, s := range map[string]func(g *Graph) Settings{
+			"DDP has a parameter the graph lacks": func(g *Graph) Settings { return alignedDDP(g, 1, nil) },
+			"a parameter that is not DDP's": func(g *Graph) Settings {
+				s := alignedDDP(g, 0, nil)
+				g.Params[0].DDPPosition = -1
+				return s
+			},
+		} {
+			g := mlpModel().graph()
+			settings := s(g)
+			dec, err := Decide(&Request{Graph: g, Settings: settings})
+			require.NoError(t, err, name)
+			assert.Equal(t, ReasonNotCovered, dec.AlignReason, name)
+			assert.Contains(t, dec.AlignDetail, fmt.Sprintf("the graph uses 8 of DDP's %d parameters", settings.DDP.NumParams), name)
+			unaligned := settings.resolve(false)
+			want, err := Build(g, unaligned)
+			require.NoError(t, err)
+			assert.Equal(t, want, dec.Plan, name)
+			assert.Equal(t, unaligned, dec.Config, name)
+		}
+	})
+	t.Run("one piece: nothing to align", func(t *testing.T) {
+		g := sharedWeightModel().graph()
+		s := alignedDDP(g, 0, nil)
+		s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 3000, 3000
+		dec, err := Decide(&Request{Graph: g, Settings: s})
+		require.NoError(t, err)
+		assert.Equal(t, ReasonOnePiece, dec.AlignReason)
+		assert.Equal(t, "one piece: nothing to align", dec.AlignDetail)
+		assert.Equal(t, 1, dec.Plan.NumPieces)
+		assert.Equal(t, AlignNone, dec.Plan.Alignment)
+		assert.Empty(t, dec.Plan.DDPCaps)
+		assert.False(t, dec.Config.AlignBuckets)
+		// The plan is still the aligned one: its fingerprint is unchanged.
+		aligned, err := Build(g, s.resolve(true))
+		require.NoError(t, err)
+		assert.Equal(t, aligned.Fingerprint, dec.Plan.Fingerprint)
+	})
+	t.Run("declaration order from DDP's flags", func(t *testing.T) {
+		g := mlpModel().graph()
+		dec, err := Decide(&Request{Graph: g, Settings: alignedDDP(g, 0, func(d *DDPSettings) { d.FindUnusedParameters = true })})
+		require.NoError(t, err)
+		assert.Equal(t, OrderDeclaration, dec.Config.BucketOrder)
+		assert.Contains(t, []Alignment{AlignDeclaration, AlignDeclarationMerged}, dec.Plan.Alignment)
+		assert.Equal(t, "declaration-order caps", dec.Plan.Alignment.String())
+	})
+	t.Run("caps of at least one byte", func(t *testing.T) {
+		b := &graphBuilder{}
+		p0, p1 := b.param("zero", 0), b.param("w", 100)
+		x := b.placeholder("x")
+		h0, h1 := b.placeholder("l_zero"), b.placeholder("l_w")
+		n0 := b.call("n0", in(x, h0), arg(p0))
+		n1 := b.call("n1", in(n0, h1), arg(p1))
+		b.output(n1)
+		g := b.graph()
+		s := alignedDDP(g, 0, nil)
+		s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 100, 100
+		dec, err := Decide(&Request{Graph: g, Settings: s})
+		require.NoError(t, err)
+		require.Equal(t, ReasonAligned, dec.AlignReason)
+		require.Equal(t, 2, dec.Plan.NumPieces)
+		assert.Equal(t, []int64{100, 0}, []int64{dec.Plan.Buckets[0].Bytes, dec.Plan.Buckets[1].Bytes})
+		assert.Equal(t, []int64{100, 1}, dec.Plan.DDPCaps)
+	})
+}
+
+func TestCountedParams(t *testing.T) {
+	for _, tc := range []struct {
+		model func() *graphBuilder
+		want  int
+	}{{toyModel, 8}, {ignoredParamModel, 4}, {noComputeModel, 1}} {
+		g := tc.model().graph()
+		dec, err := Decide(&Request{Graph: g, Settings: Settings{}})
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, dec.CountedParams)
+		assert.Equal(t, len(countedParams(g)), dec.CountedParams)
+	}
+}
+
+// referencePieceParams is PieceParams written from the definition: ModeDDP,
+// each bucketed parameter at the first compute node that refers to it,
+// ordered by node and by its first listing there; ModeTorch, the buckets'
+// parameters per piece, in forward order.
+func referencePieceParams(g *Graph, pl *Plan, mode Mode) [][]int32 {
+	per := make([][]int32, pl.NumPieces)
+	if mode == ModeTorch {
+		for k := len(pl.Buckets) - 1; k >= 0; k-- {
+			b := pl.Buckets[k]
+			rev := slices.Clone(b.Params)
+			slices.Reverse(rev)
+			per[b.Piece] = append(per[b.Piece], rev...)
+		}
+		return per
+	}
+	type use struct{ node, slot int }
+	first := map[int32]use{}
+	for _, b := range pl.Buckets {
+		for _, p := range b.Params {
+			for i := range g.Ops {
+				if !isCompute(g.Ops[i]) {
+					continue
+				}
+				refs := g.ParamIndex[g.ParamOffsets[i]:g.ParamOffsets[i+1]]
+				if s := slices.Index(refs, p); s >= 0 {
+					first[p] = use{i, s}
+					break
+				}
+			}
+		}
+	}
+	params := make([]int32, 0, len(first))
+	for p := range first {
+		params = append(params, p)
+	}
+	slices.SortFunc(params, func(a, b int32) int {
+		if first[a].node != first[b].node {
+			return first[a].node - first[b].node
+		}
+		return first[a].slot - first[b].slot
+	})
+	for _, p := range params {
+		piece := pl.NodePiece[first[p].node]
+		per[piece] = append(per[piece], p)
+	}
+	return per
+}
+
+func TestPieceParamsAgainstReference(t *testing.T) {
+	forRandomFuzzInputs(t, rand.New(rand.NewPCG(4242, 3)), 3000, 400, func(data []byte) {
+		g, cfg := decodeFuzzInput(data)
+		want, err := Build(g, cfg)
+		if err != nil {
+			return
+		}
+		dec, err := Decide(&Request{Graph: g, Settings: settingsFor(cfg, false)})
+		require.NoError(t, err)
+		ref := referencePieceParams(g, want, cfg.Mode)
+		for p := range ref {
+			if len(ref[p]) == 0 {
+				ref[p] = nil
+			}
+		}
+		got := slices.Clone(dec.PieceParams)
+		for p := range got {
+			if len(got[p]) == 0 {
+				got[p] = nil
+			}
+		}
+		require.Equal(t, ref, got)
+	})
+}
+
+// edgeGraph lays out pieces of one compute node per entry (the entry is
+// its block, -1 for none) between a placeholder and the output, and
+// returns the graph with its block ids and the node pieces.
+func edgeGraph(layout [][]int32) (*Graph, []int32, int) {
+	b := &graphBuilder{}
+	prev := b.placeholder("x")
+	blocks, pieces := []int32{-1}, []int32{-1}
+	for piece, members := range layout {
+		for k, block := range members {
+			prev = b.call(fmt.Sprintf("n%d_%d", piece, k), in(prev))
+			blocks, pieces = append(blocks, block), append(pieces, int32(piece))
+		}
+	}
+	b.output(prev)
+	g := b.graph()
+	g.BlockIDs = append(blocks, -1)
+	return g, append(pieces, -1), len(layout)
+}
+
+func TestEagerPieces(t *testing.T) {
+	cases := []struct {
+		name   string
+		layout [][]int32
+		policy EdgePolicy
+		want   []int32
+	}{
+		// preamble of 2 nodes, blocks of 3 (the second with a trailing node
+		// outside any block, joined to it), a tail of 4: the mean block is 3
+		{"auto keeps the small edges", [][]int32{{-1, -1}, {0, 0, 0}, {1, 1, 1, -1}, {-1, -1, -1, -1}}, EdgesAuto, []int32{0}},
+		{"eager keeps every edge", [][]int32{{-1, -1}, {0, 0, 0}, {1, 1, 1, -1}, {-1, -1, -1, -1}}, EdgesEager, []int32{0, 3}},
+		{"compile keeps none", [][]int32{{-1, -1}, {0, 0, 0}, {1, 1, 1, -1}, {-1, -1, -1, -1}}, EdgesCompile, nil},
+		{"an edge of exactly a mean block", [][]int32{{0, 0, 0}, {1, 1, 1}, {-1, -1, -1}}, EdgesAuto, []int32{2}},
+		{"a piece between blocks is no edge", [][]int32{{-1}, {0, 0, 0}, {-1}, {1, 1, 1}, {-1}}, EdgesEager, []int32{0, 4}},
+		{"a piece reaching into a block is no edge", [][]int32{{-1, 0, 0}, {0, 1, 1, 1}}, EdgesEager, nil},
+		{"no blocks, no edges", [][]int32{{-1}, {-1, -1}}, EdgesEager, nil},
+	}
+	for _, tc := range cases {
+		g, pieces, n := edgeGraph(tc.layout)
+		assert.Equal(t, tc.want, eagerPieces(g, pieces, n, tc.policy), tc.name)
+	}
+	g, pieces, n := edgeGraph([][]int32{{-1}, {0, 0}, {1, 1}, {-1}})
+	g.BlockIDs = nil
+	assert.Nil(t, eagerPieces(g, pieces, n, EdgesEager), "no block ids")
+}
+
+// gptStacks is the module stacks that give gptModel's blocks: each block
+// node inside "L['self'].blocks.<l>" (under the model itself), the others
+// inside the model only.
+func gptStacks(blocks []int32) *ModuleStacks {
+	stacks := make([][]stackEntry, len(blocks))
+	for i, l := range blocks {
+		stacks[i] = []stackEntry{{"L['self']", "GPT"}}
+		if l >= 0 {
+			stacks[i] = append(stacks[i], stackEntry{fmt.Sprintf("L['self'].blocks.%d", l), "Block"})
+		}
+	}
+	return stacksOf(stacks, false)
+}
+
+// renderDecision extends render with what Decide adds to the plan.
+func renderDecision(g *Graph, names []string, dec *Decision) string {
+	var s strings.Builder
+	s.WriteString(render(g, names, dec.Config, dec.Plan))
+	paramNames := func(ps []int32) string {
+		out := make([]string, len(ps))
+		for k, p := range ps {
+			out[k] = g.Params[p].Name
+		}
+		return "[" + strings.Join(out, " ") + "]"
+	}
+	fmt.Fprintf(&s, "decision: order=%d align=%s (%s) alignment=%q ddp_caps=%v merged_cuts=%d counted=%d\n",
+		dec.Config.BucketOrder, dec.AlignReason, dec.AlignDetail, dec.Plan.Alignment.String(), dec.Plan.DDPCaps,
+		dec.Plan.MergedCuts, dec.CountedParams)
+	for p, ps := range dec.PieceParams {
+		fmt.Fprintf(&s, "piece %d params: %s\n", p, paramNames(ps))
+	}
+	fmt.Fprintf(&s, "eager pieces: %v\nblock ids: %v\n", dec.EagerPieces, dec.BlockIDs)
+	return s.String()
+}
+
+func TestDecideGolden(t *testing.T) {
+	cases := []struct {
+		name     string
+		build    func() (*graphBuilder, *ModuleStacks)
+		settings func(g *Graph) Settings
+	}{
+		{"decide_gpt_stacks_aligned", func() (*graphBuilder, *ModuleStacks) {
+			b, blocks := gptModel(4, 8)
+			return b, gptStacks(blocks)
+		}, func(g *Graph) Settings {
+			s := alignedDDP(g, 0, nil)
+			s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 7000, 100
+			s.BlockCuts, s.Edges = true, EdgesAuto
+			return s
+		}},
+		{"decide_gpt_stacks_find_unused", func() (*graphBuilder, *ModuleStacks) {
+			b, blocks := gptModel(3, 8)
+			return b, gptStacks(blocks)
+		}, func(g *Graph) Settings {
+			s := alignedDDP(g, 0, func(d *DDPSettings) { d.FindUnusedParameters = true })
+			s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 7000, 100
+			s.BlockCuts, s.Edges = true, EdgesEager
+			return s
+		}},
+		{"decide_mlp_not_covered", func() (*graphBuilder, *ModuleStacks) { return mlpModel(), nil },
+			func(g *Graph) Settings { return alignedDDP(g, 2, nil) }},
+		{"decide_toy_torch_defaults", func() (*graphBuilder, *ModuleStacks) { return toyModel(), nil },
+			func(g *Graph) Settings { return Settings{Mode: ModeTorch, DDP: defaultDDP()} }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b, st := tc.build()
+			g := b.graph()
+			dec, err := Decide(&Request{Graph: g, Stacks: st, Settings: tc.settings(g)})
+			require.NoError(t, err)
+			planned := *g
+			planned.BlockIDs = dec.BlockIDs
+			// Block cuts do not apply under declaration order (see Build).
+			blocksIdle := planned.BlockIDs != nil && dec.Config.BucketOrder == OrderDeclaration
+			if dec.AlignReason != ReasonOnePiece && !blocksIdle {
+				for _, v := range checkPlan(&planned, dec.Config, dec.Plan) {
+					t.Error(v)
+				}
+			}
+			checkGolden(t, tc.name, renderDecision(g, b.names, dec))
+		})
+	}
+}
+
+// TestStackBlocksMatchGivenBlocks: the module stacks of gptModel give its
+// hand-made block ids, so Decide's block plan is Build's.
+func TestStackBlocksMatchGivenBlocks(t *testing.T) {
+	b, blocks := gptModel(4, 8)
+	cfg := alignedCfg(ddpCfg(7000, 100))
+	given := b.graph()
+	given.BlockIDs = blocks
+	want, err := Build(given, cfg)
+	require.NoError(t, err)
+	dec, err := Decide(&Request{Graph: b.graph(), Stacks: gptStacks(blocks), Settings: settingsFor(cfg, true)})
+	require.NoError(t, err)
+	assert.Equal(t, blocks, dec.BlockIDs)
+	assert.Equal(t, want, dec.Plan)
+
+	// Without BlockCuts the stacks are ignored.
+	plain, err := Build(b.graph(), cfg)
+	require.NoError(t, err)
+	dec, err = Decide(&Request{Graph: b.graph(), Stacks: gptStacks(blocks), Settings: settingsFor(cfg, false)})
+	require.NoError(t, err)
+	assert.Nil(t, dec.BlockIDs)
+	assert.Equal(t, plain, dec.Plan)
+}
