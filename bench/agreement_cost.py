@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
 from goddp.ranks.group import Group
+from goddp.ranks.layout import Layout
 from goddp.ranks.plan_check import Statement, exchange
 
 
@@ -29,7 +30,9 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     group = Group(name="bench", ranks=tuple(range(size)), rank=rank, timeout_s=60)
-    payload = Statement(fingerprint=0x1234_5678_9ABC_DEF0, pieces=6, caps=(1 << 20,) * 6).to_json()
+    # a statement of the size a 6-bucket, 24-parameter layout makes
+    layout = Layout(tuple(tuple(range(4 * b, 4 * b + 4)) for b in range(6)), (1 << 20,) * 6, "ready", "goddp bench")
+    payload = Statement(layout=layout, digest=0x0123_4567_89AB_CDEF, fingerprint=0x1234_5678_9ABC_DEF0, pieces=6).to_json()
     store = _get_default_store()
     times: dict[str, list[float]] = {"exchange": [], "barrier": []}
     for round_ in range(args.rounds):

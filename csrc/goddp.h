@@ -57,7 +57,9 @@ extern "C" {
  *    goddp_graph's module stacks, goddp_config.defaults, block_cuts, edges
  *    and ddp (goddp_ddp), and goddp_plan's settings, align_reason,
  *    align_detail, alignment_name, num_counted_params, piece_params,
- *    eager_pieces and node_block_ids. */
+ *    eager_pieces and node_block_ids.
+ * Added without a bump (new, nothing changed): goddp_layout and
+ * goddp_layout_digest. */
 #define GODDP_ABI_VERSION 6
 
 /* FX node kinds, as in torch.fx.Node.op. */
@@ -326,6 +328,25 @@ goddp_status goddp_set_max_procs(int32_t n, int32_t *previous);
  * release with goddp_plan_free. */
 goddp_status goddp_plan_graph(const goddp_graph *g, const goddp_config *cfg,
                               goddp_plan **out, char **err_msg);
+
+/* What DDP will communicate for one module once goddp has set its buckets
+ * (python/goddp/_agreement.py, Note [Agreeing on DDP's layout]): the ranks
+ * of a DDP module compare its digest, never their graphs. */
+typedef struct goddp_layout {
+    int32_t num_buckets;                /* >= 1, DDP order */
+    const int64_t *bucket_offsets;      /* [num_buckets + 1] into positions (CSR) */
+    const int32_t *positions;           /* DDP parameter positions, ready order per bucket */
+    int32_t bucket_order;               /* enum goddp_bucket_order */
+    const char *build;                  /* NUL-terminated: goddp version and ABI */
+    int32_t num_caps;                   /* >= 1 */
+    const int64_t *caps;                /* [num_caps] per-bucket caps given to DDP, in DDP's walk order */
+} goddp_layout;
+
+/* Stores in *digest a 64-bit digest of layout, equal on every process and
+ * machine for equal layouts. GODDP_ERR_INVALID_CONFIG for a layout no DDP
+ * module could have (no bucket or cap, an empty bucket, a repeated or
+ * negative position, a cap below one byte). */
+goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);

@@ -922,6 +922,54 @@ static PyObject *py_set_max_procs(PyObject *self, PyObject *arg) {
     return PyLong_FromLong((long)previous);
 }
 
+PyDoc_STRVAR(layout_digest_doc,
+             "layout_digest(offsets, positions, caps, bucket_order, build) -> int\n\n"
+             "The 64-bit digest of a DDP layout (goddp_layout_digest in goddp.h): offsets\n"
+             "(int64, num_buckets + 1, CSR into positions), positions (int32 DDP parameter\n"
+             "positions) and caps (int64, the caps given to DDP) are buffers; bucket_order\n"
+             "is an enum goddp_bucket_order; build names the goddp build.");
+
+static PyObject *py_layout_digest(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer offsets, positions, caps;
+    int bucket_order;
+    const char *build;
+    if (!PyArg_ParseTuple(args, "y*y*y*is:layout_digest", &offsets, &positions, &caps, &bucket_order, &build))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = offsets.len / (Py_ssize_t)sizeof(int64_t) - 1;
+    Py_ssize_t nc = caps.len / (Py_ssize_t)sizeof(int64_t);
+    if (offsets.len % (Py_ssize_t)sizeof(int64_t) != 0 || caps.len % (Py_ssize_t)sizeof(int64_t) != 0 ||
+        positions.len % (Py_ssize_t)sizeof(int32_t) != 0 || n < 0 || n > INT32_MAX || nc > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError,
+                        "layout_digest: offsets and caps must hold int64, positions int32");
+        goto done;
+    }
+    if (refuse_in_forked_child() < 0) goto done;
+    goddp_layout layout = {
+        .num_buckets = (int32_t)n,
+        .bucket_offsets = (const int64_t *)offsets.buf,
+        .positions = positions.len ? (const int32_t *)positions.buf : NULL,
+        .bucket_order = (int32_t)bucket_order,
+        .build = build,
+        .num_caps = (int32_t)nc,
+        .caps = (const int64_t *)caps.buf,
+    };
+    uint64_t digest = 0;
+    char *msg = NULL;
+    goddp_status status = goddp_layout_digest(&layout, &digest, &msg);
+    if (status != GODDP_OK) {
+        raise_planner_error(status, msg);
+        goto done;
+    }
+    result = PyLong_FromUnsignedLongLong((unsigned long long)digest);
+done:
+    PyBuffer_Release(&caps);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&positions);
+    return result;
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -949,6 +997,7 @@ static PyMethodDef goddp_methods[] = {
     {"plan_graph", (PyCFunction)(void (*)(void))py_plan_graph, METH_VARARGS | METH_KEYWORDS, plan_graph_doc},
     {"abi_version", py_abi_version, METH_NOARGS, abi_version_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
+    {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif

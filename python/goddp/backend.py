@@ -39,11 +39,14 @@ options={...})``; goddp.options validates them):
   mean block, "compile" compiles them with inner, "eager" runs them eagerly
   whatever their size (why: goddp.graph.blocks, "Edges").
 - ``strict`` (False): raise instead of warning and compiling the whole
-  graph when planning or a piece's compilation fails.
+  graph when planning or a piece's compilation fails, and raise
+  PlanMismatchError on every rank when the ranks of a DDP module propose
+  different layouts for DDP's buckets.
 - ``log_plan`` (True): log the bucket table at INFO on logger "goddp".
-- ``check_plans`` (True): raise PlanMismatchError on every rank when the
-  ranks of a DDP module's process group planned their first training graph
-  differently (goddp.ranks.plan_check; README.md, "Several ranks").
+- ``check_plans``: deprecated, no effect (a DeprecationWarning says so):
+  the ranks compare the layout of DDP's buckets, not their plans; ranks
+  whose layouts differ keep DDP's own buckets, and ``strict=True`` makes
+  that an error (PlanMismatchError; README.md, "Several ranks").
 
 An unknown key or a bad value raises ValueError naming the valid choices.
 Importing this module switches ``torch._dynamo.config.optimize_ddp`` off

@@ -8,6 +8,8 @@ never silently changes behaviour.
 
 from __future__ import annotations
 
+import warnings
+
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
@@ -67,10 +69,12 @@ class Options:
         goddp.graph.blocks, "Edges"); "compile" compiles them with the inner
         compiler; "eager" runs them eagerly whatever their size.
     strict: raise instead of warning and compiling the whole graph when
-        planning or a piece's compilation fails.
+        planning or a piece's compilation fails, and raise PlanMismatchError
+        when the ranks' layouts for DDP's buckets differ.
     log_plan: log the bucket table at INFO on logger "goddp".
-    check_plans: raise when the ranks of a DDP module's group planned
-        differently (goddp.ranks.plan_check).
+    check_plans: deprecated, no effect: the ranks compare the layout of
+        DDP's buckets, not their plans (Note [Agreeing on DDP's layout]);
+        strict=True makes differing layouts an error.
     """
 
     inner: str | Callable[..., Any] = "inductor"
@@ -225,6 +229,22 @@ def check_ddp_mode_only(
         )
 
 
+CHECK_PLANS_DEPRECATED = (
+    "goddp option 'check_plans' is deprecated and has no effect: the ranks of a DDP module now "
+    "compare what DDP will communicate (the layout of its buckets), not how each rank's graph looks, "
+    "and ranks whose layouts differ keep DDP's own buckets and train on (README.md, 'Several ranks'). "
+    "Pass strict=True to make differing layouts an error."
+)
+_warned_check_plans = False
+
+
+def _warn_check_plans() -> None:
+    global _warned_check_plans
+    if not _warned_check_plans:
+        _warned_check_plans = True
+        warnings.warn(CHECK_PLANS_DEPRECATED, DeprecationWarning, stacklevel=4)
+
+
 def parse_options(raw: Mapping[str, Any] | None) -> Options:
     """Validates a mapping of options and returns an Options.
 
@@ -259,6 +279,8 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
     for key in ("strict", "log_plan", "check_plans"):
         if key in raw:
             values[key] = _check_bool(key, raw[key])
+    if "check_plans" in raw:
+        _warn_check_plans()
     if "align_buckets" in raw:
         values["align_buckets"] = _check_mode_default(
             "align_buckets", raw["align_buckets"], "DDP's buckets close at the cuts", "DDP keeps its own"

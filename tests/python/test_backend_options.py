@@ -6,6 +6,7 @@ import importlib
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,19 @@ def test_configured_backend_merges_torch_compile_options(monkeypatch):
     assert (plain.mode, plain.compile_mode) == ("ddp", None)
     with pytest.raises(ValueError, match="valid keys"):
         configured(gm, [torch.ones(1, 2)], options={"bogus": 1})
+
+
+def test_check_plans_is_deprecated_and_changes_nothing(monkeypatch):
+    """The ranks compare DDP's layout, not their plans (issue 16): the
+    option is accepted, warned about once, and ignored."""
+    import goddp.options as options_module
+
+    monkeypatch.setattr(options_module, "_warned_check_plans", False)
+    with pytest.warns(DeprecationWarning, match="'check_plans' is deprecated and has no effect.*strict=True"):
+        off = parse_options({"check_plans": False})
+    assert off.strict is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        parse_options({"check_plans": True})  # once per process
+    with pytest.raises(ValueError, match="True or False"):
+        parse_options({"check_plans": "no"})

@@ -1,5 +1,6 @@
 """What ranks say and decide (goddp.ranks.plan_check), in one process: decide()
-on hand-made statements, and the store exchange between threads that play
+on hand-made statements (layouts, not plans, decide: Note [Agreeing on
+DDP's layout]), and the store exchange between threads that play
 the ranks over torch's own in-memory store."""
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import torch.distributed as dist
 
 import goddp.ranks.plan_check as plan_check
 import goddp.ranks.store_round as store_round
+from goddp.ranks.layout import Layout
 from goddp.ranks.plan_check import (
+    INSTALL,
+    KEEP,
+    LATER,
     Decision,
     PeerFailedError,
     PlanMismatchError,
@@ -25,63 +30,102 @@ from goddp.ranks.plan_check import (
 from goddp.ranks.group import FALLBACK_TIMEOUT_S, Group
 
 CAPS = (4096, 8192, 1024)
+BUILD = "goddp test abi 0"
+LAYOUT = Layout(buckets=((5, 4), (3, 2), (1, 0)), caps=CAPS, order="ready", build=BUILD)
+# the same buckets, rank 1's parameters 5 and 3 swapped: another layout
+OTHER = Layout(buckets=((3, 4), (5, 2), (1, 0)), caps=CAPS, order="ready", build=BUILD)
+NAMES = [f"layers.{p}.weight" for p in range(6)]
 
 
-def says(caps=CAPS, fingerprint=0xABC, reason=None, **kw) -> Statement:
-    return Statement(fingerprint=fingerprint, pieces=3, caps=caps, reason=reason, **kw)
+def _digest(layout):
+    # any injective stand-in for the planner's digest does for decide()
+    return None if layout is None else hash((layout.buckets, layout.caps, layout.order, layout.build)) & (2**64 - 1)
+
+
+def says(layout=LAYOUT, fingerprint=0xABC, reason=None, **kw) -> Statement:
+    return Statement(layout=layout, digest=_digest(layout), reason=reason, fingerprint=fingerprint, pieces=3, **kw)
 
 
 def test_a_statement_survives_the_store():
-    for statement in (says(), says(caps=None, reason="fallback: x", fingerprint=None, check=False), says(lost="gone")):
+    for statement in (
+        says(),
+        says(layout=None, reason="fallback: x", fingerprint=None, strict=True),
+        says(lost="gone"),
+        says(layout=None, later=True),
+    ):
         assert Statement.from_json(statement.to_json()) == statement
 
 
-def test_same_caps_everywhere_align():
+def test_the_same_layout_everywhere_aligns():
     decision = decide({0: says(), 1: says(), 2: says()})
-    assert decision.caps == CAPS and decision.reason is None and not decision.disagreed
+    assert decision.action == INSTALL and decision.caps == CAPS and decision.reason is None
+    assert not decision.disagreed
     assert decision.summary()["aligned"] is True
 
 
+def test_plans_that_differ_with_the_same_layout_align():
+    """Rank 0 evaluated first and recompiled with a symbolic batch: its plan
+    (fingerprint) differs, what DDP communicates does not."""
+    decision = decide({0: says(fingerprint=0xABD), 1: says()})
+    assert decision.action == INSTALL and decision.caps == CAPS
+
+
 def test_one_rank_that_fell_back_keeps_ddp_buckets_on_every_rank_and_is_named():
-    statements = {0: says(), 1: says(caps=None, reason="fallback: compiling piece 2 of 3 failed"), 2: says()}
+    statements = {0: says(), 1: says(layout=None, reason="fallback: compiling piece 2 of 3 failed"), 2: says()}
     decision = decide(statements)
-    assert decision.caps is None and decision.disagreed
+    assert decision.action == KEEP and decision.caps is None and decision.disagreed
     assert "rank 1: plan 0000000000000abc, 3 pieces; keeps DDP's buckets: fallback: compiling piece 2" in decision.reason
-    assert f"rank 0: plan 0000000000000abc, 3 pieces; proposes DDP buckets {list(CAPS)} bytes" in decision.reason
+    assert f"rank 0: plan 0000000000000abc, 3 pieces; proposes DDP buckets {list(CAPS)} bytes (layout " in decision.reason
 
 
-def test_different_caps_do_not_align():
-    decision = decide({0: says(), 1: says(caps=(1, 2, 3))})
-    assert decision.caps is None and decision.disagreed
+def test_layouts_that_differ_keep_ddp_buckets_naming_rank_bucket_and_parameter():
+    decision = decide({0: says(), 1: says(layout=OTHER)}, NAMES.__getitem__)
+    assert decision.action == KEEP and decision.disagreed
+    assert decision.reason.startswith("the ranks' layouts differ: bucket 0: rank 1 holds [layers.3.weight] where rank 0 holds [layers.5.weight]"), decision.reason
+    assert "layers.3.weight" in decision.reason and "layers.5.weight" in decision.reason
+
+
+def test_caps_that_differ_do_not_align():
+    other = Layout(LAYOUT.buckets, (1, 2, 3), "ready", BUILD)
+    decision = decide({0: says(), 1: says(layout=other)})
+    assert decision.action == KEEP and decision.disagreed and "caps " in decision.reason
 
 
 def test_the_same_no_everywhere_is_no_disagreement():
-    decision = decide({0: says(caps=None, reason="align_buckets=False"), 1: says(caps=None, reason="align_buckets=False")})
-    assert decision == Decision(None, "align_buckets=False", False, decision.statements)
+    decision = decide({0: says(layout=None, reason="align_buckets=False"), 1: says(layout=None, reason="align_buckets=False")})
+    assert decision == Decision(KEEP, None, "align_buckets=False", False, decision.statements)
 
 
-def test_different_plans_raise_listing_every_rank():
+def test_differing_layouts_raise_under_strict_listing_every_rank():
     with pytest.raises(PlanMismatchError) as info:
-        decide({0: says(), 1: says(), 2: says(fingerprint=0xABD)})
+        decide({0: says(), 1: says(strict=True), 2: says(layout=OTHER)}, NAMES.__getitem__)
     message = str(info.value)
     assert isinstance(info.value, RuntimeError)
-    for r, fp in ((0, 0xABC), (1, 0xABC), (2, 0xABD)):
-        assert f"rank {r}: plan {fp:016x}, 3 pieces" in message
+    assert "bucket 0: rank 2 holds [layers.3.weight] where rank 0 holds [layers.5.weight]" in message
+    for r in (0, 1, 2):
+        assert f"rank {r}: plan " in message
 
 
-def test_different_plans_pass_when_no_rank_asks_for_the_check():
-    decision = decide({0: says(check=False), 1: says(fingerprint=0xABD, check=False)})
-    assert decision.caps == CAPS  # the caps still decide the buckets
+def test_strict_alone_raises_nothing_when_layouts_agree():
+    assert decide({0: says(strict=True), 1: says(strict=True, fingerprint=0xABD)}).action == INSTALL
 
 
 def test_a_rank_whose_planning_failed_is_no_mismatch():
-    decision = decide({0: says(), 1: says(fingerprint=None, caps=None, reason="fallback: planning failed")})
-    assert decision.caps is None and decision.disagreed
+    decision = decide({0: says(), 1: says(fingerprint=None, layout=None, reason="fallback: planning failed")})
+    assert decision.action == KEEP and decision.disagreed
+
+
+def test_a_rank_that_will_propose_later_defers_every_rank():
+    statements = {0: says(), 1: says(layout=None, later=True)}
+    assert decide(statements).action == LATER
+    # at the round that was deferred to, later counts as none
+    final = decide(statements, may_defer=False)
+    assert final.action == KEEP and final.disagreed
 
 
 def test_a_rank_that_lost_its_reducer_stops_everyone():
     with pytest.raises(PeerFailedError, match=r"rank 1 \(injected\)"):
-        decide({0: says(), 1: says(caps=None, lost="injected")})
+        decide({0: says(), 1: says(layout=None, lost="injected")})
 
 
 # --------------------------------------------------------------------------
@@ -231,3 +275,20 @@ def test_the_model_key_depends_on_shapes_and_dtypes_only():
     assert a == plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.float32")])
     assert a != plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.bfloat16")])
     assert a != plan_check.model_key([((4,), "torch.float32"), ((4, 4), "torch.float32")])
+
+
+def test_an_elastic_restart_never_pairs_with_a_dead_attempts_round(monkeypatch):
+    """torchrun keeps its store across restarts: rank 0 of the dead attempt
+    arrived, rank 1 died first. Had the restarted ranks counted on the same
+    key, rank 0 would land in round 0 (waiting for the dead rank's slot) and
+    rank 1 in round 1, each waiting for the other until the timeout."""
+    store = dist.HashStore()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    dead = plan_check.agreement_key("0", "m")
+    store.add(f"{dead}/arrivals", 1)
+    store.set(f"{dead}/0/0", "said by the dead attempt")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    key = plan_check.agreement_key("0", "m")
+    assert key != dead and key.startswith("goddp/agree/1/")
+    results = _play(store, key, (0, 1), {0: "a", 1: "b"}, timeout=5.0)
+    assert results == {0: {0: "a", 1: "b"}, 1: {0: "a", 1: "b"}}

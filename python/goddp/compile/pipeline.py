@@ -25,8 +25,8 @@ values in one place (``_DDPGraphCompile.record``).
 Failures never cost a training step: if a stage fails, goddp warns and
 compiles the whole graph with the inner compiler instead (the one fallback
 context: goddp.compile.fallback); a rank that fell back still takes part in
-the agreement. A plan that differs between ranks raises
-on every rank (goddp.ranks.plan_check).
+the agreement. Ranks whose layouts for DDP's buckets differ keep DDP's own
+buckets on every rank (strict=True raises instead; goddp.ranks.agreement).
 """
 
 
@@ -45,7 +45,7 @@ from goddp.compile.inner import inner_name, resolve_inner
 from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
-from goddp.ddp.refusals import alignment_blocker
+from goddp.ddp.refusals import STAND_IN, alignment_blocker, stand_in_blocker
 from goddp.ddp.settings import module_of, note_ddp_settings, note_once, read_ddp_settings
 from goddp.graph.blocks import group_pieces, piece_signature
 from goddp.graph.cut import Piece, cut_graph
@@ -55,6 +55,7 @@ from goddp.graph.stitch import StitchedPieces
 from goddp.native.plan import MIB, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan
 from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
+from goddp.ranks.layout import Layout, layout_of
 from goddp.ranks.plan_check import Statement
 from goddp.reports.records import GraphRecord, add_record, new_timings
 from goddp.reports.table import plan_table
@@ -185,7 +186,9 @@ class _DDPGraphCompile:
         pieces at all needs DDP's objects (alignment_blocker); whether the
         plan's buckets can be DDP's is the planner's decision, from each
         parameter's position in DDP's list (docs/align.md)."""
-        blocker = alignment_blocker(self.ddp) if self.options.aligns_buckets else None
+        blocker = stand_in_blocker(self.ddp)
+        if blocker is None and self.options.aligns_buckets:
+            blocker = alignment_blocker(self.ddp)
         align, num_params = self.options.aligns_buckets and blocker is None, 0
         if align:
             try:
@@ -257,7 +260,9 @@ class _DDPGraphCompile:
 
     def note(self, planned: Planned) -> None:
         """The INFO notes a plan deserves, once per DDP module."""
-        if planned.not_aligned is not None and self.options.aligns_buckets:
+        if planned.not_aligned == STAND_IN:
+            note_once(self.ddp, f"goddp: {STAND_IN}")
+        elif planned.not_aligned is not None and self.options.aligns_buckets:
             note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {planned.not_aligned}")
         if planned.caps.align_buckets and planned.caps.bucket_order == "declaration":
             note_once(self.ddp, _declaration_note(planned.plan))
@@ -323,19 +328,35 @@ class _DDPGraphCompile:
     ) -> TrainingGate | None:
         """What this rank will say at the DDP module's first training call,
         wrapped in the gate that says it; None for a graph compiled with
-        gradients disabled, which never trains."""
+        gradients disabled, which never trains, and for a stand-in DDP,
+        which has no ranks to agree with."""
+        if stand_in_blocker(self.ddp) is not None:
+            return None
+        layout = digest = None
+        if caps_bytes is not None and planned is not None:
+            try:
+                layout = self.layout(planned.plan, caps_bytes, planned.caps.bucket_order)
+                digest = layout.digest()
+            except Exception as exc:  # a name DDP does not know, a layout the planner refuses
+                layout, reason = None, f"could not state DDP's layout ({type(exc).__name__}: {exc})"
         statement = Statement(
+            layout=layout,
+            digest=digest if layout is not None else None,
+            reason=reason,
+            strict=self.options.strict,
             fingerprint=None if planned is None else planned.plan.fingerprint,
             pieces=1 if planned is None else planned.plan.num_pieces,
-            caps=None if caps_bytes is None else tuple(caps_bytes),
-            reason=reason,
-            check=self.options.check_plans,
         )
 
         def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
 
         return gate_for_training(self.ddp, statement, report)
+
+    def layout(self, plan: GraphPlan, caps_bytes: Sequence[int], order: str) -> Layout:
+        """The plan's buckets as DDP would hold them (goddp.ranks.layout)."""
+        positions = {name: k for k, name in enumerate(ddp_parameter_names(self.ddp))}
+        return layout_of([b.param_names for b in plan.buckets], caps_bytes, order, positions)
 
 
 def _declaration_note(plan: GraphPlan) -> str:

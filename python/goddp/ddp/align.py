@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from goddp.ddp import private
+from goddp.ddp.private import ReducerLost
 
 # Set on a DDP module once goddp has installed its caps: the caps, and DDP's
 # own bucket settings from before, which planning keeps reading.
@@ -59,3 +60,31 @@ def remove_bucket_caps(ddp: Any) -> bool:
     private.rebuild_reducer(ddp, config=getattr(ddp, ORIGINAL_CONFIG_ATTR), in_forward=True)
     delattr(ddp, ALIGNED_CAPS_ATTR)
     return True
+
+
+def install_or_reset(ddp: Any, caps_bytes: Sequence[int]) -> str | None:
+    """install_bucket_caps; None when the caps are in place. When the
+    install fails, DDP ends with its own bucket settings on a fresh reducer
+    (the rebuild's rollback made one, or, where the failure came before the
+    old reducer was replaced, reset_to_ddp_buckets does), and the failure is
+    returned in words. ReducerLost propagates."""
+    before = private.reducer_of(ddp)
+    try:
+        install_bucket_caps(ddp, caps_bytes)
+        return None
+    except ReducerLost:
+        raise
+    except Exception as exc:
+        why = f"installing the caps failed ({type(exc).__name__}: {exc})"
+    if private.reducer_of(ddp) is before:
+        reset_to_ddp_buckets(ddp)
+    return why
+
+
+def reset_to_ddp_buckets(ddp: Any) -> None:
+    """A fresh reducer with DDP's own bucket settings, whether goddp's caps
+    are in place or not, and whatever a failed install left: how every rank
+    ends when one rank's install failed (Note [Agreeing on DDP's layout])."""
+    private.rebuild_reducer(ddp, config=users_bucket_config(ddp), in_forward=True)
+    if hasattr(ddp, ALIGNED_CAPS_ATTR):
+        delattr(ddp, ALIGNED_CAPS_ATTR)

@@ -100,6 +100,11 @@ def join_enabled(ddp: Any) -> bool:
     return bool(getattr(getattr(ddp, "_join_config", None), "enable", False))
 
 
+def reducer_of(ddp: Any) -> Any:
+    """DDP's reducer object (compared by identity: was it replaced?)."""
+    return getattr(ddp, "reducer", None)
+
+
 def has_rebuilt_buckets(ddp: Any) -> bool:
     return bool(getattr(ddp, "_has_rebuilt_buckets", False))
 

@@ -19,6 +19,21 @@ from goddp.ddp import private
 TRACE_ACTIVE_ATTR = "_goddp_trace_active"
 
 
+STAND_IN = (
+    "not a DDP module (no process group or reducer, a stand-in such as torch's FakeDDP): "
+    "planned and cut; no agreement across ranks and DDP's buckets left alone"
+)
+
+
+def stand_in_blocker(ddp: Any) -> str | None:
+    """STAND_IN for a module that marks itself as DDP's active module but has
+    no process group or reducer (what torch's own DDPOptimizer tests use);
+    None for a real DDP."""
+    if getattr(ddp, "process_group", None) is None or getattr(ddp, "reducer", None) is None:
+        return STAND_IN
+    return None
+
+
 def alignment_blocker(ddp: Any) -> str | None:
     """Why goddp must leave this DDP module's buckets alone, or None."""
     try:
@@ -56,13 +71,9 @@ def rebuild_blocker(ddp: Any) -> str | None:
         # DDP's pre-forward has just handed the old reducer this step's
         # Join work handle, which cannot be read back to hand it on.
         return "the first training step runs inside a Join context, whose state lives in DDP's reducer"
-    if private.has_rebuilt_buckets(ddp):
-        # The module trained before its first compiled training call. A new
-        # reducer starts from DDP's initial buckets; if the ranks then
-        # disagreed, the ones that put DDP's settings back would hold those
-        # while the others kept the rebuilt buckets. Every rank of a DDP
-        # group rebuilds at the same step, so every rank declines alike.
-        return "DDP already rebuilt its buckets in an earlier training step (the model trained before this compiled call)"
+    # A module that trained before (DDP rebuilt its buckets) can still be
+    # aligned: nobody installs before the ranks decided, and a failed install
+    # gives every rank a fresh reducer alike (Note [Agreeing on DDP's layout]).
     return None
 
 

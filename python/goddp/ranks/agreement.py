@@ -3,6 +3,7 @@
 Changing what DDP communicates (its buckets, its reducer) is decided
 identically on every rank of the DDP module's process group, or not done at
 all; a wait across ranks happens only where every rank is certain to arrive.
+Note [Agreeing on DDP's layout] below says what is compared and how.
 
 Where every rank arrives: the DDP module's first training call, that is the
 first call with gradients enabled of any graph goddp compiled inside that
@@ -10,30 +11,86 @@ module's forward. Compiling is no such place: rank 0 alone may compile a
 no_grad evaluation graph, one rank alone may recompile for its uneven last
 batch. So goddp compiles without waiting, and each graph it returns for a
 grad-enabled DDP forward (pieces, or the whole graph after a fallback)
-carries a ``TrainingGate`` that runs before its first call:
-
-1. This rank's Statement (goddp.ranks.plan_check): the plan's fingerprint, and
-   the per-bucket caps it proposes for DDP's buckets or why it proposes
-   none (alignment off, a blocker, a fallback). A rank that proposes caps
-   installs them now, tentatively (goddp.ddp.align), so that a failed install
-   is part of what it says.
-2. The statements are exchanged through the default c10d store within the
-   module's process group (not in a 1-rank group), and every rank computes
-   the same Decision from them.
-3. DDP's buckets follow the pieces if every rank proposed the same caps;
-   otherwise every rank keeps (or puts back) DDP's own, and logs why at
-   WARNING when the ranks said different things. A plan mismatch, a missing
-   rank or a lost reducer raises, on this call and on every later one.
+carries a ``TrainingGate`` that runs before its first call: at the module's
+first training call it calls ``agree`` with this rank's proposal.
 
 Later graphs of a decided module (a recompile, a second torch.compile of the
 same module) never wait and never re-bucket: they follow the decision, and
 say so in their plan record. Graphs compiled with gradients disabled need no
-gate: Dynamo guards on grad mode, so they never run a training step.
+gate: Dynamo guards on grad mode, so they never run a training step. A
+module that is not a real DDP (no process group or reducer, such as torch's
+test stand-in FakeDDP) gets no gate: nothing to agree on (goddp.compile.pipeline).
 """
 
 from __future__ import annotations
 
+# Note [Agreeing on DDP's layout]
+#
+# What the ranks of a DDP module compare is the layout goddp would give DDP,
+# never the graph: per bucket, the DDP positions of its parameters in the
+# order they become ready, and the cap handed to DDP; the bucket order
+# ("ready": DDP rebuilds its buckets from gradient-ready order after its
+# first backward, with rank 0's assignment broadcast to all; "declaration":
+# find_unused_parameters=True, DDP never rebuilds); and the goddp build
+# (version and ABI), since two builds may turn one plan into other caps. The
+# Go planner computes its digest (planner/layout.go, goddp_layout_digest).
+# Graphs that differ in shapes, symbolic sizes, no_grad history or
+# recompiles agree when their layouts do.
+#
+# One mechanism, for every caller (a graph's first training call here; a
+# forward whose graphs are planned together, goddp issue 17):
+#
+#   agree(ddp, statement, report, may_defer=True) -> Decision
+#
+# 1. propose: each rank brings a Statement (goddp.ranks.plan_check): a Layout
+#    (goddp.ranks.layout) with its digest; or none, with the
+#    reason (alignment off, a blocker, a fallback); or later=True: its graphs so
+#    far hold only part of DDP's parameters and it will bring a combined
+#    layout to the module's next training call.
+# 2. agree: inside DDP's forward (after DDP's pre-forward, before any of
+#    the step's allreduces), at a training call every rank of the module's
+#    group is certain to reach, the proposals go through one bounded store
+#    round (goddp.ranks.store_round) and every rank computes the same Decision
+#    (decide: pure, from the same statements): INSTALL when every rank
+#    proposed the same layout digest; LATER when some rank said later and
+#    no rank has a reason that rules alignment out for good; otherwise KEEP
+#    DDP's own buckets, with one WARNING naming the rank, bucket and
+#    parameter that differ when layouts differ (PlanMismatchError instead,
+#    only where some rank runs with strict=True).
+# 3. install: only after the decision. Every rank installs the caps (a new
+#    reducer); a second round at the same call confirms that all did. If any
+#    rank failed, every rank puts DDP's own bucket settings back. Either way
+#    each rank ends with a fresh reducer built from one config that is the
+#    same on all ranks, so no rank keeps an old (perhaps rebuilt) reducer
+#    while another starts afresh. A rank that cannot even put DDP's own back
+#    stops (ReducerLost), and so do the others (PeerFailedError).
+#
+# Where every rank is certain to arrive: the module's first training call;
+# and, after a LATER decision, the module's next training call (every rank
+# read the same statements, so every rank knows that round is due:
+# round_due(ddp); it is held with may_defer=False, so it decides for good). Nothing that one rank alone saw (a recompile, an
+# evaluation graph, a graph that shows up later) ever starts a round.
+#
+# Why aligning after DDP rebuilt its buckets is safe now: the old refusal
+# guarded against installing before the ranks had decided: a rank that put
+# DDP's settings back then held DDP's initial buckets while a rank that had
+# never installed kept the rebuilt ones. Nobody installs before the
+# decision now, and a failed install makes every rank rebuild alike. A
+# fresh reducer rebuilds its buckets after its next backward, from rank 0's
+# gradient order under the caps: every rank's buckets then close at the
+# cuts, because every rank proposed the same parameters per bucket.
+#
+# What cannot align (KEEP on every rank, and why): the first training step
+# inside a Join context (DDP handed the old reducer this step's Join state);
+# static_graph, DDP mixed precision, a built-in comm hook, the Python
+# reducer, delay_all_reduce_named_params, parameters over several (dtype,
+# device) groups (goddp.ddp.refusals); ranks whose layouts differ; a module that
+# is not a real DDP (no process group or reducer: nothing to agree on, one
+# INFO line). A graph that first appears after the decision follows it and
+# never re-buckets training in the middle.
+
 import dataclasses
+import json
 import logging
 import time
 import weakref
@@ -41,15 +98,26 @@ from typing import Any, Callable
 
 import torch
 
-from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps, remove_bucket_caps
+from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_or_reset, remove_bucket_caps
+from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
 from goddp.ddp.refusals import rebuild_blocker
-from goddp.ranks.plan_check import Decision, Statement, decide, exchange, model_key, timeout_s
 from goddp.ranks.group import Group, group_of, store_for
+from goddp.ranks.plan_check import (
+    INSTALL,
+    KEEP,
+    LATER,
+    Decision,
+    PeerFailedError,
+    Statement,
+    agreement_key,
+    decide,
+    exchange,
+    model_key,
+    timeout_s,
+)
 
 logger = logging.getLogger("goddp")
-
-STORE_PREFIX = "goddp/agree"
 
 # Called with the plan record's "plan_check" and "ddp_buckets" entries once
 # the gate knows them.
@@ -73,6 +141,20 @@ def _state_of(ddp: Any) -> _ModuleState:
     return state
 
 
+def decided(ddp: Any) -> Decision | None:
+    """The module's decision so far (None before its first agreement)."""
+    state = _states.get(ddp)
+    return None if state is None else state.decision
+
+
+def round_due(ddp: Any) -> bool:
+    """Whether the module's last agreement decided LATER: every rank then
+    holds the next one at the module's next training call (Note [Agreeing on
+    DDP's layout])."""
+    decision = decided(ddp)
+    return decision is not None and decision.action == LATER
+
+
 class TrainingGate:
     """Runs before a compiled graph's first training call (see module doc).
     Raises when the DDP module cannot train on."""
@@ -89,75 +171,127 @@ class TrainingGate:
         state = _state_of(ddp)
         if state.fatal is not None:
             raise state.fatal
-        try:
-            if state.decision is None:
-                started = time.monotonic()
-                state.decision, group = _agree(ddp, self.statement)
-                self._report(
-                    {**state.decision.summary(), "group": group.name, "size": len(group.ranks),
-                     "seconds": round(time.monotonic() - started, 3)},
-                    {"aligned": state.decision.caps is not None, "reason": state.decision.reason},
-                )
-            else:
-                self._follow(state.decision)
-        except Exception as exc:
-            # The group's state is unknown from here on: stop every step.
-            state.fatal = exc
-            raise
+        if state.decision is None:
+            agree(ddp, self.statement, self._report)
+        else:
+            self._follow(state.decision)
 
     def _follow(self, decision: Decision) -> None:
-        mine = self.statement.caps
-        if decision.caps is None:
+        mine = self.statement.layout
+        if decision.action == LATER:
+            reason = "the ranks decide at this DDP module's next training call"
+        elif decision.action != INSTALL:
             reason = f"decided at this DDP module's first training call: {decision.reason}"
-        elif mine == decision.caps:
+        elif mine == decision.layout:
             reason = None
         else:
             reason = (
                 "DDP's buckets were set at this DDP module's first training call "
                 f"({list(decision.caps)} bytes) and never change mid-training; this graph "
-                f"proposed {'none' if mine is None else list(mine)}"
+                f"proposed {'none' if mine is None else list(mine.caps)}"
             )
             logger.info("goddp: a later graph of a DDP module keeps its buckets: %s", reason)
         self._report(
-            {"aligned": decision.caps is not None, "followed": "the decision of the module's first training call"},
-            {"aligned": decision.caps is not None and reason is None, "reason": reason},
+            {"aligned": decision.action == INSTALL, "followed": "the decision of the module's first training call"},
+            {"aligned": decision.action == INSTALL and reason is None, "reason": reason},
         )
 
 
-def _agree(ddp: Any, statement: Statement) -> tuple[Decision, Group]:
+def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True) -> Decision:
+    """One agreement of ddp's ranks (Note [Agreeing on DDP's layout]): this
+    rank's proposal goes to every rank of ddp's process group, every rank
+    decides alike, and DDP's buckets follow the layout on every rank or on
+    none. Call it inside ddp's forward, after DDP's pre-forward, at a
+    training call every rank of the group is certain to reach: the module's
+    first, or its next one after a LATER decision (round_due), then with
+    may_defer=False. Reports to the plan record, logs the outcome, and
+    returns the decision; raises (now and at every later gate) when the
+    module cannot train on."""
+    state = _state_of(ddp)
+    if state.fatal is not None:
+        raise state.fatal
+    started = time.monotonic()
+    try:
+        decision, group = _agree(ddp, statement, may_defer)
+    except Exception as exc:
+        # The group's state is unknown from here on: stop every step.
+        state.fatal = exc
+        raise
+    state.decision = decision
+    report(
+        {**decision.summary(), "group": group.name, "size": len(group.ranks),
+         "seconds": round(time.monotonic() - started, 3)},
+        {"aligned": decision.action == INSTALL, "reason": decision.reason},
+    )
+    return decision
+
+
+def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, Group]:
     group = group_of(ddp, timeout_s)
-    if statement.caps is not None:
+    if statement.layout is not None:
         blocker = rebuild_blocker(ddp)
         if blocker is not None:
-            statement = dataclasses.replace(statement, caps=None, reason=blocker)
-    lost: ReducerLost | None = None
-    if statement.caps is not None:
-        try:
-            install_bucket_caps(ddp, statement.caps)
-        except ReducerLost as exc:
-            lost = exc
-            statement = dataclasses.replace(statement, caps=None, lost=str(exc))
-        except Exception as exc:  # DDP's own reducer is back (install_bucket_caps)
-            statement = dataclasses.replace(
-                statement, caps=None, reason=f"installing the caps failed ({type(exc).__name__}: {exc})"
-            )
+            statement = dataclasses.replace(statement, layout=None, digest=None, reason=blocker)
+    key = agreement_key(group.name, _model_key(ddp))
     statements = {group.rank: statement}
     store = store_for(group)
     if store is not None:
-        key = f"{STORE_PREFIX}/{group.name}/{_model_key(ddp)}"
         payloads = exchange(store, key, group, statement.to_json())
         statements = {r: Statement.from_json(p) for r, p in payloads.items()}
-    if lost is not None:
-        raise lost  # the others stop too (PeerFailedError), having read why
-    try:
-        decision = decide(statements)
-    except Exception:
-        _put_ddp_buckets_back(ddp)
-        raise
-    if decision.caps is None:
-        _put_ddp_buckets_back(ddp)
+    decision = decide(statements, _namer(ddp), may_defer)
+    if decision.action == INSTALL:
+        decision = _install(ddp, decision, group, key)
     _log(decision, group)
     return decision, group
+
+
+def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
+    """Step 3 of Note [Agreeing on DDP's layout]: every rank installs, a
+    second round says who did, and if anyone failed every rank ends with
+    DDP's own bucket settings on a fresh reducer."""
+    lost: ReducerLost | None = None
+    failed: str | None = None
+    try:
+        failed = install_or_reset(ddp, decision.caps)
+    except ReducerLost as exc:
+        lost = exc
+    except Exception as exc:  # even DDP's own settings could not be put back
+        lost = ReducerLost(
+            f"goddp: could not give DDP a fresh reducer with its own buckets after a failed install "
+            f"({type(exc).__name__}: {exc}); this rank would allreduce buckets the others do not"
+        )
+    mine = {"failed": failed, "lost": None if lost is None else str(lost)}
+    said = {group.rank: mine}
+    store = store_for(group)
+    if store is not None:
+        payloads = exchange(
+            store, f"{key}/installed", group, json.dumps(mine), "installing DDP's new buckets", "install DDP's new buckets"
+        )
+        said = {r: json.loads(p) for r, p in payloads.items()}
+    if lost is not None:
+        raise lost  # the others stop too (PeerFailedError), having read why
+    others_lost = {r: s["lost"] for r, s in said.items() if s.get("lost")}
+    if others_lost:
+        raise PeerFailedError(
+            "goddp: DDP's reducer could not be rebuilt on "
+            + ", ".join(f"rank {r} ({why})" for r, why in sorted(others_lost.items()))
+            + "; every rank stops rather than train without gradient allreduces"
+        )
+    failures = {r: s["failed"] for r, s in said.items() if s.get("failed")}
+    if not failures:
+        return decision
+    _put_ddp_buckets_back(ddp)
+    reason = "; ".join(f"rank {r}: {why}" for r, why in sorted(failures.items()))
+    return Decision(KEEP, None, f"the ranks agreed, but {reason}", True, decision.statements)
+
+
+def _namer(ddp: Any) -> Callable[[int], str]:
+    """DDP position -> parameter name (the same on every rank)."""
+    try:
+        names = ddp_parameter_names(ddp)
+    except Exception:  # a DDP whose private API differs: positions will do
+        names = []
+    return lambda p: names[p] if 0 <= p < len(names) else f"parameter {p}"
 
 
 def _model_key(ddp: Any) -> str:
@@ -179,11 +313,13 @@ def _put_ddp_buckets_back(ddp: Any) -> None:
 
 def _log(decision: Decision, group: Group) -> None:
     where = f"{len(group.ranks)} rank(s) of process group {group.name!r}"
-    if decision.caps is not None:
+    if decision.action == INSTALL:
         logger.info(
             "goddp: DDP's %d buckets now close at piece boundaries on all %s (per-bucket caps %s bytes)",
             len(decision.caps), where, list(decision.caps),
         )
+    elif decision.action == LATER:
+        logger.info("goddp: the %s decide DDP's buckets at the module's next training call", where)
     elif decision.disagreed:
         logger.warning(
             "goddp: DDP keeps its own buckets on all %s: %s. Gradients stay exact; only the overlap of "

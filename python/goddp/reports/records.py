@@ -92,12 +92,14 @@ def last_plans() -> list[dict[str, Any]]:
     - timings: seconds spent in export, plan, cut, example_inputs,
       identify, compile, stitch.
     - fallback: None, or why the whole graph was compiled instead.
-    - plan_check: None until the graph's first training call, and for
-      graphs compiled with gradients disabled; then what the ranks of the
-      DDP module's process group said and decided there (aligned, caps,
-      reason, ranks, group, size, seconds; goddp.ranks.plan_check), or, for a
-      later graph of a decided module, that it followed that decision
-      (aligned, followed).
+    - plan_check: None until the graph's first training call, for graphs
+      compiled with gradients disabled, and for a stand-in DDP; then what
+      the ranks of the DDP module's process group said and decided there
+      (aligned, action, caps, layout_digest, reason, ranks (each rank's
+      fingerprint, pieces, layout_digest, caps, reason, later), group,
+      size, seconds; goddp.ranks.plan_check, Note [Agreeing on DDP's layout]),
+      or, for a later graph of a decided module, that it followed that
+      decision (aligned, followed).
     - graph: sizes of the Dynamo graph (num_params is None when export
       failed): num_nodes, num_params.
     - ddp_buckets: whether DDP's buckets were set to the pieces:

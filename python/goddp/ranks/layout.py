@@ -1,0 +1,124 @@
+"""What DDP will communicate for one module: the layout that the ranks of a
+DDP module agree on (goddp.ranks.agreement, Note [Agreeing on DDP's layout]).
+
+A Layout names DDP's parameters by their position in DDP's own parameter
+list (``ddp_parameters``), which DDP checks at construction to be the same
+on every rank, never by graph node or graph-local index. Its digest comes
+from the Go planner (planner/layout.go).
+"""
+
+from __future__ import annotations
+
+import array
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+from goddp import __version__
+from goddp.native import extension as _native
+
+ORDERS = ("ready", "declaration")
+
+
+def build_id() -> str:
+    """The goddp build as the layout names it: version and planner ABI."""
+    return f"goddp {__version__} abi {_native.ABI_VERSION}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """DDP's buckets as goddp would set them.
+
+    buckets: per bucket (DDP order), the DDP positions of its parameters in
+        the order their gradients become ready.
+    caps: the per-bucket caps (bytes) given to DDP, in the order DDP walks
+        them.
+    order: "ready" (DDP rebuilds from gradient-ready order) or
+        "declaration" (find_unused_parameters=True: it never rebuilds).
+    build: the goddp build that made it (build_id()).
+    """
+
+    buckets: tuple[tuple[int, ...], ...]
+    caps: tuple[int, ...]
+    order: str
+    build: str
+
+    def digest(self) -> int:
+        """The planner's 64-bit digest (goddp_layout_digest); raises
+        PlannerError for a layout no DDP module could have."""
+        offsets = [0]
+        for bucket in self.buckets:
+            offsets.append(offsets[-1] + len(bucket))
+        return _native.load().layout_digest(
+            array.array("q", offsets).tobytes(),
+            array.array("i", [p for bucket in self.buckets for p in bucket]).tobytes(),
+            array.array("q", self.caps).tobytes(),
+            _native.ORDER_READY if self.order == "ready" else _native.ORDER_DECLARATION,
+            self.build,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"buckets": [list(b) for b in self.buckets], "caps": list(self.caps), "order": self.order, "build": self.build}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "Layout":
+        return cls(
+            buckets=tuple(tuple(int(p) for p in b) for b in raw["buckets"]),
+            caps=tuple(int(c) for c in raw["caps"]),
+            order=str(raw["order"]),
+            build=str(raw["build"]),
+        )
+
+    def difference(
+        self, other: "Layout", name_of: Callable[[int], str], me: str = "this layout", them: str = "the other"
+    ) -> str | None:
+        """What first differs between self (called me) and other (them), in
+        words, naming parameters by name_of(position); None when equal."""
+        if self.build != other.build:
+            return f"{me} was made by {self.build!r}, {them} by {other.build!r}"
+        if self.order != other.order:
+            return f"{me} has bucket order {self.order!r}, {them} {other.order!r}"
+        for k in range(max(len(self.buckets), len(other.buckets))):
+            mine = self.buckets[k] if k < len(self.buckets) else ()
+            theirs = other.buckets[k] if k < len(other.buckets) else ()
+            if mine == theirs:
+                continue
+            if not mine or not theirs:
+                fewer, more = (me, them) if not mine else (them, me)
+                return f"{more} has a bucket {k}, {fewer} has {k} buckets"
+            if set(mine) == set(theirs):
+                return f"bucket {k}: {me} orders its parameters {_names(mine, name_of)}, {them} {_names(theirs, name_of)}"
+            only_mine = [p for p in mine if p not in theirs]
+            only_theirs = [p for p in theirs if p not in mine]
+            return (
+                f"bucket {k}: {me} holds {_names(only_mine, name_of) if only_mine else 'nothing else'} where "
+                f"{them} holds {_names(only_theirs, name_of) if only_theirs else 'nothing else'}"
+            )
+        if self.caps != other.caps:
+            return f"{me} gives DDP caps {list(self.caps)} bytes, {them} {list(other.caps)}"
+        return None
+
+
+def _names(positions: Sequence[int], name_of: Callable[[int], str], shown: int = 3) -> str:
+    names = ", ".join(name_of(p) for p in positions[:shown])
+    more = len(positions) - shown
+    return f"[{names}{f' and {more} more' if more > 0 else ''}]"
+
+
+def layout_of(
+    bucket_param_names: Sequence[Sequence[str]],
+    caps: Sequence[int],
+    order: str,
+    positions: Mapping[str, int],
+) -> Layout:
+    """The layout of a plan's buckets (fully qualified names relative to the
+    DDP-wrapped module, per bucket in DDP order) given DDP's caps and
+    positions: name -> index in DDP's parameter list. The caps are the
+    planner's (at least one byte each; the digest refuses others)."""
+    if order not in ORDERS:
+        raise ValueError(f"goddp: layout order {order!r}; want one of {ORDERS}")
+    return Layout(
+        buckets=tuple(tuple(positions[name] for name in bucket) for bucket in bucket_param_names),
+        caps=tuple(int(c) for c in caps),
+        order=order,
+        build=build_id(),
+    )

@@ -1,0 +1,74 @@
+"""goddp.ranks.layout: what the ranks of a DDP module agree on, and its digest
+from the Go planner (planner/layout.go pins the same value)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from goddp.ranks.layout import Layout, build_id, layout_of
+
+SAMPLE = Layout(buckets=((5, 4), (3, 2), (1, 0)), caps=(4352, 16640, 16900), order="ready", build="goddp 0.1.0 abi 5")
+# TestLayoutDigestPinned in planner/layout_test.go
+PINNED = 0x6D741D53F90D3F02
+
+
+def test_the_digest_is_the_planners(native_module):
+    assert SAMPLE.digest() == PINNED
+
+
+def test_the_digest_is_the_same_in_another_process(native_module):
+    code = (
+        "from goddp.ranks.layout import Layout; "
+        "print(Layout(buckets=((5, 4), (3, 2), (1, 0)), caps=(4352, 16640, 16900), order='ready', "
+        "build='goddp 0.1.0 abi 5').digest())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == PINNED
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"buckets": ((4, 5), (3, 2), (1, 0))},
+        {"buckets": ((5, 4, 3), (2,), (1, 0))},
+        {"caps": (4352, 16641, 16900)},
+        {"order": "declaration"},
+        {"build": build_id() + "x"},
+    ],
+)
+def test_what_ddp_communicates_changes_the_digest(native_module, change):
+    import dataclasses
+
+    assert dataclasses.replace(SAMPLE, **change).digest() != PINNED
+
+
+def test_a_layout_no_ddp_could_have_is_refused(native_module):
+    from goddp.native.extension import load
+
+    with pytest.raises(load().PlannerError, match="DDP position 4 is in layout buckets 0 and 1"):
+        Layout(buckets=((5, 4), (4, 2)), caps=(1, 1), order="ready", build="b").digest()
+
+
+def test_round_trip_and_difference():
+    assert Layout.from_dict(SAMPLE.to_dict()) == SAMPLE
+    names = {p: f"layers.{p}.weight" for p in range(6)}.__getitem__
+    assert SAMPLE.difference(SAMPLE, names) is None
+    other = Layout(buckets=((1, 0), (3, 2), (5, 4)), caps=SAMPLE.caps, order="ready", build=SAMPLE.build)
+    said = SAMPLE.difference(other, names, "rank 0", "rank 1")
+    assert said == "bucket 0: rank 0 holds [layers.5.weight, layers.4.weight] where rank 1 holds [layers.1.weight, layers.0.weight]", said
+    swapped = Layout(((4, 5), (3, 2), (1, 0)), SAMPLE.caps, "ready", SAMPLE.build)
+    assert SAMPLE.difference(swapped, names, "a", "b") == "bucket 0: a orders its parameters [layers.5.weight, layers.4.weight], b [layers.4.weight, layers.5.weight]"
+    assert SAMPLE.difference(Layout(SAMPLE.buckets, (1, 2, 3), "ready", SAMPLE.build), names, "a", "b") == (
+        "a gives DDP caps [4352, 16640, 16900] bytes, b [1, 2, 3]")
+    fewer = Layout(((5, 4), (3, 2, 1, 0)), (1, 2), "ready", SAMPLE.build)
+    assert SAMPLE.difference(fewer, names, "a", "b").startswith("bucket 1: a holds nothing else where b holds [layers.1.weight")
+
+
+def test_layout_of_names_positions():
+    layout = layout_of([["b", "a"], ["c"]], [1, 10], "ready", {"a": 0, "b": 1, "c": 2})
+    assert layout.buckets == ((1, 0), (2,)) and layout.caps == (1, 10) and layout.build == build_id()
+    with pytest.raises(ValueError, match="want one of"):
+        layout_of([["a"]], [1], "sideways", {"a": 0})
