@@ -929,18 +929,48 @@ PyDoc_STRVAR(layout_digest_doc,
              "positions) and caps (int64, the caps given to DDP) are buffers; bucket_order\n"
              "is an enum goddp_bucket_order; build names the goddp build.");
 
+/* A bytes copy of a bytes-like object, or NULL with TypeError naming what
+ * (Note [abi3]: "y*" needs Py_buffer, not in the limited API before 3.11). */
+static PyObject *bytes_copy(PyObject *obj, const char *what) {
+    if (PyBytes_Check(obj)) { /* immutable already: no copy needed */
+        Py_INCREF(obj);
+        return obj;
+    }
+    PyObject *view = PyMemoryView_FromObject(obj);
+    if (view == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyObject *tn;
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "layout_digest: %s must be a bytes-like object, not %.100s", what,
+                         type_name(obj, &tn));
+            Py_XDECREF(tn);
+        }
+        return NULL;
+    }
+    PyObject *copy = PyObject_CallMethod(view, "tobytes", NULL);
+    Py_DECREF(view);
+    return copy;
+}
+
 static PyObject *py_layout_digest(PyObject *self, PyObject *args) {
     (void)self;
-    Py_buffer offsets, positions, caps;
+    PyObject *offsets_obj, *positions_obj, *caps_obj;
     int bucket_order;
     const char *build;
-    if (!PyArg_ParseTuple(args, "y*y*y*is:layout_digest", &offsets, &positions, &caps, &bucket_order, &build))
+    if (!PyArg_ParseTuple(args, "OOOis:layout_digest", &offsets_obj, &positions_obj, &caps_obj, &bucket_order,
+                          &build))
         return NULL;
     PyObject *result = NULL;
-    Py_ssize_t n = offsets.len / (Py_ssize_t)sizeof(int64_t) - 1;
-    Py_ssize_t nc = caps.len / (Py_ssize_t)sizeof(int64_t);
-    if (offsets.len % (Py_ssize_t)sizeof(int64_t) != 0 || caps.len % (Py_ssize_t)sizeof(int64_t) != 0 ||
-        positions.len % (Py_ssize_t)sizeof(int32_t) != 0 || n < 0 || n > INT32_MAX || nc > INT32_MAX) {
+    PyObject *offsets = bytes_copy(offsets_obj, "offsets");
+    PyObject *positions = offsets ? bytes_copy(positions_obj, "positions") : NULL;
+    PyObject *caps = positions ? bytes_copy(caps_obj, "caps") : NULL;
+    if (caps == NULL) goto done;
+    Py_ssize_t offsets_len = PyBytes_Size(offsets), positions_len = PyBytes_Size(positions),
+               caps_len = PyBytes_Size(caps);
+    Py_ssize_t n = offsets_len / (Py_ssize_t)sizeof(int64_t) - 1;
+    Py_ssize_t nc = caps_len / (Py_ssize_t)sizeof(int64_t);
+    if (offsets_len % (Py_ssize_t)sizeof(int64_t) != 0 || caps_len % (Py_ssize_t)sizeof(int64_t) != 0 ||
+        positions_len % (Py_ssize_t)sizeof(int32_t) != 0 || n < 0 || n > INT32_MAX || nc > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError,
                         "layout_digest: offsets and caps must hold int64, positions int32");
         goto done;
@@ -948,12 +978,12 @@ static PyObject *py_layout_digest(PyObject *self, PyObject *args) {
     if (refuse_in_forked_child() < 0) goto done;
     goddp_layout layout = {
         .num_buckets = (int32_t)n,
-        .bucket_offsets = (const int64_t *)offsets.buf,
-        .positions = positions.len ? (const int32_t *)positions.buf : NULL,
+        .bucket_offsets = (const int64_t *)PyBytes_AsString(offsets),
+        .positions = positions_len ? (const int32_t *)PyBytes_AsString(positions) : NULL,
         .bucket_order = (int32_t)bucket_order,
         .build = build,
         .num_caps = (int32_t)nc,
-        .caps = (const int64_t *)caps.buf,
+        .caps = (const int64_t *)PyBytes_AsString(caps),
     };
     uint64_t digest = 0;
     char *msg = NULL;
@@ -964,9 +994,9 @@ static PyObject *py_layout_digest(PyObject *self, PyObject *args) {
     }
     result = PyLong_FromUnsignedLongLong((unsigned long long)digest);
 done:
-    PyBuffer_Release(&caps);
-    PyBuffer_Release(&offsets);
-    PyBuffer_Release(&positions);
+    Py_XDECREF(caps);
+    Py_XDECREF(offsets);
+    Py_XDECREF(positions);
     return result;
 }
 
