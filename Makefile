@@ -20,7 +20,7 @@ GO_SRC   := $(shell find planner bridge -name '*.go' -not -name '*_test.go') go.
 # locations; CI runs as root in a fresh clone.
 export CGO_ENABLED := 1
 
-.PHONY: help venv install lib testhooks ctest gotest pytest pytest-dist test demo bench bench-full clean \
+.PHONY: help venv install lib testhooks ctest gotest pytest pytest-dist test demo gpu-check bench bench-full clean \
 	wheel sdist wheel-tools test-wheel test-torch
 
 help: ## Show this help
@@ -190,8 +190,11 @@ test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, 
 test: PYTEST_ENV = GODDP_TESTS_TORCHRUN_LATER=1
 test: gotest ctest pytest pytest-dist test-wheel ## Run every test: Go, C, Python, Python under torchrun, the wheel's user path
 
-demo: install ## 2-rank CPU training with goddp: plan table and step times vs eager DDP
-	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 examples/train_demo.py
+demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: GPT, Inductor, 2 CPU ranks (~140 s of CPU)
+	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m bench.demo
+
+gpu-check: install ## goddp on one CUDA GPU (< 8 min): NCCL, Inductor, goddp.trace, bf16; on CPU if there is none
+	$(PY) -m bench.gpu_check
 
 bench: install ## Quick benchmarks (< 10 min): shaped two-host link, compile overhead
 	$(PY) -m bench.run --quick

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 -m bench.agreement_cost [--rounds 200]
 
 goddp exchanges one statement per rank per DDP module and run, through the
-default c10d store (goddp.ranks.plan_check.exchange). This times that exchange,
+default c10d store (goddp.measure.plan_exchange). This times that exchange,
 interleaved round by round with a gloo ``dist.barrier()`` on the same ranks
 (the cheapest collective a user would know), and prints medians, spreads and
 the ratio. Rank 0 prints.
@@ -18,9 +18,7 @@ import time
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
-from goddp.ranks.group import Group
-from goddp.ranks.layout import Layout
-from goddp.ranks.plan_check import Statement, exchange
+from goddp.measure import plan_exchange
 
 
 def main() -> None:
@@ -29,11 +27,8 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
-    group = Group(name="bench", ranks=tuple(range(size)), rank=rank, timeout_s=60)
-    # a statement of the size a 6-bucket, 24-parameter layout makes
-    layout = Layout(tuple(tuple(range(4 * b, 4 * b + 4)) for b in range(6)), (1 << 20,) * 6, "ready", "goddp bench")
-    payload = Statement(layout=layout, digest=0x0123_4567_89AB_CDEF, fingerprint=0x1234_5678_9ABC_DEF0, pieces=6).to_json()
     store = _get_default_store()
+    exchange = plan_exchange(store, "goddp/bench", rank, range(size), timeout_s=60)
     times: dict[str, list[float]] = {"exchange": [], "barrier": []}
     for round_ in range(args.rounds):
         order = ("exchange", "barrier") if round_ % 2 == 0 else ("barrier", "exchange")
@@ -41,7 +36,7 @@ def main() -> None:
             dist.barrier()  # start together
             started = time.perf_counter()
             if what == "exchange":
-                exchange(store, "goddp/bench", group, payload)
+                exchange()
             else:
                 dist.barrier()
             times[what].append(time.perf_counter() - started)

@@ -25,6 +25,16 @@ Tools:
   goddp_canon   (--e2e only) as goddp_each, node names made canonical first
                 (v0, v1, ...) so that identical pieces are identical code
 
+--checkpoint block|stack (several allowed) trains the --e2e GPT with
+activation checkpointing per block or around the whole stack; each record
+then also has the activations autograd saves in a steady forward
+("saved act. MiB", parameters left out: what recomputation trims) and the
+RSS growth over that step. The checkpointed depth rows of the README:
+
+    .venv/bin/python -m bench.compile_overhead --nodes --e2e gpt:quick \
+        --layers 4 8 16 --checkpoint block --tools unsplit regional goddp_ddp \
+        --repeat 2 --core 0 --out bench/results/compile-depth-ckpt.json
+
 "dynamo" in the phase list is the first call's wall time minus everything
 the splitter reports, i.e. Dynamo's tracing plus one real forward.
 
@@ -115,14 +125,19 @@ def _canonical_names(gm):
     return gm
 
 
+# The PieceReuseOff switch goddp_each and goddp_canon turn on (goddp.measure).
+_REUSE_OFF: list = []
+
+
 def _compiled(torch, ddp, tool: str, inner: str):
     if tool in ("goddp_each", "goddp_canon"):
-        # Bench-only: turn goddp's reuse of one callable off, to measure
-        # what the inner compiler's caches give instead.
-        import goddp.compile.pipeline as backend
+        # goddp's reuse of one callable off (for this whole process), to
+        # measure what the inner compiler's caches give instead.
         from torch._dynamo.backends.registry import lookup_backend
 
-        backend.group_pieces = lambda signatures: list(range(len(signatures)))
+        from goddp import measure
+
+        _REUSE_OFF.append(measure.PieceReuseOff().on())
         named = lookup_backend(inner)
 
         def each(gm, example_inputs):
@@ -191,7 +206,10 @@ def _cpu_seconds() -> float:
 
 def _e2e(args, torch, DDP, models, probes) -> dict:
     name, size = args.e2e.split(":")
-    wl = models.build(name, size, **({"n_layer": args.layers} if args.layers else {}))
+    overrides = {"n_layer": args.layers} if args.layers else {}
+    if args.checkpoint != "none":
+        overrides["checkpoint"] = args.checkpoint
+    wl = models.build(name, size, **overrides)
     ddp = DDP(wl.model)  # default caps, as a user would
     plans0 = len(probes.goddp_plans())
     compiled = _compiled(torch, ddp, args.tool, "inductor")
@@ -202,6 +220,8 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
+        for switch in _REUSE_OFF:
+            switch.check_used()  # else this run measured goddp with reuse
         c1 = _cpu_seconds()
         steady, steady_cpu = [], []
         for _ in range(3):
@@ -209,9 +229,13 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
             wl.loss(compiled(*wl.inputs)).backward()
             steady.append(time.perf_counter() - s)
             steady_cpu.append(_cpu_seconds() - cs)
-    rec = {"tool": args.tool, "model": args.e2e, "layers": args.layers,
+        with stats.RssSampler() as step_rss:
+            saved = probes.saved_activation_bytes(lambda: wl.loss(compiled(*wl.inputs)), wl.model.parameters())
+            saved.result.backward()
+    rec = {"tool": args.tool, "model": args.e2e, "layers": args.layers, "checkpoint": args.checkpoint,
            "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
-           "steady_step_s": stats.median(steady), "peak_rss_delta_mib": rss.peak_delta_mib}
+           "steady_step_s": stats.median(steady), "peak_rss_delta_mib": rss.peak_delta_mib,
+           "saved_activations_mib": saved.nbytes / 2**20, "step_peak_rss_delta_mib": step_rss.peak_delta_mib}
     rec["compile_s"] = rec["first_forward_s"] + rec["first_backward_s"] - rec["steady_step_s"]
     # CPU seconds (this process and the compilers it ran): on a shared
     # machine far less noisy than wall time, which waits for other jobs.
@@ -249,10 +273,17 @@ def _run_child(extra: list[str], timeout: float, core: int | None, caches: str =
         return json.loads(out.read_text())
 
 
+def _ckpt_text(checkpoint: str | None) -> str:
+    return f" ckpt/{checkpoint}" if checkpoint and checkpoint != "none" else ""
+
+
 def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, timeout: float = 1800,
-        core: int | None = 0, log=print, layer_counts: list[int] | None = None, caches: str = "off") -> dict:
+        core: int | None = 0, log=print, layer_counts: list[int] | None = None, caches: str = "off",
+        checkpoints: list[str] | None = None) -> dict:
     """Every (tool, size) in its own process, `repeat` times with the tools
-    interleaved; each record keeps the median of its repeats (and all runs)."""
+    interleaved; each record keeps the median of its repeats (and all runs).
+    checkpoints: the --e2e GPT's activation checkpointing variants."""
+    checkpoints = checkpoints or ["none"]
     runs: dict[tuple, list[dict]] = {}
     jobs = [(rep, n, t) for rep in range(repeat) for n in nodes for t in tools if t not in E2E_TOOLS]
     t_start = time.perf_counter()
@@ -267,23 +298,24 @@ def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, tim
                f"pieces {rec.get('pieces')}, peak RSS +{rec['peak_rss_delta_mib']:.0f} MiB"))
     synthetic = [_median_record(recs) for recs in runs.values()]
     e2e_runs: dict[tuple, list[dict]] = {}
-    e2e_jobs = [(rep, model, layers, tool) for rep in range(repeat) for model in e2e
-                for layers in (layer_counts or [None]) for tool in tools]
-    for i, (rep, model, layers, tool) in enumerate(e2e_jobs):
-        extra = ["--e2e", model, "--tool", tool] + (["--layers", str(layers)] if layers else [])
+    e2e_jobs = [(rep, model, layers, ckpt, tool) for rep in range(repeat) for model in e2e
+                for layers in (layer_counts or [None]) for ckpt in checkpoints for tool in tools]
+    for i, (rep, model, layers, ckpt, tool) in enumerate(e2e_jobs):
+        extra = ["--e2e", model, "--tool", tool, "--checkpoint", ckpt] + (["--layers", str(layers)] if layers else [])
         rec = _run_child(extra, timeout, core, caches)
         rec.setdefault("tool", tool)
         rec.setdefault("model", model)
         rec.setdefault("layers", layers)
-        e2e_runs.setdefault((model, layers, tool), []).append(rec)
+        rec.setdefault("checkpoint", ckpt)
+        e2e_runs.setdefault((model, layers, ckpt, tool), []).append(rec)
         log(f"[compile e2e {i + 1}/{len(e2e_jobs)}, {time.perf_counter() - t_start:.0f}s] {tool} {model}"
-            + (f" {layers} layers" if layers else "") + ": "
+            + (f" {layers} layers" if layers else "") + _ckpt_text(ckpt) + ": "
             + (rec["error"].splitlines()[-1] if "error" in rec else
                f"compile {rec['compile_s']:.1f}s, CPU {rec.get('compile_cpu_s', float('nan')):.1f}s "
                f"(fwd {rec['first_forward_s']:.1f}s, "
                f"bwd {rec['first_backward_s']:.1f}s), steady step {rec['steady_step_s'] * 1e3:.0f}ms, "
                f"pieces {rec.get('pieces')} ({rec.get('distinct_pieces')} distinct, "
-               f"{rec.get('eager_pieces') or 0} eager)"))
+               f"{rec.get('eager_pieces') or 0} eager), saved activations {rec['saved_activations_mib']:.1f} MiB"))
     end_to_end = [_median_e2e(recs) for recs in e2e_runs.values()]
     return {"synthetic": synthetic, "e2e": end_to_end, "repeat": repeat, "caches": caches}
 
@@ -294,7 +326,7 @@ def _median_e2e(recs: list[dict]) -> dict:
         return recs[-1]
     out = dict(ok[0])
     for key in ("compile_s", "compile_cpu_s", "first_forward_s", "first_backward_s", "steady_step_s",
-                "peak_rss_delta_mib"):
+                "peak_rss_delta_mib", "saved_activations_mib", "step_peak_rss_delta_mib"):
         if all(key in r for r in ok):
             out[key] = stats.median(r[key] for r in ok)
     out["compile_runs_s"] = [r["compile_s"] for r in ok]
@@ -354,9 +386,10 @@ def e2e_report(res: dict) -> str:
     caches = "fresh caches" if res.get("caches", "off") == "fresh" else "caches off"
     rows = []
     for r in res["e2e"]:
-        where = f"{r['tool']} {r.get('model')}" + (f" {r['layers']}L" if r.get("layers") else "")
+        where = (f"{r['tool']} {r.get('model')}" + (f" {r['layers']}L" if r.get("layers") else "")
+                 + _ckpt_text(r.get("checkpoint")))
         if "error" in r:
-            rows.append([where, "FAILED: " + r["error"].splitlines()[-1][:60], "", "", "", "", "", ""])
+            rows.append([where, "FAILED: " + r["error"].splitlines()[-1][:60], "", "", "", "", "", "", ""])
             continue
         runs = r.get("compile_runs_s") or []
         spread = f" [{stats.fmt_s(min(runs))}-{stats.fmt_s(max(runs))}]" if len(runs) > 1 else ""
@@ -369,15 +402,17 @@ def e2e_report(res: dict) -> str:
                      stats.fmt_s(r["first_backward_s"]), stats.fmt_s(r["steady_step_s"]),
                      "-" if pieces is None else
                      f"{pieces} ({r.get('distinct_pieces') or '?'} distinct, {r.get('eager_pieces') or 0} eager)",
-                     f"{r['peak_rss_delta_mib']:.0f}"])
-    out = [stats.table(["tool model depth", "compile (wall)", "compile (CPU)", "1st fwd", "1st bwd", "steady step", "pieces", "RSS+ MiB"],
+                     f"{r['peak_rss_delta_mib']:.0f}",
+                     f"{r['saved_activations_mib']:.1f}" if "saved_activations_mib" in r else "-"])
+    out = [stats.table(["tool model depth", "compile (wall)", "compile (CPU)", "1st fwd", "1st bwd", "steady step", "pieces", "RSS+ MiB",
+                        "saved act. MiB"],
                        rows, title=f"== end-to-end inductor compile (1 rank, {caches}, {res.get('repeat', 1)} runs each) ==")]
     by_case: dict[tuple, dict] = {}
     for r in res["e2e"]:
         if "error" not in r:
-            by_case.setdefault((r["model"], r.get("layers")), {})[r["tool"]] = r
-    for (model, layers), tools in by_case.items():
-        where = f"{model}" + (f" {layers}L" if layers else "")
+            by_case.setdefault((r["model"], r.get("layers"), r.get("checkpoint")), {})[r["tool"]] = r
+    for (model, layers, ckpt), tools in by_case.items():
+        where = f"{model}" + (f" {layers}L" if layers else "") + _ckpt_text(ckpt)
         for g in ("goddp_ddp", "goddp_bytes", "goddp_torch"):
             for base in ("compiled_unsplit", "regional", "torch"):
                 key = "unsplit" if base == "compiled_unsplit" else base
@@ -387,6 +422,9 @@ def e2e_report(res: dict) -> str:
                     if tools[g].get("compile_cpu_s") and tools[key].get("compile_cpu_s"):
                         line += f", {tools[g]['compile_cpu_s'] / tools[key]['compile_cpu_s']:.2f} (CPU)"
                     out.append(line)
+        if "goddp_ddp" in tools and "unsplit" in tools and tools["unsplit"].get("saved_activations_mib"):
+            q = tools["goddp_ddp"]["saved_activations_mib"] / tools["unsplit"]["saved_activations_mib"]
+            out.append(f"{where}: goddp_ddp saved activations / unsplit = {q:.2f}")
     return "\n".join(out)
 
 
@@ -403,6 +441,9 @@ def main(argv=None) -> int:
     ap.add_argument("--caches", choices=("fresh", "off"), default="fresh",
                     help="--e2e: Inductor caches on in a fresh directory per run (as a user's first run), or off")
     ap.add_argument("--e2e", nargs="*", default=[], help="MODEL:SIZE, e.g. gpt:quick")
+    ap.add_argument("--checkpoint", nargs="*", default=["none"], choices=("none", "block", "stack"),
+                    help="--e2e GPT: activation checkpointing per block, around the whole stack, or none "
+                         "(several: each is a case of its own)")
     ap.add_argument("--out", help="JSON output (parent: all results; child: one record)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     ap.add_argument("--repeat", type=int, default=1, help="runs per (tool, size), interleaved; medians reported")
@@ -414,10 +455,11 @@ def main(argv=None) -> int:
         args.nodes = args.nodes[0] if args.nodes else 0
         args.e2e = args.e2e[0] if args.e2e else None
         args.layers = args.layers[0] if args.layers else None
+        args.checkpoint = args.checkpoint[0] if args.checkpoint else "none"
         Path(args.out).write_text(json.dumps(_child(args)))
         return 0
     res = run(args.nodes, args.tools, args.e2e, args.repeat, args.timeout, core=args.core,
-              layer_counts=args.layers, caches=args.caches)
+              layer_counts=args.layers, caches=args.caches, checkpoints=args.checkpoint)
     print(report(res))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))

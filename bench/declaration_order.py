@@ -8,7 +8,8 @@ declaration order at construction. goddp can
 
 - **caps** (what goddp does): give DDP per-bucket caps under which those
   declaration-order buckets are exactly goddp's pieces, merging the pieces
-  whose parameters the declaration order interleaves (planner/declorder.go);
+  whose parameters the declaration order interleaves (see
+  Note [Declaration order] in planner/declorder.go);
 - **DDP's buckets**: leave DDP's caps alone (25 MiB, 1 MiB for the
   first-declared bucket by default) and cut where DDP's real buckets become
   ready.
@@ -35,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 import goddp
-from goddp.native.plan import MIB
+from goddp.measure import MIB, first_use_nodes
 
 _captured: list = []
 
@@ -62,23 +63,6 @@ def ddp_parameter_list(model: nn.Module) -> list[nn.Parameter]:
                 seen.add(p)
                 out.append(p)
     return out
-
-
-def first_use_nodes(gm) -> dict[str, int]:
-    """Parameter name -> index of its first using compute node, from the
-    exporter (names from Dynamo's sources: the graph holds stand-ins)."""
-    from goddp.graph.export import export_graph
-
-    exported = export_graph(gm)
-    arrays = exported.arrays
-    offsets, params, ops = arrays["node_param_offsets"], arrays["node_params"], arrays["node_ops"]
-    first: dict[str, int] = {}
-    for i in range(arrays["num_nodes"]):
-        if ops[i] in (0, 5):
-            continue
-        for k in range(offsets[i], offsets[i + 1]):
-            first.setdefault(exported.param_names[params[k]], i)
-    return first
 
 
 def launches(buckets: list[list[str]], first: dict[str, int], sizes: dict[str, int]) -> list[tuple[int, int]]:

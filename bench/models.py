@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -63,6 +64,9 @@ class TransformerBlock(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
+CHECKPOINTING = ("none", "block", "stack")
+
+
 class GPTLike(nn.Module):
     """A GPT-2-shaped decoder: learned positions, pre-LN blocks, tied head.
 
@@ -70,8 +74,15 @@ class GPTLike(nn.Module):
     exactly the case where counting bytes per use and per parameter differ.
     """
 
-    def __init__(self, vocab: int, ctx: int, d_model: int, n_layer: int, n_head: int) -> None:
+    def __init__(self, vocab: int, ctx: int, d_model: int, n_layer: int, n_head: int,
+                 checkpoint: str = "none") -> None:
         super().__init__()
+        if checkpoint not in CHECKPOINTING:
+            raise ValueError(f"checkpoint={checkpoint!r}: expected one of {CHECKPOINTING}")
+        # Activation checkpointing: "block" checkpoints each block,
+        # non-reentrant (HF's, torchtitan's per-layer mode); "stack" puts one
+        # checkpoint around all the blocks.
+        self.checkpoint = checkpoint
         self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(ctx, d_model)
         self.blocks = nn.ModuleList(TransformerBlock(d_model, n_head) for _ in range(n_layer))
@@ -85,9 +96,19 @@ class GPTLike(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
+        if self.checkpoint == "block":
+            for block in self.blocks:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        elif self.checkpoint == "stack":
+            x = torch.utils.checkpoint.checkpoint(self.run_blocks, x, use_reentrant=False)
+        else:
+            x = self.run_blocks(x)
+        return self.head(self.ln_f(x))
+
+    def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        return x
 
 
 class ConvNet(nn.Module):
@@ -198,7 +219,8 @@ def build(name: str, size: str = "quick", seed: int = 0, **overrides) -> Workloa
         targets = tokens[:, 1:].contiguous()
         loss = lambda logits: _next_token_loss(logits, targets)  # noqa: E731
         desc = (f"GPT {params['n_layer']}L d{params['d_model']} vocab {params['vocab']}, "
-                f"batch {batch}x{params['ctx']}")
+                f"batch {batch}x{params['ctx']}"
+                + (f", checkpoint per {params['checkpoint']}" if params.get("checkpoint", "none") != "none" else ""))
     elif name == "conv":
         model = ConvNet(tuple(params["channels"]), params["image"], params["classes"])
         inputs = (torch.randn(batch, 3, params["image"], params["image"], generator=gen),)

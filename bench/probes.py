@@ -150,7 +150,7 @@ def goddp_plans() -> list[dict]:
 def summarize_goddp_plan(plan: dict) -> dict:
     """The fields of a goddp plan record that the bench reports.
 
-    goddp records (see goddp.reports.records.last_plans): num_pieces, buckets (DDP
+    goddp records (see goddp.last_plans): num_pieces, buckets (DDP
     order, each with bytes), timings (export, plan, cut, example_inputs,
     compile, stitch), fallback, graph (num_nodes, num_params), caps, mode.
     """
@@ -180,3 +180,33 @@ def _jsonable(v):
     if isinstance(v, torch.Tensor) and v.numel() < 10000:
         return v.tolist()
     return repr(v)
+
+
+class SavedActivations:
+    """What saved_activation_bytes returns: the bytes and the step's result."""
+
+    def __init__(self, nbytes: int, result) -> None:
+        self.nbytes = nbytes
+        self.result = result
+
+
+def saved_activation_bytes(forward, params) -> SavedActivations:
+    """Bytes of the distinct storages autograd keeps for backward while
+    forward() runs, parameters left out: the activation memory that
+    checkpointing trims (deterministic, unlike a process's RSS). Compiled
+    graphs save through their autograd.Function, so they count like eager;
+    an eager torch.utils.checkpoint region hides its own."""
+    import torch
+
+    param_storages = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in param_storages:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = forward()
+    return SavedActivations(sum(seen.values()), result)

@@ -76,6 +76,14 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
         # compile-time trade-offs of repeated blocks (README, "Repeated
         # blocks"), with Inductor at the depth the compile table uses.
         jobs.append(job("gpt-8l-ind", "gpt", "inductor", {"n_layer": 8}, opt_in=True))
+        # Activation checkpointing per block (README, "Activation
+        # checkpointing"): goddp against the unsplit compile and regional
+        # compilation with the same checkpointing; opt-in like the above.
+        ckpt_variants = ["compiled", "regional", "goddp_ddp", "eager_ddp"]
+        jobs.append(job("gpt-quick-aot-ckpt", "gpt", "aot_eager", {"checkpoint": "block"}, var=ckpt_variants,
+                        opt_in=True))
+        jobs.append(job("gpt-8l-ind-ckpt", "gpt", "inductor", {"n_layer": 8, "checkpoint": "block"},
+                        var=ckpt_variants, opt_in=True))
     else:
         for model in ("mlp", "gpt", "conv"):
             for inner in ("aot_eager", "inductor"):

@@ -185,12 +185,13 @@ def warm_up(variant: Variant, workload, steps: int) -> dict:
     return info
 
 
-def warm_compiler(inner: str) -> None:
+def warm_compiler(inner: str, device: str = "cpu") -> None:
     """Compile and run a throwaway module so that one-time start-up costs
-    (imports, caches, the C++ toolchain probe) do not land on a variant."""
-    model = models.MLPStack(8, 2)
+    (imports, caches, the C++ toolchain probe, on a GPU its runtime and
+    kernel compiler) do not land on a variant."""
+    model = models.MLPStack(8, 2).to(device)
     compiled = torch.compile(model, backend=CountingBackend(inner))
-    compiled(torch.randn(2, 8)).sum().backward()
+    compiled(torch.randn(2, 8, device=device)).sum().backward()
 
 
 def trace_launches(variant: Variant, workload, steps: int) -> dict:
@@ -223,7 +224,8 @@ def trace_launches(variant: Variant, workload, steps: int) -> dict:
             "head_start_of_backward": figures["head_start_s"] / end if end > 0 else float("nan"),
             "launch_points": len({round(b["launch_s"] / max(end, 1e-9), 2) for b in best["buckets"]}),
             "overlapped": figures["overlapped"], "exposed_s": figures["exposed_s"],
-            "trace": best, "all_head_starts_s": [tracing.step_stats(t)["head_start_s"] for t in traces]}
+            "trace": best, "all_head_starts_s": [tracing.step_stats(t)["head_start_s"] for t in traces],
+            "all_step_stats": [tracing.step_stats(t) for t in traces]}
 
 
 def ddp_buckets(ddp: DDP) -> dict:

@@ -296,14 +296,24 @@ func TestDecisionsThroughC(t *testing.T) {
 	assert.Equal(t, planner.OrderDeclaration, res.Decision.Config.BucketOrder)
 	assert.Equal(t, "declaration-order caps", alignmentNameOf(g, cfg))
 
-	// DDP reduces a parameter the graph does not use: planned unaligned.
+	// DDP reduces a parameter the graph does not use (a graph break): the
+	// aligned plan is kept for the forward's combined layout, not for DDP.
 	cfg.DDP.Flags, cfg.DDP.NumParams = 0, 7
 	res = callPlanGraph(g, cfg, false)
 	require.Equal(t, statusOK, res.Status, res.Msg)
-	assert.Equal(t, planner.ReasonNotCovered, res.Decision.AlignReason)
+	assert.Equal(t, planner.ReasonPartOfForward, res.Decision.AlignReason)
 	assert.Contains(t, res.Decision.AlignDetail, "the graph uses 6 of DDP's 7 parameters")
 	assert.False(t, res.Decision.Config.AlignBuckets)
+	assert.Equal(t, "ready-order caps", alignmentNameOf(g, cfg))
+
+	// The same under find_unused_parameters (declaration order): unaligned.
+	cfg.DDP.Flags = ddpFindUnused
+	res = callPlanGraph(g, cfg, false)
+	require.Equal(t, statusOK, res.Status, res.Msg)
+	assert.Equal(t, planner.ReasonNotCovered, res.Decision.AlignReason)
+	assert.False(t, res.Decision.Config.AlignBuckets)
 	assert.Equal(t, "none", alignmentNameOf(g, cfg))
+	cfg.DDP.Flags = 0
 
 	// Bad input gets a message naming it.
 	for name, edit := range map[string]func(c *rawConfig){

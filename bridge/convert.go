@@ -226,6 +226,11 @@ func stacksFromC(g *C.goddp_graph) (*planner.ModuleStacks, error) {
 	if err = viewInto(&stringBytes)(unsafe.Pointer(g.module_strings), namesLen, "module_strings"); err != nil {
 		return nil, err
 	}
+	if g.node_weights != nil {
+		if st.Weights, err = cCopy[int32](unsafe.Pointer(g.node_weights), int64(g.num_nodes), "node_weights", planner.ErrInvalidGraph); err != nil {
+			return nil, err
+		}
+	}
 	all := string(stringBytes)
 	st.Strings = make([]string, numStrings)
 	for i := range st.Strings {

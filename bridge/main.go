@@ -29,7 +29,7 @@ import "github.com/goddp/goddp/planner"
 
 // abiVersion is the ABI this bridge implements. It must equal
 // GODDP_ABI_VERSION in csrc/goddp.h.
-const abiVersion = 6
+const abiVersion = 7
 
 // Compile-time checks that the header and the Go side agree. Converting a
 // negative constant to uint does not compile, so each pair of lines fails the
@@ -74,6 +74,8 @@ const (
 	_ = uint(planner.ReasonNotCovered - C.GODDP_REASON_NOT_COVERED)
 	_ = uint(C.GODDP_REASON_ONE_PIECE - planner.ReasonOnePiece)
 	_ = uint(planner.ReasonOnePiece - C.GODDP_REASON_ONE_PIECE)
+	_ = uint(C.GODDP_REASON_PART_OF_FORWARD - planner.ReasonPartOfForward)
+	_ = uint(planner.ReasonPartOfForward - C.GODDP_REASON_PART_OF_FORWARD)
 
 	_ = uint(C.GODDP_EDGES_COMPILE - planner.EdgesCompile)
 	_ = uint(planner.EdgesCompile - C.GODDP_EDGES_COMPILE)

@@ -59,8 +59,11 @@ extern "C" {
  *    align_detail, alignment_name, num_counted_params, piece_params,
  *    eager_pieces and node_block_ids.
  * Added without a bump (new, nothing changed): goddp_layout and
- * goddp_layout_digest. */
-#define GODDP_ABI_VERSION 6
+ * goddp_layout_digest; goddp_forward, goddp_forward_plan,
+ * goddp_combine_forward and goddp_forward_plan_free;
+ * GODDP_REASON_PART_OF_FORWARD.
+ * 7: goddp_graph.node_weights (optional, at the end of the struct). */
+#define GODDP_ABI_VERSION 7
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -113,7 +116,9 @@ enum goddp_align_reason {
     GODDP_REASON_ALIGNED = 0,     /* the buckets are DDP's; ddp_caps are its caps */
     GODDP_REASON_OFF = 1,         /* config.align_buckets was 0 */
     GODDP_REASON_NOT_COVERED = 2, /* aligned buckets would not hold exactly DDP's parameters: planned unaligned */
-    GODDP_REASON_ONE_PIECE = 3    /* the aligned plan is one piece: nothing to align */
+    GODDP_REASON_ONE_PIECE = 3,   /* the aligned plan is one piece: nothing to align */
+    GODDP_REASON_PART_OF_FORWARD = 4 /* as NOT_COVERED, ready order: the aligned plan is kept for
+                                      * goddp_combine_forward with the forward's other graphs */
 };
 
 /* Which edge pieces (outside the repeated blocks) run eagerly
@@ -195,6 +200,13 @@ typedef struct goddp_graph {
     const int64_t *node_stack_offsets;    /* [num_nodes + 1] or NULL */
     const int32_t *node_stack_paths;      /* [node_stack_offsets[num_nodes]] string index of the path */
     const int32_t *node_stack_types;      /* [node_stack_offsets[num_nodes]] string index of the type */
+
+    /* Optional (ABI 7), read with the module stacks; NULL: one each. How
+     * many compute nodes each node stands for in the block rule's instance
+     * sizes and the edges' sizes: an activation checkpoint call its body's,
+     * its get_attr and getitems 0 (planner/modstack.go, Note [Node
+     * weights]). Negative weights are GODDP_ERR_INVALID_GRAPH. */
+    const int32_t *node_weights;          /* [num_nodes] or NULL */
 } goddp_graph;
 
 /* A DistributedDataParallel module's own settings (goddp_config.ddp, ABI 6). */
@@ -350,6 +362,42 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);
+
+/* The graphs of one forward, each bucketed by an aligned plan
+ * (goddp_config.align_buckets), for goddp_combine_forward. DDP positions
+ * index the list of parameters DDP reduces. */
+typedef struct goddp_forward {
+    int64_t num_params;                 /* parameters DDP reduces */
+    const int64_t *param_bytes;         /* [num_params] numel*element size, by DDP position */
+    int64_t num_graphs;                 /* >= 1, in forward order */
+    const int64_t *graph_bucket_offsets; /* [num_graphs + 1] CSR over the buckets, each graph's in DDP order */
+    const int64_t *bucket_param_offsets; /* [num_buckets + 1] CSR over bucket_params */
+    const int32_t *bucket_params;       /* DDP positions */
+} goddp_forward;
+
+/* One DDP bucket layout for a forward's graphs (planner/forward.go). Every
+ * array is malloc'd by the library and freed by goddp_forward_plan_free. */
+typedef struct goddp_forward_plan {
+    int64_t num_buckets;                /* DDP order: the last graph's buckets first */
+    int64_t *bucket_bytes;              /* [num_buckets] the per-bucket caps to give DDP */
+    int32_t *bucket_graphs;             /* [num_buckets] the graph (forward order) it comes from */
+    int32_t *bucket_sources;            /* [num_buckets] its index among that graph's buckets */
+    int64_t *bucket_param_offsets;      /* [num_buckets + 1] CSR */
+    int32_t *bucket_params;             /* DDP positions */
+    int64_t moved;                      /* parameters in several graphs, kept in the earliest only */
+    int64_t dropped;                    /* buckets left empty by that */
+} goddp_forward_plan;
+
+/* Combines the aligned buckets of a forward's graphs into one DDP
+ * layout: the later graph's buckets first (DDP's backward runs it first),
+ * a parameter of several graphs in the earliest one's bucket. Fails with
+ * GODDP_ERR_INVALID_GRAPH unless the graphs between them hold every
+ * parameter DDP reduces. On GODDP_OK, *out is released with
+ * goddp_forward_plan_free. */
+goddp_status goddp_combine_forward(const goddp_forward *f, goddp_forward_plan **out, char **err_msg);
+
+/* Releases a goddp_forward_plan. NULL is a no-op. */
+void goddp_forward_plan_free(goddp_forward_plan *plan);
 
 /* Releases an error message. NULL is a no-op. */
 void goddp_string_free(char *s);

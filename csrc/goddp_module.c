@@ -223,6 +223,7 @@ enum graph_array {
     NODE_STACK_OFFSETS,
     NODE_STACK_PATHS,
     NODE_STACK_TYPES,
+    NODE_WEIGHTS,
     NUM_GRAPH_ARRAYS
 };
 #define FIRST_OPTIONAL_ARRAY NODE_BLOCK_IDS
@@ -253,6 +254,7 @@ static const struct {
     [NODE_STACK_OFFSETS] = {"node_stack_offsets", 8, "int64, e.g. array('q')"},
     [NODE_STACK_PATHS] = {"node_stack_paths", 4, "int32, e.g. array('i')"},
     [NODE_STACK_TYPES] = {"node_stack_types", 4, "int32, e.g. array('i')"},
+    [NODE_WEIGHTS] = {"node_weights", 4, "int32, e.g. array('i')"},
 };
 
 static const char *const graph_keys[] = {
@@ -264,6 +266,7 @@ static const char *const graph_keys[] = {
     "param_ddp_positions", /* optional (ABI 5): absent or None means NULL */
     /* optional (ABI 6), all or none: the module stacks */
     "module_string_offsets", "module_strings", "node_stack_offsets", "node_stack_paths", "node_stack_types",
+    "node_weights", /* optional (ABI 7): absent or None means one each */
 };
 #define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
 #define NUM_REQUIRED_GRAPH_KEYS 16 /* the optional ones come last */
@@ -491,6 +494,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
     if (gv->held[PARAM_DDP_POSITIONS] && check_len(gv, PARAM_DDP_POSITIONS, num_params, "num_params") < 0) return -1;
     int64_t num_module_strings = 0;
     if (stacks_from_views(gv, num_nodes, &num_module_strings) < 0) return -1;
+    if (gv->held[NODE_WEIGHTS] && check_len(gv, NODE_WEIGHTS, num_nodes, "num_nodes") < 0) return -1;
 
     if (check_len(gv, NODE_OPS, num_nodes, "num_nodes") < 0 ||
         check_len(gv, NODE_MODULE_IDS, num_nodes, "num_nodes") < 0 ||
@@ -543,6 +547,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         g->node_stack_paths = gv->views[NODE_STACK_PATHS].buf;
         g->node_stack_types = gv->views[NODE_STACK_TYPES].buf;
     }
+    g->node_weights = gv->held[NODE_WEIGHTS] ? gv->views[NODE_WEIGHTS].buf : NULL;
     return 0;
 }
 
@@ -827,7 +832,8 @@ PyDoc_STRVAR(plan_graph_doc,
              "planner fills them in), config['block_cuts'], ['edges'] and ['ddp'] (a dict of\n"
              "DDP_KEYS, goddp_ddp's fields, or None) are optional, and so are the graph's module\n"
              "stacks (module_string_offsets, module_strings, node_stack_offsets, node_stack_paths,\n"
-             "node_stack_types: all or none). The reply's ABI 6 keys are the decisions: the\n"
+             "node_stack_types: all or none); ABI 7: graph['node_weights'] is optional (absent or\n"
+             "None: one each). The reply's ABI 6 keys are the decisions: the\n"
              "settings the plan stands for (bucket_cap_bytes, first_bucket_cap_bytes,\n"
              "bucket_caps_bytes, max_pieces, align_buckets, bucket_order), align_reason and\n"
              "align_detail (str), alignment_name (str), num_counted_params, piece_param_offsets\n"
@@ -881,6 +887,145 @@ done:
     release_graph_views(&gv);
     PyMem_Free(st.caps);
     PyMem_Free(st.ddp_caps);
+    return result;
+}
+
+/* ---------------------------------------------------------------------- */
+/* combine_forward                                                          */
+
+/* Copies obj, a C-contiguous buffer of native integers of itemsize bytes,
+ * into view (Note [abi3]); what names the argument in errors. */
+static int get_int_view(PyObject *obj, struct graph_view *view, Py_ssize_t itemsize, const char *what, const char *hint) {
+    view->copy = NULL;
+    PyObject *mv = PyMemoryView_FromObject(obj);
+    PyObject *contiguous = NULL, *format = NULL, *itemsize_obj = NULL;
+    int rc = -1;
+    if (mv == NULL || (contiguous = PyObject_GetAttrString(mv, "c_contiguous")) == NULL ||
+        PyObject_IsTrue(contiguous) != 1) {
+        PyObject *tn;
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous buffer of %s, not %.100s", what, hint,
+                     type_name(obj, &tn));
+        Py_XDECREF(tn);
+        goto done;
+    }
+    if ((format = PyObject_GetAttrString(mv, "format")) == NULL ||
+        (itemsize_obj = PyObject_GetAttrString(mv, "itemsize")) == NULL) {
+        goto done;
+    }
+    const char *fmt = PyUnicode_AsUTF8AndSize(format, NULL);
+    Py_ssize_t got = PyLong_AsSsize_t(itemsize_obj);
+    if (fmt == NULL || (got == -1 && PyErr_Occurred())) goto done;
+    if (got != itemsize || !is_native_integer_format(fmt)) {
+        PyErr_Format(PyExc_ValueError, "%s must hold %s; got format '%s' with item size %zd", what, hint, fmt, got);
+        goto done;
+    }
+    if ((view->copy = PyObject_CallMethod(mv, "tobytes", NULL)) == NULL) goto done;
+    view->buf = PyBytes_AsString(view->copy);
+    view->len = PyBytes_Size(view->copy);
+    if (view->buf == NULL || view->len < 0) {
+        Py_CLEAR(view->copy);
+        goto done;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(itemsize_obj);
+    Py_XDECREF(format);
+    Py_XDECREF(contiguous);
+    Py_XDECREF(mv);
+    return rc;
+}
+
+static PyObject *forward_plan_to_dict(const goddp_forward_plan *p) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    int64_t nb = p->num_buckets;
+    if (nb < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "goddp: library returned a forward plan with negative counts");
+        goto fail;
+    }
+    if (set_int(d, "num_buckets", PyLong_FromLongLong(nb)) < 0 ||
+        set_bytes(d, "bucket_bytes", p->bucket_bytes, nb, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "bucket_graphs", p->bucket_graphs, nb, sizeof(int32_t)) < 0 ||
+        set_bytes(d, "bucket_sources", p->bucket_sources, nb, sizeof(int32_t)) < 0 ||
+        set_bytes(d, "bucket_param_offsets", p->bucket_param_offsets, nb + 1, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "bucket_params", p->bucket_params, csr_total(p->bucket_param_offsets, nb), sizeof(int32_t)) <
+            0 ||
+        set_int(d, "moved", PyLong_FromLongLong(p->moved)) < 0 ||
+        set_int(d, "dropped", PyLong_FromLongLong(p->dropped)) < 0) {
+        goto fail;
+    }
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+PyDoc_STRVAR(combine_forward_doc,
+             "combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params) -> dict\n\n"
+             "One DDP bucket layout for the graphs of a forward (goddp_combine_forward in\n"
+             "csrc/goddp.h): param_bytes (int64, by DDP position), graph_bucket_offsets and\n"
+             "bucket_param_offsets (int64 CSR offsets), bucket_params (int32 DDP positions).\n"
+             "The result's keys are the field names of goddp_forward_plan; arrays come back\n"
+             "as bytes of native values. Raises PlannerError when the planner rejects it.");
+
+static PyObject *py_combine_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *objs[4];
+    if (!PyArg_ParseTuple(args, "OOOO:combine_forward", &objs[0], &objs[1], &objs[2], &objs[3])) return NULL;
+    if (refuse_in_forked_child() < 0) return NULL;
+    static const char *const names[4] = {"param_bytes", "graph_bucket_offsets", "bucket_param_offsets",
+                                         "bucket_params"};
+    static const Py_ssize_t sizes[4] = {8, 8, 8, 4};
+    struct graph_view views[4];
+    int held = 0;
+    PyObject *result = NULL;
+    for (; held < 4; held++) {
+        if (get_int_view(objs[held], &views[held], sizes[held], names[held],
+                         sizes[held] == 8 ? "int64, e.g. array('q')" : "int32, e.g. array('i')") < 0)
+            goto done;
+    }
+    Py_ssize_t num_graph_offsets = views[1].len / 8, num_bucket_offsets = views[2].len / 8;
+    if (num_graph_offsets < 2 || num_bucket_offsets < 1) {
+        PyErr_SetString(PyExc_ValueError, "combine_forward: a forward has at least one graph, and CSR offsets "
+                                          "have one more entry than items");
+        goto done;
+    }
+    const int64_t *graph_offs = views[1].buf, *bucket_offs = views[2].buf;
+    if (graph_offs[num_graph_offsets - 1] != num_bucket_offsets - 1 ||
+        bucket_offs[num_bucket_offsets - 1] != views[3].len / 4) {
+        PyErr_SetString(PyExc_ValueError,
+                        "combine_forward: the last offset of each CSR array must equal the length of what it indexes");
+        goto done;
+    }
+    goddp_forward f = {
+        .num_params = views[0].len / 8,
+        .param_bytes = views[0].buf,
+        .num_graphs = num_graph_offsets - 1,
+        .graph_bucket_offsets = graph_offs,
+        .bucket_param_offsets = bucket_offs,
+        .bucket_params = views[3].buf,
+    };
+    goddp_forward_plan *plan = NULL;
+    char *msg = NULL;
+    goddp_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = goddp_combine_forward(&f, &plan, &msg);
+    Py_END_ALLOW_THREADS
+    if (status != GODDP_OK) {
+        goddp_forward_plan_free(plan);
+        raise_planner_error(status, msg);
+        goto done;
+    }
+    goddp_string_free(msg);
+    if (plan == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "goddp: library returned GODDP_OK without a forward plan");
+        goto done;
+    }
+    result = forward_plan_to_dict(plan);
+    goddp_forward_plan_free(plan);
+done:
+    for (int i = 0; i < held; i++) Py_CLEAR(views[i].copy);
     return result;
 }
 
@@ -1026,6 +1171,7 @@ static PyObject *py_debug_panic(PyObject *self, PyObject *unused) {
 static PyMethodDef goddp_methods[] = {
     {"plan_graph", (PyCFunction)(void (*)(void))py_plan_graph, METH_VARARGS | METH_KEYWORDS, plan_graph_doc},
     {"abi_version", py_abi_version, METH_NOARGS, abi_version_doc},
+    {"combine_forward", py_combine_forward, METH_VARARGS, combine_forward_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
     {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
 #ifdef GODDP_TESTHOOKS
@@ -1090,6 +1236,7 @@ static int add_constants(PyObject *m) {
         {"REASON_OFF", GODDP_REASON_OFF},
         {"REASON_NOT_COVERED", GODDP_REASON_NOT_COVERED},
         {"REASON_ONE_PIECE", GODDP_REASON_ONE_PIECE},
+        {"REASON_PART_OF_FORWARD", GODDP_REASON_PART_OF_FORWARD},
         {"EDGES_COMPILE", GODDP_EDGES_COMPILE},
         {"EDGES_AUTO", GODDP_EDGES_AUTO},
         {"EDGES_EAGER", GODDP_EDGES_EAGER},

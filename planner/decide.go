@@ -38,6 +38,13 @@ const (
 	// ReasonOnePiece: the aligned plan has a single piece, so there is
 	// nothing to align; the plan is that single piece.
 	ReasonOnePiece AlignReason = 3
+	// ReasonPartOfForward: as ReasonNotCovered (a graph break left part of
+	// DDP's parameters in other graphs), in ready order: the plan stays the
+	// aligned one (the same cuts), whose buckets and DDPCaps the caller
+	// combines with the forward's other graphs (CombineForward,
+	// forward.go); Config.AlignBuckets is false, since no cap list of this
+	// graph alone may go to DDP.
+	ReasonPartOfForward AlignReason = 4
 )
 
 // String is the reason as plan records and logs say it.
@@ -51,6 +58,8 @@ func (r AlignReason) String() string {
 		return "the graph does not use all of DDP's parameters"
 	case ReasonOnePiece:
 		return "one piece: nothing to align"
+	case ReasonPartOfForward:
+		return "the graph holds part of DDP's parameters: planned with the forward's other graphs"
 	}
 	return "unknown"
 }
@@ -87,6 +96,9 @@ type decider struct {
 	s   *Settings
 	g   Graph // the request's graph with the derived BlockIDs
 	out Decision
+	// partOnly: the aligned buckets hold DDP's parameters, each once, but
+	// not all of them (set by covers).
+	partOnly bool
 }
 
 // Decide validates req and makes every decision of Note [One call]. Like
@@ -109,7 +121,7 @@ func Decide(req *Request) (*Decision, error) {
 	d.clampCaps()
 	d.countParams()
 	d.pieceParams()
-	d.out.EagerPieces = eagerPieces(&d.g, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
+	d.out.EagerPieces = eagerPieces(&d.g, d.req.Stacks, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
 	d.out.BlockIDs = d.g.BlockIDs
 	return &d.out, nil
 }
@@ -147,6 +159,12 @@ func (d *decider) plan() error {
 	} else if !covered {
 		detail := fmt.Sprintf("the graph uses %d of DDP's %d parameters (a graph break, or parameters used outside this graph); DDP buckets the whole model",
 			planned, s.DDP.NumParams)
+		if d.partOnly && d.out.Config.BucketOrder == OrderReady && len(d.out.Plan.Buckets) > 0 {
+			d.out.Config.AlignBuckets = false
+			d.out.AlignReason = ReasonPartOfForward
+			d.out.AlignDetail = detail + "; planned with the forward's other graphs at the module's next training call"
+			return nil
+		}
 		return d.build(s.resolve(false), ReasonNotCovered, detail)
 	}
 	if d.out.Plan.NumPieces <= 1 {
@@ -198,6 +216,7 @@ func (d *decider) covers() (planned int, covered bool, err error) {
 			seen[pos] = true
 		}
 	}
+	d.partOnly = covered && planned < n
 	return planned, covered && planned == n, nil
 }
 

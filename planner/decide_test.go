@@ -224,9 +224,26 @@ func TestDecideAlignment(t *testing.T) {
 			assert.Equal(t, b.Bytes, dec.Plan.DDPCaps[k])
 		}
 	})
+	t.Run("part of a forward: the aligned plan is kept, not handed to DDP", func(t *testing.T) {
+		g := mlpModel().graph()
+		settings := alignedDDP(g, 1, nil) // DDP has a parameter the graph lacks
+		dec, err := Decide(&Request{Graph: g, Settings: settings})
+		require.NoError(t, err)
+		assert.Equal(t, ReasonPartOfForward, dec.AlignReason)
+		assert.Contains(t, dec.AlignDetail, fmt.Sprintf("the graph uses 8 of DDP's %d parameters", settings.DDP.NumParams))
+		want, err := Build(g, settings.resolve(true))
+		require.NoError(t, err)
+		assert.Equal(t, want.Buckets, dec.Plan.Buckets)
+		assert.Equal(t, AlignReady, dec.Plan.Alignment)
+		assert.False(t, dec.Config.AlignBuckets)
+	})
 	t.Run("not covered: planned again unaligned", func(t *testing.T) {
 		for name, s := range map[string]func(g *Graph) Settings{
-			"DDP has a parameter the graph lacks": func(g *Graph) Settings { return alignedDDP(g, 1, nil) },
+			"DDP has a parameter the graph lacks, in declaration order": func(g *Graph) Settings {
+				s := alignedDDP(g, 1, nil)
+				s.DDP.FindUnusedParameters = true
+				return s
+			},
 			"a parameter that is not DDP's": func(g *Graph) Settings {
 				s := alignedDDP(g, 0, nil)
 				g.Params[0].DDPPosition = -1
@@ -415,11 +432,11 @@ func TestEagerPieces(t *testing.T) {
 	}
 	for _, tc := range cases {
 		g, pieces, n := edgeGraph(tc.layout)
-		assert.Equal(t, tc.want, eagerPieces(g, pieces, n, tc.policy), tc.name)
+		assert.Equal(t, tc.want, eagerPieces(g, nil, pieces, n, tc.policy), tc.name)
 	}
 	g, pieces, n := edgeGraph([][]int32{{-1}, {0, 0}, {1, 1}, {-1}})
 	g.BlockIDs = nil
-	assert.Nil(t, eagerPieces(g, pieces, n, EdgesEager), "no block ids")
+	assert.Nil(t, eagerPieces(g, nil, pieces, n, EdgesEager), "no block ids")
 }
 
 // gptStacks is the module stacks that give gptModel's blocks: each block
@@ -496,8 +513,12 @@ func TestDecideGolden(t *testing.T) {
 			planned.BlockIDs = dec.BlockIDs
 			// Block cuts do not apply under declaration order (see Build).
 			blocksIdle := planned.BlockIDs != nil && dec.Config.BucketOrder == OrderDeclaration
+			cfg := dec.Config
+			if dec.AlignReason == ReasonPartOfForward {
+				cfg.AlignBuckets = true // the aligned plan, kept for CombineForward
+			}
 			if dec.AlignReason != ReasonOnePiece && !blocksIdle {
-				for _, v := range checkPlan(&planned, dec.Config, dec.Plan) {
+				for _, v := range checkPlan(&planned, cfg, dec.Plan) {
 					t.Error(v)
 				}
 			}

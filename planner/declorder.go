@@ -4,6 +4,8 @@ import (
 	"slices"
 )
 
+// Note [Declaration order]
+//
 // This file aligns DDP's buckets with the pieces when DDP never rebuilds
 // them: find_unused_parameters=True without static_graph (BucketOrder
 // OrderDeclaration).

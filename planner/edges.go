@@ -29,7 +29,8 @@ const (
 // eagerPieces returns the pieces to run eagerly, ascending: under policy,
 // the pieces whose compute nodes all lie before the first compute node of
 // a block or after the last, in a graph with BlockIDs.
-func eagerPieces(g *Graph, nodePiece []int32, numPieces int, policy EdgePolicy) []int32 {
+// Sizes count each compute node's weight under st (Note [Node weights]).
+func eagerPieces(g *Graph, st *ModuleStacks, nodePiece []int32, numPieces int, policy EdgePolicy) []int32 {
 	if policy == EdgesCompile || g.BlockIDs == nil {
 		return nil
 	}
@@ -53,9 +54,10 @@ func eagerPieces(g *Graph, nodePiece []int32, numPieces int, policy EdgePolicy) 
 		if p < 0 || !isCompute(op) {
 			continue
 		}
-		pieceSize[p]++
+		w := st.weight(i)
+		pieceSize[p] += w
 		if id := g.BlockIDs[i]; id >= 0 {
-			blockSize[id]++
+			blockSize[id] += w
 		}
 		if first <= i && i <= last {
 			inside[p] = true

@@ -29,12 +29,43 @@ type ModuleStacks struct {
 	Offsets []int64 // len(Graph.Ops) + 1
 	Paths   []int32 // per entry: index into Strings of the module path
 	Types   []int32 // per entry: index into Strings of the module type
+	// Weights, optional (nil: one each), is per node how many compute
+	// nodes it stands for (Note [Node weights]).
+	Weights []int32
+}
+
+// Note [Node weights]: a node may stand for several compute nodes of the
+// model. Dynamo captures an activation checkpoint as one call of a
+// higher-order op whose body is a subgraph of its own, plus a get_attr of
+// the body and a getitem per result; the caller hands the call its body's
+// compute nodes as its weight, and the get_attr and getitems 0 (python/
+// goddp/graph/checkpoints.py, Note [Checkpoint bodies]). The block rule's
+// instance sizes (minBlockNodes) and the edges' sizes (Note [Edges]) then
+// count what the model runs, so that a checkpointed block weighs what the
+// same block does unchekpointed.
+
+// weight returns node i's weight under st (one each without weights).
+func (st *ModuleStacks) weight(i int) int {
+	if st == nil || st.Weights == nil {
+		return 1
+	}
+	return int(st.Weights[i])
 }
 
 // validateStacks checks the table's shape against a graph of n nodes.
 func validateStacks(st *ModuleStacks, n int) error {
 	if err := checkCSR("module stack Offsets", "Paths", st.Offsets, n, len(st.Paths)); err != nil {
 		return err
+	}
+	if st.Weights != nil {
+		if len(st.Weights) != n {
+			return errorf(ErrInvalidGraph, "planner: module stacks: %d node weights for %d nodes", len(st.Weights), n)
+		}
+		for i, w := range st.Weights {
+			if w < 0 {
+				return errorf(ErrInvalidGraph, "planner: node %d has weight %d; weights are at least 0", i, w)
+			}
+		}
 	}
 	if len(st.Types) != len(st.Paths) {
 		return errorf(ErrInvalidGraph, "planner: module stacks: %d types for %d paths; want one type per entry",
@@ -137,16 +168,22 @@ func (a *blockAssigner) internEntries() {
 	a.members = make([]map[int32]int, len(keys))
 }
 
-// countInstances counts, per sibling key, the entries of each instance.
+// countInstances counts, per sibling key, the compute nodes of each
+// instance: each node's entries count its weight (Note [Node weights]).
 func (a *blockAssigner) countInstances() {
-	for k, key := range a.keyOf {
-		if key < 0 {
-			continue
+	st := a.st
+	for i := range a.g.Ops {
+		w := st.weight(i)
+		for k := st.Offsets[i]; k < st.Offsets[i+1]; k++ {
+			key := a.keyOf[k]
+			if key < 0 {
+				continue
+			}
+			if a.members[key] == nil {
+				a.members[key] = map[int32]int{}
+			}
+			a.members[key][a.pathOf[k]] += w
 		}
-		if a.members[key] == nil {
-			a.members[key] = map[int32]int{}
-		}
-		a.members[key][a.pathOf[k]]++
 	}
 }
 

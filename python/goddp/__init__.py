@@ -19,8 +19,8 @@ Public API:
 Logging goes to the Python logger "goddp" (plan table at INFO, graphs at
 DEBUG); ``TORCH_LOGS=goddp`` / ``TORCH_LOGS=+goddp`` enable it the torch way.
 
-The Go runtime starts only when the first plan is made (never at import),
-so processes forked before that (DataLoader workers) are unaffected.
+The Go runtime starts only when the first plan is made, never at import
+(see Note [Lazy Go runtime] in goddp.native.extension).
 
 What is where (each subpackage's docstring says more; README.md,
 "Architecture"): ``backend`` the entry point, ``options`` the one
@@ -28,7 +28,8 @@ validator; ``compile`` the pipeline and its one fallback; ``graph`` export,
 cut and stitch; ``native`` the binding to the Go planner; ``ddp`` everything
 that touches DistributedDataParallel (torch's private DDP API in
 ``ddp.private`` alone); ``ranks`` how the ranks agree; ``reports`` plan
-records and the plan table; ``tracing`` goddp.trace.
+records and the plan table; ``tracing`` goddp.trace; ``measure`` the
+benchmarks' documented hooks.
 """
 
 from __future__ import annotations

@@ -8,49 +8,14 @@ callable that makes a configured backend.
   ``torch.compile(ddp_model, backend=goddp.backend(inner="aot_eager"))``.
   With no options it returns ``goddp_backend`` itself.
 
-Options (also accepted as ``torch.compile(..., backend="goddp",
-options={...})``; goddp.options validates them):
-
-- ``inner``: compiler for each piece: "inductor" (default), "aot_eager",
-  "eager", any registered Dynamo backend name, or a callable
-  ``(gm, example_inputs) -> callable``.
-- ``inner_options``: dict passed as ``options=`` to a named inner backend
-  (for Inductor: its config), or None.
-- ``mode``: "ddp" (default) cuts where DDP's rebuilt buckets close (each
-  parameter counted once, at its earliest use, numel*element size, DDP's
-  first-bucket cap and per-bucket caps); "torch" reproduces torch's
-  DDPOptimizer.
-- ``bucket_cap_mb`` / ``first_bucket_cap_mb``: numbers > 0 (MiB) or None,
-  overriding the DDP module's caps; when both are given the first may not
-  exceed the other.
-- ``max_pieces``: int >= 1 or None: at most this many pieces, whatever the
-  bucket size (ddp mode only).
-- ``align_buckets`` (True, False or None for the mode's default; True in
-  ddp mode): make DDP's own buckets close at the cuts (why and when:
-  docs/align.md); ddp mode only.
-- ``block_cuts`` (True, False or None for the mode's default; True in ddp
-  mode): cut at the boundaries of repeated module blocks (transformer
-  layers) and compile identical pieces once, each DDP bucket spanning
-  several consecutive pieces; False: byte-driven cuts. True only in ddp
-  mode (max_pieces and align_buckets=True likewise raise in torch mode).
-- ``edges`` ("auto", "compile", "eager" or None for "auto"; only with
-  block cuts): what runs the pieces before the first repeated block and
-  after the last: "auto" runs each eagerly when it is no bigger than the
-  mean block, "compile" compiles them with inner, "eager" runs them eagerly
-  whatever their size (why: goddp.graph.blocks, "Edges").
-- ``strict`` (False): raise instead of warning and compiling the whole
-  graph when planning or a piece's compilation fails, and raise
-  PlanMismatchError on every rank when the ranks of a DDP module propose
-  different layouts for DDP's buckets.
-- ``log_plan`` (True): log the bucket table at INFO on logger "goddp".
-- ``check_plans``: deprecated, no effect (a DeprecationWarning says so):
-  the ranks compare the layout of DDP's buckets, not their plans; ranks
-  whose layouts differ keep DDP's own buckets, and ``strict=True`` makes
-  that an error (PlanMismatchError; README.md, "Several ranks").
-
-An unknown key or a bad value raises ValueError naming the valid choices.
 Importing this module switches ``torch._dynamo.config.optimize_ddp`` off
 (see goddp.compile.ddp_optimizer).
+
+The options, also accepted as ``torch.compile(..., backend="goddp",
+options={...})``, are listed below from goddp.options.OPTIONS, their one
+table; an unknown key or a bad value raises ValueError naming the valid
+choices.
+
 """
 
 from __future__ import annotations
@@ -65,7 +30,10 @@ from torch._dynamo.backends import registry
 
 from goddp.compile import ddp_optimizer
 from goddp.compile.pipeline import compile_graph
-from goddp.options import MODES, OPTION_KEYS, Options, parse_options
+from goddp.options import MODES, OPTION_KEYS, Options, options_text, parse_options
+
+if __doc__:  # None under python -OO
+    __doc__ += options_text()
 
 BACKEND_NAME = "goddp"
 ENTRY_POINT_GROUP = "torch_dynamo_backends"

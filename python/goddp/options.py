@@ -1,9 +1,15 @@
-"""Validation of the goddp backend's options.
+"""The goddp backend's options: the one table of them and the one validator.
 
 Options arrive either as keyword arguments of ``goddp.backend(**options)`` or
 as the ``options=`` dict of ``torch.compile(m, backend="goddp", options=...)``.
 Every bad key or value raises ValueError naming what is accepted, so a typo
 never silently changes behaviour.
+
+``OPTIONS`` is the one place each option is documented (key, default, valid
+values, meaning); the ``goddp.backend`` docstring and the README's options
+table are rendered from it (``python -m goddp.options --markdown`` prints
+the README's table; tests/python/test_options_doc.py checks that they
+match), and the validator's messages use the same choices.
 """
 
 from __future__ import annotations
@@ -11,71 +17,133 @@ from __future__ import annotations
 import warnings
 
 import math
-from dataclasses import dataclass, field, replace
+import re
+import sys
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
 from torch._dynamo.backends.registry import list_backends
 
 MODES = ("ddp", "torch")
 
-# The values of option "edges" (Options.edges says what each does).
+# The values of option "edges" (OPTIONS says what each does).
 EDGE_CHOICES = ("auto", "compile", "eager")
 
 # The inner compilers most users pick; any other registered Dynamo backend
 # name (or a callable) is accepted as well.
 COMMON_INNER = ("inductor", "aot_eager", "eager")
 
-OPTION_KEYS = (
-    "inner",
-    "inner_options",
-    "mode",
-    "bucket_cap_mb",
-    "first_bucket_cap_mb",
-    "max_pieces",
-    "align_buckets",
-    "block_cuts",
-    "edges",
-    "strict",
-    "log_plan",
-    "check_plans",
+BOOLS = (True, False)
+
+
+@dataclass(frozen=True)
+class OptionDoc:
+    """One row of the options table. Text is Markdown (code in backticks,
+    links to README sections); ``choices`` are the exact values where they
+    can be listed, shown first in the valid values."""
+
+    key: str
+    default_note: str  # what the default means, after its value ("" for nothing)
+    valid: str  # the accepted values beyond ``choices`` ("" for none)
+    meaning: str
+    choices: tuple = ()
+    deprecated: bool = False  # accepted, warned about, no effect: no default to show
+
+
+OPTIONS: tuple[OptionDoc, ...] = (
+    OptionDoc(
+        "inner",
+        "",
+        "any registered Dynamo backend name but `\"goddp\"`, or a callable `(gm, example_inputs) -> callable`",
+        "the compiler for each piece",
+        COMMON_INNER,
+    ),
+    OptionDoc(
+        "inner_options",
+        "",
+        "a dict or `None`",
+        "passed as `options=` to a named inner backend (Inductor's config)",
+    ),
+    OptionDoc(
+        "mode",
+        "",
+        "",
+        "`\"ddp\"`: cut where DDP's buckets close; `\"torch\"`: reproduce torch's DDPOptimizer",
+        MODES,
+    ),
+    OptionDoc(
+        "bucket_cap_mb",
+        ": the DDP module's",
+        "a number > 0 (MiB) or `None`",
+        "bucket cap, overriding the DDP module's",
+    ),
+    OptionDoc(
+        "first_bucket_cap_mb",
+        ": the DDP module's (`\"torch\"` mode: 1 MiB)",
+        "a number > 0 (MiB), at most `bucket_cap_mb` when both are given, or `None`",
+        "first-bucket cap",
+    ),
+    OptionDoc(
+        "max_pieces",
+        " (no limit)",
+        "an int ≥ 1 or `None`; `\"ddp\"` mode only",
+        "at most this many pieces, whatever the bucket size",
+    ),
+    OptionDoc(
+        "align_buckets",
+        ": the mode's default, on in `\"ddp\"` mode",
+        "`True`, `False` or `None`; `True` only in `\"ddp\"` mode",
+        "make DDP's own buckets close at the cuts ([docs/align.md](docs/align.md)); `False` leaves DDP's "
+        "buckets alone",
+    ),
+    OptionDoc(
+        "block_cuts",
+        ": the mode's default, on in `\"ddp\"` mode",
+        "`True`, `False` or `None`; `True` only in `\"ddp\"` mode",
+        "cut at the boundaries of repeated module blocks (transformer layers) and compile each distinct "
+        "piece once ([below](#behaviour-worth-knowing)); `False`: cut where buckets close",
+    ),
+    OptionDoc(
+        "edges",
+        ": `\"auto\"` where block cuts apply",
+        "`None` (`\"auto\"`); only with block cuts",
+        "what runs the pieces before the first repeated block and after the last (embeddings, final "
+        "norm, head): `\"auto\"` runs each eagerly when it is no bigger than the mean block, as regional "
+        "compilation does ([below](#behaviour-worth-knowing)); `\"compile\"` compiles them with `inner`; "
+        "`\"eager\"` runs them eagerly whatever their size",
+        EDGE_CHOICES,
+    ),
+    OptionDoc(
+        "strict",
+        "",
+        "",
+        "raise instead of warning and compiling the whole graph when planning or a piece's compilation "
+        "fails, and raise `PlanMismatchError` when the ranks' layouts for DDP's buckets differ (see "
+        "[Several ranks](#several-ranks))",
+        BOOLS,
+    ),
+    OptionDoc("log_plan", "", "", "log the plan table at INFO on logger `goddp`", BOOLS),
+    OptionDoc(
+        "check_plans",
+        "",
+        "",
+        "deprecated, no effect (a `DeprecationWarning` says so): the ranks compare DDP's layout, not their "
+        "plans (see [Several ranks](#several-ranks))",
+        BOOLS,
+        deprecated=True,
+    ),
 )
+
+OPTION_KEYS = tuple(o.key for o in OPTIONS)
+# The plain switches: True or False, nothing else.
+BOOL_KEYS = tuple(o.key for o in OPTIONS if o.choices == BOOLS)
 
 
 @dataclass(frozen=True)
 class Options:
-    """The validated options of one goddp backend instance.
-
-    inner: the compiler each piece goes to: a registered Dynamo backend name
-        ("inductor", "aot_eager", "eager", ...) or a callable
-        ``(gm, example_inputs) -> callable``.
-    inner_options: keyword ``options=`` handed to a named inner backend
-        (Inductor's config dict, for instance); None for none.
-    mode: "ddp" cuts where DDP's rebuilt buckets close; "torch" reproduces
-        torch's DDPOptimizer.
-    bucket_cap_mb / first_bucket_cap_mb: override the DDP module's caps (MiB).
-    max_pieces: at most this many pieces (ddp mode), decoupling the piece
-        count from the bucket size; None for no limit.
-    align_buckets: ddp mode: make DDP's own buckets the pieces
-        (docs/align.md); on by default in ddp mode, off in torch mode.
-    block_cuts: ddp mode: cut at the boundaries of repeated module blocks
-        (transformer layers) so that identical pieces are compiled once,
-        each DDP bucket spanning several consecutive pieces; on by default
-        in ddp mode, off in torch mode. Without repeated blocks the cuts are
-        byte-driven either way.
-    edges: with block cuts, what runs the pieces wholly before the first
-        repeated block or after the last (embeddings, final norm and head):
-        "auto" (None means it) runs each eagerly when it is no bigger than
-        the mean block, as regional compilation does (why:
-        goddp.graph.blocks, "Edges"); "compile" compiles them with the inner
-        compiler; "eager" runs them eagerly whatever their size.
-    strict: raise instead of warning and compiling the whole graph when
-        planning or a piece's compilation fails, and raise PlanMismatchError
-        when the ranks' layouts for DDP's buckets differ.
-    log_plan: log the bucket table at INFO on logger "goddp".
-    check_plans: deprecated, no effect: the ranks compare the layout of
-        DDP's buckets, not their plans (Note [Agreeing on DDP's layout]);
-        strict=True makes differing layouts an error.
-    """
+    """The validated options of one goddp backend instance, one field per
+    key of OPTIONS (which says what each means; None where the default
+    depends on the mode or on the DDP module)."""
 
     inner: str | Callable[..., Any] = "inductor"
     inner_options: Mapping[str, Any] | None = None
@@ -276,7 +344,7 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
             values[key] = _check_cap(key, raw[key])
     if "max_pieces" in raw:
         values["max_pieces"] = check_max_pieces(raw["max_pieces"])
-    for key in ("strict", "log_plan", "check_plans"):
+    for key in BOOL_KEYS:
         if key in raw:
             values[key] = _check_bool(key, raw[key])
     if "check_plans" in raw:
@@ -304,3 +372,82 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
             f"{options.first_bucket_cap_mb!r} > {options.bucket_cap_mb!r}"
         )
     return options
+
+
+# -- rendering the table: the README's options table, goddp.backend's docstring
+
+
+def default_of(key: str) -> Any:
+    """The default value of option key (the Options field's)."""
+    return {f.name: f.default for f in fields(Options)}[key]
+
+
+def _code(value: Any) -> str:
+    return f'`"{value}"`' if isinstance(value, str) else f"`{value!r}`"
+
+
+def default_cell(doc: OptionDoc) -> str:
+    return "—" if doc.deprecated else _code(default_of(doc.key)) + doc.default_note
+
+
+def valid_cell(doc: OptionDoc) -> str:
+    return ", ".join([_code(c) for c in doc.choices] + ([doc.valid] if doc.valid else []))
+
+
+def markdown_table() -> str:
+    """The README's options table (between its goddp-options markers)."""
+    rows = ["| key | default | valid values | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{d.key}` | {default_cell(d)} | {valid_cell(d)} | {d.meaning} |" for d in OPTIONS]
+    return "\n".join(rows) + "\n"
+
+
+def _plain(markdown: str) -> str:
+    text = re.sub(r"\[([^\]]*)\]\(#([^)]*)\)", r"README.md#\2", markdown)
+    text = re.sub(r"\[([^\]]*)\]\(([^)]*)\)", r"\2", text)
+    return text.replace("`", "")
+
+
+def options_text() -> str:
+    """The options as plain text, one item each (goddp.backend's docstring)."""
+    out = []
+    for d in OPTIONS:
+        out.append(f"- {d.key} (default {_plain(default_cell(d))}): {_plain(valid_cell(d))}.\n"
+                   f"  {_plain(d.meaning)}.")
+    return "\n".join(out) + "\n"
+
+
+README_BEGIN = "<!-- options table: generated by `python -m goddp.options --readme README.md` -->"
+README_END = "<!-- end of options table -->"
+
+
+def with_readme_table(readme: str) -> str:
+    """readme with the text between its options-table markers replaced by
+    markdown_table(); ValueError when the markers are missing."""
+    start, end = readme.find(README_BEGIN), readme.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the README has no options table markers ({README_BEGIN!r} ... {README_END!r})")
+    return readme[: start + len(README_BEGIN)] + "\n" + markdown_table() + readme[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m goddp.options [--markdown | --readme README.md]: print the
+    options (as text, or as the README's Markdown table), or rewrite the
+    README's table in place."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == []:
+        sys.stdout.write(options_text())
+    elif argv == ["--markdown"]:
+        sys.stdout.write(markdown_table())
+    elif len(argv) == 2 and argv[0] == "--readme":
+        with open(argv[1], encoding="utf-8") as f:
+            text = f.read()
+        with open(argv[1], "w", encoding="utf-8") as f:
+            f.write(with_readme_table(text))
+    else:
+        print("usage: python -m goddp.options [--markdown | --readme README.md]", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

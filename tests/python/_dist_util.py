@@ -22,12 +22,17 @@ import torch.distributed as dist
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_WORLD_SIZE" in os.environ
-
-
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def under_torchrun() -> bool:
+    """Whether this pytest process is one rank of a launch: torchrun (which
+    sets TORCHELASTIC_RUN_ID and LOCAL_WORLD_SIZE, even for one process), or
+    another launcher that sets the env:// variables for several ranks. The
+    one definition of the suites (conftest's dist_group forms its process
+    group from the environment then; the launching tests skip)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_WORLD_SIZE" in os.environ or world_size() > 1
 
 
 def rank() -> int:

@@ -4,7 +4,8 @@
   it is a 1-rank gloo group over a FileStore in a temporary directory (no
   ports); under ``torchrun ... -m pytest`` it is formed from torchrun's
   environment (RANK, WORLD_SIZE, MASTER_ADDR, ...). A group that already
-  exists is reused.
+  exists is reused. "Under torchrun" is _dist_util.under_torchrun, the one
+  definition; tests marked ``single_process`` skip there.
 - ``native_module``: goddp._goddp, loaded; fails the test when the
   extension is not built.
 - every test starts with a fresh Dynamo cache and no recorded plans.
@@ -29,6 +30,7 @@ if str(_PYTHON_SRC) not in sys.path:
     sys.path.insert(0, str(_PYTHON_SRC))
 
 import goddp  # noqa: E402  (after the path tweak)
+from _dist_util import under_torchrun  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -37,17 +39,13 @@ class DistGroup:
     world_size: int
 
 
-def _under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
 @pytest.fixture(scope="session")
 def dist_group():
     """The default process group (see module doc); destroyed at session end
     only if this fixture created it."""
     created = False
     if not dist.is_initialized():
-        if _under_torchrun():
+        if under_torchrun():
             dist.init_process_group("gloo")
         else:
             store_dir = tempfile.mkdtemp(prefix="goddp_pg_")
@@ -58,6 +56,15 @@ def dist_group():
     yield DistGroup(dist.get_rank(), dist.get_world_size())
     if created and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def pytest_collection_modifyitems(config, items):
+    if not under_torchrun():
+        return
+    skip = pytest.mark.skip(reason="single_process: runs only in a plain (non-torchrun) pytest process")
+    for item in items:
+        if item.get_closest_marker("single_process"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -106,11 +106,13 @@ def test_ddp_keeps_its_own_buckets_where_goddp_cannot_set_them(ddp_kwargs, optio
     assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
 
 
-def test_a_graph_break_leaves_ddp_buckets_alone(monkeypatch):
+def test_a_graph_break_leaves_ddp_buckets_alone_until_the_next_training_call(monkeypatch):
     """Each frame holds only part of DDP's parameters, while DDP buckets the
-    whole model: per-frame caps cannot describe that. The planner decides
-    so in the one call that plans each frame (planner/decide.go): the plan
-    is the unaligned one, and no frame is planned twice."""
+    whole model: per-frame caps cannot describe that. The planner says so in
+    the one call that plans each frame (planner/decide.go,
+    ReasonPartOfForward): the plan is the aligned one, not handed to DDP. The
+    first step leaves DDP's buckets alone; the next one plans both frames
+    together (goddp.ranks.forward, Note [Graphs of one forward])."""
     calls = []
     real = goddp.compile.pipeline.call_planner
     monkeypatch.setattr(goddp.compile.pipeline, "call_planner", lambda *a: calls.append(a) or real(*a))
@@ -122,10 +124,14 @@ def test_a_graph_break_leaves_ddp_buckets_alone(monkeypatch):
     assert len(plans) == 2 and len(calls) == 2
     for plan in plans:
         assert plan["ddp_buckets"]["aligned"] is False
-        assert "of DDP's" in plan["ddp_buckets"]["reason"]
-        assert plan["alignment"] == "none" and plan["ddp_caps"] == []
-        assert plan["caps"]["align_buckets"] is False
+    assert "of DDP's" in plans[1]["ddp_buckets"]["reason"]
+    assert "next training call" in plans[0]["ddp_buckets"]["reason"]
     assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    entry.loss(compiled(*entry.make_inputs(1))).backward()
+    plans = goddp.last_plans()
+    assert [p["forward"]["position"] for p in plans] == [0, 1]
+    assert all(p["ddp_buckets"]["aligned"] is True for p in plans)
+    assert hasattr(ddp, ALIGNED_CAPS_ATTR)
 
 
 def _failing_first_init(ddp, failures: int):

@@ -8,6 +8,8 @@ would fail gloo's allreduce."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -145,15 +147,31 @@ class Declared(nn.Module):
 
 
 @needs_two_ranks
-def test_ranks_that_declare_differently_stop_before_any_allreduce():
+def test_ranks_that_declare_differently_keep_ddps_buckets(caplog):
     """DDP's declaration-order buckets are computed on each rank and never
     compared; caps that differ between ranks would pair different
-    allreduces. The positions reach the plan fingerprint, so every rank
-    raises PlanMismatchError before the first step instead."""
+    allreduces. The positions reach the layout the ranks compare, so no rank
+    installs caps: each says what differs and DDP keeps its own buckets."""
     torch.manual_seed(0)
     order = list(range(6)) if dist.get_rank() == 0 else [5, 0, 1, 2, 3, 4]
     ddp = DDP(Declared(order), bucket_cap_mb=0.06, find_unused_parameters=True)
     compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
-    with pytest.raises(Exception, match="planned .* differently"):
+    with caplog.at_level(logging.WARNING, logger="goddp"):
+        compiled(torch.randn(4, WIDTH)).sum().backward()
+    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert any("layouts differ" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@needs_two_ranks
+def test_ranks_that_declare_differently_stop_under_strict():
+    """With strict=True the same difference is an error on every rank,
+    raised before any allreduce."""
+    torch.manual_seed(0)
+    order = list(range(6)) if dist.get_rank() == 0 else [5, 0, 1, 2, 3, 4]
+    ddp = DDP(Declared(order), bucket_cap_mb=0.06, find_unused_parameters=True)
+    options = {"inner": "aot_eager", "log_plan": False, "strict": True}
+    compiled = torch.compile(ddp, backend="goddp", options=options)
+    with pytest.raises(Exception, match="different layouts") as raised:
         compiled(torch.randn(4, WIDTH))
+    assert type(raised.value).__name__ == "PlanMismatchError"
     assert not hasattr(ddp, ALIGNED_CAPS_ATTR)

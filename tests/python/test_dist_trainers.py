@@ -88,6 +88,30 @@ def test_hf_trainer_recipe(dist_group):
     _assert_planned_and_aligned(ddp, "declaration-order caps")
 
 
+@needs_two_ranks
+def test_hf_trainer_recipe_with_gradient_checkpointing(dist_group):
+    # TrainingArguments(gradient_checkpointing=True): HF checkpoints each
+    # GPT-2 block (Note [Checkpoint bodies]); the Trainer then leaves
+    # find_unused_parameters off, so DDP rebuilds its buckets in ready order.
+    hf = _example("hf_trainer")
+    options = {"inner": "aot_eager", "bucket_cap_mb": 0.25, "strict": True, "log_plan": False}
+    with tempfile.TemporaryDirectory() as out:
+        eager, _ = hf.train(compiled=False, steps=STEPS, output_dir=out, gradient_checkpointing=True)
+        torch._dynamo.reset()
+        goddp.clear_plans()
+        compiled, trainer = hf.train(
+            compiled=True, steps=STEPS, output_dir=out, options=options, gradient_checkpointing=True
+        )
+    assert len(eager) == STEPS
+    assert compiled == eager
+    ddp = trainer.model_wrapped
+    assert ddp.find_unused_parameters is False
+    plan = _assert_planned_and_aligned(ddp, "ready-order caps")
+    # three GPT-2 blocks, each checkpointed, compiled once
+    blocks = [p for p in plan["pieces"] if p["same_as"] != p["index"]]
+    assert len(blocks) == 2, plan["pieces"]
+
+
 def _ddp_keeper():
     """A Lightning callback that keeps the DDP module at the end of training
     (Lightning unwraps it on teardown)."""
@@ -131,4 +155,4 @@ def test_lightning_recipe(dist_group):
 
 
 def test_trainer_recipes_under_torchrun():
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=2, timeout=540)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=3, timeout=540)

@@ -150,7 +150,7 @@ def csr(offsets: bytes, values: bytes) -> list[list[int]]:
 
 def test_constants_mirror_the_extension(ext):
     names = [n for n in dir(_native) if n.isupper() and isinstance(getattr(_native, n), int)]
-    assert len(names) == 37
+    assert len(names) == 38
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
     assert ext.abi_version() == ext.ABI_VERSION
@@ -158,11 +158,25 @@ def test_constants_mirror_the_extension(ext):
 
 def test_key_tuples_match_the_builders(ext):
     # chain_graph and toy_config leave out the optional keys, as callers
-    # written before ABI 2, 4, 5 and 6 do.
-    assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"} | set(STACK_KEYS)
+    # written before ABI 2, 4, 5, 6 and 7 do.
+    assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"} | set(STACK_KEYS) | {
+        "node_weights"
+    }
     assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp"}
     assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
     assert len(ext.PLAN_KEYS) == 33
+
+
+def test_node_weights_are_checked(ext):
+    """node_weights (ABI 7, optional, Note [Node weights]): None plans as
+    absent; a wrong length or a negative weight is refused."""
+    graph = chain_graph(2)
+    cfg = toy_config()
+    plain = ext.plan_graph(graph, cfg)
+    n = graph["num_nodes"]
+    assert ext.plan_graph({**graph, "node_weights": None}, cfg) == plain
+    with pytest.raises(ValueError, match="node_weights"):
+        ext.plan_graph({**graph, "node_weights": array("i", [1] * (n - 1))}, cfg)
 
 
 def test_node_block_ids_cut_at_blocks(ext):
@@ -229,11 +243,12 @@ def test_decisions_cross_the_extension(ext):
     assert csr(plan["piece_param_offsets"], plan["piece_params"]) == [[0, 1], [2, 3], [4, 5]]
     assert unpack(plan["node_block_ids"], "i")[2 * layers + 1: -1] == [0, 0, 1, 1, 2, 2]
     assert unpack(plan["eager_pieces"], "i") == []
-    # DDP reduces one more parameter than the graph uses: planned unaligned.
+    # DDP reduces one more parameter than the graph uses (a graph break):
+    # the aligned plan is kept for the forward's combined layout, not DDP's.
     plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "num_params": 2 * layers + 1}})
-    assert plan["align_reason"] == _native.REASON_NOT_COVERED and plan["align_buckets"] is False
+    assert plan["align_reason"] == _native.REASON_PART_OF_FORWARD and plan["align_buckets"] is False
     assert "the graph uses 6 of DDP's 7 parameters" in plan["align_detail"]
-    assert plan["alignment_name"] == "none"
+    assert plan["alignment_name"] == "ready-order caps"
     # Bad input is named.
     with pytest.raises(ext.PlannerError, match="ddp.flags = 0x40 has unknown bits") as info:
         ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": 0x40}})

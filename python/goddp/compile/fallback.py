@@ -1,6 +1,6 @@
 """The one fallback of the compile pipeline, and what is never a failure.
 
-Failures never cost a training step: when a stage of the pipeline fails
+Note [Fallback]: failures never cost a training step. When a stage of the pipeline fails
 (export, plan, cut, example inputs, compile piece N, stitch), goddp warns,
 naming the stage and the real exception, and compiles the whole graph with
 the inner compiler instead (``strict=True`` raises the exception itself).
@@ -10,7 +10,44 @@ stage's time to the plan record.
 Dynamo steers its own compilation with exceptions (restart the analysis,
 skip the frame, turn an unsupported fake-tensor operation into a graph
 break). They are not failures of goddp's: ``is_dynamo_control_flow`` names
-them, in this one place, and the fallback context lets them pass untouched.
+them, in this one place, and the fallback context lets them pass untouched
+(Note [Dynamo's control-flow exceptions]).
+
+Note [Dynamo's control-flow exceptions]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Dynamo raises some exceptions on purpose, from inside a backend, to change
+how it compiles the frame; its own ``OutputGraph`` lets exactly these out of
+the backend call and acts on them. goddp must never turn one into a
+fallback (a warning and an uncut graph) nor swallow it: every stage (export,
+planning, cutting, example inputs, piece compiles, stitching) runs in
+``Stages.guard``, which re-raises them unchanged (same object, no context
+added) with one INFO line; Dynamo then re-traces or skips the frame and,
+where it re-traces, hands goddp a new graph that goddp plans from scratch.
+The classes, the same in torch 2.13, 2.14 and 2.15 (checked against each
+release's ``torch/_dynamo/exc.py``, ``convert_frame.py`` and
+``output_graph.py``'s ``_call_user_compiler``):
+
+- ``RestartAnalysis`` and all its subclasses: Dynamo traces the frame again
+  with other choices. ``TensorifyScalarRestartAnalysis`` is the one a
+  backend meets: AOTAutograd's pass that turns Python floats into tensors
+  (``torch/fx/passes/_tensorify_python_scalars.py``) raises it when a float
+  input must be specialized instead, which happens in every piece of a cut
+  graph that does not itself use the float, since the pieces share one
+  ShapeEnv. The others (``SpeculationRestartAnalysis``,
+  ``UnspecializeRestartAnalysis``, ``CompileCollectiveRestartAnalysis``,
+  ``AutogradGradRestartAnalysis``, ``RequiresGradRestartAnalysis``) are
+  raised while Dynamo traces; the whole family passes, so that a subclass a
+  later torch adds is covered without a change here.
+- ``SkipFrame``: run the frame eagerly, now and later (Inductor raises it,
+  e.g. for bfloat16 on a GPU without it).
+- ``exceptions_allowed_to_be_fallback`` (fake-tensor data-dependent and
+  unsupported-operator errors): Dynamo answers them with a graph break. A
+  piece is traced with the very fake values the whole graph would be, so
+  the whole graph would raise the same; the answer is Dynamo's.
+
+Everything else a stage raises (``BackendCompilerFailed``,
+``InductorError``, ``IndexError``, ``Unsupported``, any other error) is a
+failure: the fallback below (``strict=True`` raises it).
 """
 
 from __future__ import annotations
@@ -55,6 +92,17 @@ def is_dynamo_control_flow(exc: BaseException) -> bool:
     eagerly), and the fake-tensor exceptions Dynamo makes a graph break of
     (torch._dynamo.exc.exceptions_allowed_to_be_fallback)."""
     return isinstance(exc, _control_flow_types())
+
+
+def _passing_on(exc: BaseException, stage: str) -> None:
+    reason = getattr(exc, "restart_reason", None)
+    logger.info(
+        "goddp: %s raised %s%s, which Dynamo uses to steer its compilation: passed on, "
+        "and the graph Dynamo traces next is planned anew",
+        stage,
+        type(exc).__name__,
+        f" ({reason})" if reason else "",
+    )
 
 
 def describe(exc: BaseException) -> str:
@@ -102,7 +150,10 @@ class Stages:
         except FellBack:
             raise
         except Exception as exc:
-            if self.strict or is_dynamo_control_flow(exc):
+            if is_dynamo_control_flow(exc):
+                _passing_on(exc, STAGES[stage].format(**details))
+                raise
+            if self.strict:
                 raise
             reason = f"{STAGES[stage].format(**details)} failed ({describe(exc)})"
             raise FellBack(stage, reason, exc) from exc

@@ -77,7 +77,7 @@ def compile_pieces(
     """Compiles each piece with inner, in forward order; a piece whose
     same_as names an earlier piece reuses that piece's compiled callable
     (goddp.graph.blocks), and a piece in eager runs its GraphModule as it is
-    (the edges; goddp.graph.blocks, "Edges"; an eager piece neither leads nor
+    (the edges, see Note [Edges] in planner/edges.go; an eager piece neither leads nor
     follows another). Logs a line per piece compiled or left eager at INFO.
     Each piece compiles inside ``guard("compile", piece=i, pieces=n)``
     (goddp.compile.fallback.Stages.guard: a failure names the piece); the
@@ -171,14 +171,17 @@ def piece_metadata_tracking() -> Iterator[PieceMetadata]:
     """Keeps one forward-metadata entry per compiled callable on Dynamo's
     TracingContext.
 
-    aot_autograd compiles each piece's backward lazily, at the first backward,
-    in reverse piece order, and reads the forward metadata from the tracing
-    context; with several pieces under one Dynamo graph that would be the
-    last piece's. torch provides DDPOptimizerContext for exactly this (one
-    Dynamo graph, many aot graphs), and goddp fills it, one entry per
-    compiled callable: identical pieces share one callable, hence one
-    backward compile. On an exception the context is restored so a
-    whole-graph fallback compiles cleanly.
+    Note [Backward metadata]: aot_autograd compiles each piece's backward
+    lazily, at the first backward, in reverse piece order, and reads the
+    forward metadata from the tracing context; with several pieces under one
+    Dynamo graph that would be the last piece's. torch provides
+    DDPOptimizerContext for exactly this (one Dynamo graph, many aot graphs):
+    it hands out entries by a counter that goes down by one per backward
+    compile. goddp fills it, one entry per compiled callable (identical
+    pieces share one callable, hence one backward compile), in the reverse
+    of goddp.graph.blocks.backward_order, so that each backward compile gets
+    its own. On an exception the context is restored so a whole-graph
+    fallback compiles cleanly.
     """
     tracing = torch._guards.TracingContext.try_get()
     context_cls = None

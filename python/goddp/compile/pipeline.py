@@ -22,11 +22,11 @@ Each step returns what it made (an ExportedGraph, a Planned, the pieces,
 an Identified, the compiled callables); the plan record is built from those
 values in one place (``_DDPGraphCompile.record``).
 
-Failures never cost a training step: if a stage fails, goddp warns and
-compiles the whole graph with the inner compiler instead (the one fallback
-context: goddp.compile.fallback); a rank that fell back still takes part in
-the agreement. Ranks whose layouts for DDP's buckets differ keep DDP's own
-buckets on every rank (strict=True raises instead; goddp.ranks.agreement).
+A failing stage never costs a training step (see Note [Fallback] in
+goddp.compile.fallback); a rank that fell back still takes part in the
+agreement (Note [Where the ranks meet] in goddp.ranks.agreement). Ranks whose
+layouts for DDP's buckets differ keep DDP's own buckets on every rank
+(strict=True raises instead; goddp.ranks.agreement).
 """
 
 
@@ -48,13 +48,16 @@ from goddp.ddp.private import active_ddp_module
 from goddp.ddp.refusals import STAND_IN, alignment_blocker, stand_in_blocker
 from goddp.ddp.settings import module_of, note_ddp_settings, note_once, read_ddp_settings
 from goddp.graph.blocks import group_pieces, piece_signature
+from goddp.graph.checkpoints import log_splits, split_checkpoints
 from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
-from goddp.native.plan import MIB, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan
+from goddp.native.extension import REASON_PART_OF_FORWARD
+from goddp.native.plan import MIB, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan, plan_graph_module
 from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
+from goddp.ranks.forward import Member
 from goddp.ranks.layout import Layout, layout_of
 from goddp.ranks.plan_check import Statement
 from goddp.reports.records import GraphRecord, add_record, new_timings
@@ -76,6 +79,9 @@ class Planned:
     plan: GraphPlan
     caps: PlanSettings
     not_aligned: str | None
+    # The graph holds part of DDP's parameters: planned with the forward's
+    # other graphs (goddp.ranks.forward, Note [Graphs of one forward]).
+    part_of_forward: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +108,9 @@ class _DDPGraphCompile:
         ddp: Any,
     ) -> None:
         self.gm = gm
+        # What a fallback compiles: Dynamo's graph as it came (self.gm may
+        # become a copy with checkpoints split, see export).
+        self.dynamo_gm = gm
         self.example_inputs = example_inputs
         self.options = options
         self.inner = inner
@@ -156,6 +165,11 @@ class _DDPGraphCompile:
     # -- the steps, each returning what it made
 
     def export(self) -> ExportedGraph:
+        if self.options.cuts_at_blocks:
+            # A checkpoint spanning several blocks (Note [Checkpoint bodies])
+            # becomes one checkpoint per block before planning.
+            self.gm, splits = split_checkpoints(self.gm, _body_block_ids)
+            log_splits(splits)
         return export_graph(
             self.gm,
             param_name_of=self.settings.param_name_of,
@@ -199,7 +213,8 @@ class _DDPGraphCompile:
                 exported, num_params = with_ddp_positions(exported, names), len(names)
         request = self.request(align, num_params)
         plan = decode_plan(call_planner(exported, request), exported, request.mode)
-        return Planned(plan, plan.caps, blocker or plan.not_aligned)
+        part = plan.align_reason == REASON_PART_OF_FORWARD
+        return Planned(plan, plan.caps, blocker or plan.not_aligned, part_of_forward=part)
 
     def identify(
         self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Piece], piece_inputs: list[list[Any]]
@@ -234,7 +249,7 @@ class _DDPGraphCompile:
             with self.stages.timed("compile"):
                 # No training gate: every rank sees the same graph holds no
                 # parameters, so every rank leaves it out of the agreement.
-                return self.inner(self.gm, self.example_inputs)
+                return self.inner(self.dynamo_gm, self.example_inputs)
         finally:
             add_record(
                 self.record(exported, caps=planned.caps, ddp_buckets={"aligned": False, "reason": "no parameters in this graph"})
@@ -248,7 +263,7 @@ class _DDPGraphCompile:
         record = self.record(exported, planned, fell=fell)
         try:
             with self.stages.timed("compile"):
-                compiled = self.inner(self.gm, self.example_inputs)
+                compiled = self.inner(self.dynamo_gm, self.example_inputs)
         finally:
             add_record(record)
         # A rank that fell back still takes part in the agreement, and says why.
@@ -262,6 +277,8 @@ class _DDPGraphCompile:
         """The INFO notes a plan deserves, once per DDP module."""
         if planned.not_aligned == STAND_IN:
             note_once(self.ddp, f"goddp: {STAND_IN}")
+        elif planned.part_of_forward:
+            logger.info("goddp: %s: %s", self.frame.describe(), planned.not_aligned)
         elif planned.not_aligned is not None and self.options.aligns_buckets:
             note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {planned.not_aligned}")
         if planned.caps.align_buckets and planned.caps.bucket_order == "declaration":
@@ -292,7 +309,7 @@ class _DDPGraphCompile:
             mode=self.options.mode,
             block_cuts=self.options.cuts_at_blocks,
             caps=(caps or self.request()).to_dict(),
-            graph={"num_nodes": len(self.gm.graph.nodes), "num_params": None if exported is None else len(exported.params)},
+            graph={"num_nodes": len(self.dynamo_gm.graph.nodes), "num_params": None if exported is None else len(exported.params)},
             inner=inner_name(self.options.inner),
             frame=self.frame.to_dict(),
             timings=self.stages.timings,
@@ -339,10 +356,20 @@ class _DDPGraphCompile:
                 digest = layout.digest()
             except Exception as exc:  # a name DDP does not know, a layout the planner refuses
                 layout, reason = None, f"could not state DDP's layout ({type(exc).__name__}: {exc})"
+        member_layout, member_reason, later = layout, reason, False
+        if planned is not None and planned.part_of_forward and record.fallback is None:
+            # Part of DDP's parameters: the ranks decide at the module's next
+            # training forward, with the forward's other graphs.
+            try:
+                member_layout = self.layout(planned.plan, planned.plan.ddp_caps, "ready")
+                later = True
+            except Exception as exc:  # a name DDP does not know
+                member_reason = f"could not state DDP's layout ({type(exc).__name__}: {exc})"
         statement = Statement(
             layout=layout,
             digest=digest if layout is not None else None,
             reason=reason,
+            later=later,
             strict=self.options.strict,
             fingerprint=None if planned is None else planned.plan.fingerprint,
             pieces=1 if planned is None else planned.plan.num_pieces,
@@ -351,12 +378,23 @@ class _DDPGraphCompile:
         def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
 
-        return gate_for_training(self.ddp, statement, report)
+        def note(forward: dict[str, Any]) -> None:
+            record.forward = forward
+
+        member = Member(member_layout, member_reason, self.frame.describe(), report, note)
+        return gate_for_training(self.ddp, statement, report, member)
 
     def layout(self, plan: GraphPlan, caps_bytes: Sequence[int], order: str) -> Layout:
         """The plan's buckets as DDP would hold them (goddp.ranks.layout)."""
         positions = {name: k for k, name in enumerate(ddp_parameter_names(self.ddp))}
         return layout_of([b.param_names for b in plan.buckets], caps_bytes, order, positions)
+
+
+def _body_block_ids(body: fx.GraphModule) -> list[int]:
+    """Each body node's repeated block, -1 for none: the planner's block
+    rule (Note [Block rule]) applied to the body alone."""
+    plan = plan_graph_module(body, block_cuts=True)
+    return list(plan.node_block_ids) if plan.node_block_ids is not None else [-1] * len(body.graph.nodes)
 
 
 def _declaration_note(plan: GraphPlan) -> str:

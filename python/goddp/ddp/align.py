@@ -1,8 +1,8 @@
 """Make DDP's gradient buckets the pieces that goddp cut (why: docs/align.md).
 
 goddp installs each piece's byte total as DDP's per-bucket caps and rebuilds
-DDP's reducer. The rebuild happens at the DDP module's first training call,
-inside DDP's forward (after DDP's pre-forward, before its post-forward),
+DDP's reducer. The rebuild happens at the DDP module's first training call
+(see Note [Where the ranks meet] in goddp.ranks.agreement), inside DDP's forward (after DDP's pre-forward, before its post-forward),
 never while Dynamo traces with fake tensors, and only if every rank of the
 module's process group proposes the very same caps (goddp.ranks.agreement
 decides). It only touches DDP modules where that is known to be safe;

@@ -16,7 +16,8 @@ partitioning and Inductor's lowering of every repeat, works with caches
 off, and costs nothing at run time, since every call of an aot_autograd
 callable creates its own autograd node (gradients stay per piece). The
 one shared state is the per-piece forward metadata that aot_autograd's lazy
-backward compile reads from DDPOptimizerContext (see ``backward_order``).
+backward compile reads (``backward_order``; see Note [Backward metadata] in
+goddp.compile.pieces).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Sequence
 import torch
 from torch import fx, nn
 
+from goddp.graph import checkpoints as _checkpoints
 from goddp.graph.nodes import resolve_attr
 
 # --------------------------------------------------------------------------
@@ -81,6 +83,20 @@ def _input_meta(value: Any) -> Any:
     return ("value", type(value).__name__, value)
 
 
+def _target_key(gm: fx.GraphModule, node: fx.Node) -> Any:
+    """What a node's target contributes to its piece's signature: a body
+    (a GraphModule attribute: a checkpoint's) by its structure, recursively
+    (Note [Checkpoint bodies]); other attributes and submodules by identity."""
+    if node.op == "get_attr":
+        value = resolve_attr(gm, str(node.target))
+        if isinstance(value, fx.GraphModule):
+            return ("body", _checkpoints.graph_key(value, _canonical, _target_key))
+        return ("attr", id(value))
+    if node.op == "call_module":
+        return ("module", id(gm.get_submodule(str(node.target))))
+    return node.target
+
+
 def piece_signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple | None:
     """A hashable key, equal for pieces that one compiled callable can serve,
     or None when this piece must be compiled on its own.
@@ -91,7 +107,8 @@ def piece_signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple 
     get_attr never match), and each example input's metadata (shape,
     strides, dtype, device, grad requirement, whether it is a parameter),
     plus which inputs are the same object. Node names are left out: they
-    differ from block to block.
+    differ from block to block. A checkpoint's body counts by its structure
+    and its checkpoint policy (see _target_key).
     """
     index: dict[fx.Node, int] = {}
     entries: list[Any] = []
@@ -101,13 +118,7 @@ def piece_signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple 
             if node.op == "placeholder":
                 entries.append(("placeholder",))
                 continue
-            if node.op == "get_attr":
-                target: Any = ("attr", id(resolve_attr(gm, str(node.target))))
-            elif node.op == "call_module":
-                target = ("module", id(gm.get_submodule(str(node.target))))
-            else:
-                target = node.target
-            entries.append((node.op, target, _canonical(node.args, index), _canonical(node.kwargs, index)))
+            entries.append((node.op, _target_key(gm, node), _canonical(node.args, index), _canonical(node.kwargs, index)))
         first_seen: dict[int, int] = {}
         inputs = []
         for i, value in enumerate(example_inputs):
@@ -134,11 +145,8 @@ def backward_order(leaders: Sequence[int]) -> list[int]:
     """The compiled callables (named by their leader piece) in the order in
     which aot_autograd will compile their backward: backward runs the pieces
     last to first and compiles a callable's backward at its first backward
-    call, i.e. at the callable's last piece in forward order.
-
-    DDPOptimizerContext hands out forward metadata by a counter that goes
-    down by one per backward compile; goddp lists the metadata in the
-    reverse of this order so that each backward compile gets its own.
+    call, i.e. at the callable's last piece in forward order (why it
+    matters: see Note [Backward metadata] in goddp.compile.pieces).
     """
     last: dict[int, int] = {}
     for piece, leader in enumerate(leaders):

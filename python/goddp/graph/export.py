@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import fx, nn
 
+from goddp.graph.checkpoints import stacks_through_bodies, weights_through_bodies
 from goddp.graph.nodes import resolve_attr
 from goddp.native import extension as _native
 
@@ -334,7 +335,8 @@ class _Exporter:
     def stack_arrays(self) -> dict[str, Any]:
         """Each node's module stack (Dynamo's nn_module_stack), outermost
         first, as goddp_graph's interned table: the facts the planner's block
-        rule reads (planner/modstack.go, Note [Block rule])."""
+        rule reads (planner/modstack.go, Note [Block rule]); a checkpoint
+        call's is its body's (Note [Checkpoint bodies])."""
         index: dict[str, int] = {}
         string_offsets, strings = array("q", [0]), bytearray()
 
@@ -347,17 +349,19 @@ class _Exporter:
             return slot
 
         stack_offsets, paths, types = array("q", [0]), array("i"), array("i")
-        for node in self.nodes:
-            for path, kind in module_stack(node):
+        for stack in stacks_through_bodies(self.gm, self.nodes, module_stack):
+            for path, kind in stack:
                 paths.append(intern(path))
                 types.append(intern(kind))
             stack_offsets.append(len(paths))
+        weights = weights_through_bodies(self.gm, self.nodes)
         return {
             "module_string_offsets": string_offsets,
             "module_strings": bytes(strings),
             "node_stack_offsets": stack_offsets,
             "node_stack_paths": paths,
             "node_stack_types": types,
+            **({} if weights is None else {"node_weights": array("i", weights)}),
         }
 
     def param_flags(self, param: torch.Tensor, name: str) -> int:

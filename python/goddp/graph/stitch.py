@@ -105,10 +105,17 @@ class StitchedPieces:
         self._checked = False
         # Called once, before the first run of the pieces (goddp.ddp.align).
         self.before_first_call: Callable[[], None] | None = None
+        # A gate that asks to run again at later calls (its "armed").
+        self._armed: Any = None
 
     def __call__(self, *args: Any) -> Any:
         if not self._checked:
             return self._first_call(args)
+        if self._armed is not None:
+            # The module decides at its next training forward (goddp.ranks.forward).
+            self._armed()
+            if not self._armed.armed:
+                self._armed = None
         env = [*args, *self._blank]
         for fn, gather, writes, releases in self._steps:
             results = fn(*gather(env))
@@ -121,6 +128,8 @@ class StitchedPieces:
     def _first_call(self, args: tuple) -> Any:
         if self.before_first_call is not None:
             self.before_first_call()
+            if getattr(self.before_first_call, "armed", False):
+                self._armed = self.before_first_call
         env = [*args, *self._blank]
         for fn, gather, writes, releases in self._steps:
             results = fn(*gather(env))

@@ -1,7 +1,7 @@
 """Lazy access to goddp's Go planner, the extension module goddp._goddp.
 
-Loading goddp._goddp starts the Go runtime inside this process, and the Go
-runtime does not survive fork(): a child forked after the load hangs on its
+Note [Lazy Go runtime]: loading goddp._goddp starts the Go runtime inside
+this process, and the Go runtime does not survive fork(): a child forked after the load hangs on its
 first call into Go (the extension raises ForkedChildError instead). So
 nothing imports goddp._goddp at ``import goddp`` time; this module does, on
 the first call to load(), once per process, from any thread.
@@ -29,7 +29,7 @@ from typing import Any, Mapping
 EXTENSION_NAME = "goddp._goddp"
 
 # Mirrors of csrc/goddp.h (checked against the extension by the tests).
-ABI_VERSION = 6
+ABI_VERSION = 7
 OP_PLACEHOLDER = 0
 OP_GET_ATTR = 1
 OP_CALL_MODULE = 2
@@ -54,6 +54,7 @@ REASON_ALIGNED = 0
 REASON_OFF = 1
 REASON_NOT_COVERED = 2
 REASON_ONE_PIECE = 3
+REASON_PART_OF_FORWARD = 4
 EDGES_COMPILE = 0
 EDGES_AUTO = 1
 EDGES_EAGER = 2
@@ -146,3 +147,9 @@ def set_max_procs(n: int) -> int:
     """Sets the Go runtime's GOMAXPROCS and returns the previous value;
     n <= 0 only returns the current value. Loads the extension."""
     return load().set_max_procs(n)
+
+
+def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any, bucket_params: Any) -> dict[str, Any]:
+    """One DDP bucket layout for the graphs of a forward; see
+    goddp._goddp.combine_forward. Raises PlannerError like plan_graph."""
+    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)

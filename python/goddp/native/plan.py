@@ -25,8 +25,8 @@ MIB = 1 << 20
 
 MODE_CODES = {"ddp": _native.MODE_DDP, "torch": _native.MODE_TORCH}
 # enum goddp_bucket_order: the order DDP fills the buckets it reduces with;
-# "declaration" when it never rebuilds them (find_unused_parameters=True
-# without static_graph; planner/declorder.go).
+# "declaration" when it never rebuilds them (see Note [Declaration order]
+# in planner/declorder.go).
 BUCKET_ORDER_CODES = {"ready": _native.ORDER_READY, "declaration": _native.ORDER_DECLARATION}
 BUCKET_ORDER_NAMES = {code: name for name, code in BUCKET_ORDER_CODES.items()}
 # enum goddp_edges: option edges (planner/edges.go, Note [Edges]).

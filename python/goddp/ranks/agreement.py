@@ -5,8 +5,8 @@ identically on every rank of the DDP module's process group, or not done at
 all; a wait across ranks happens only where every rank is certain to arrive.
 Note [Agreeing on DDP's layout] below says what is compared and how.
 
-Where every rank arrives: the DDP module's first training call, that is the
-first call with gradients enabled of any graph goddp compiled inside that
+Note [Where the ranks meet]: every rank arrives at the DDP module's first
+training call, that is the first call with gradients enabled of any graph goddp compiled inside that
 module's forward. Compiling is no such place: rank 0 alone may compile a
 no_grad evaluation graph, one rank alone may recompile for its uneven last
 batch. So goddp compiles without waiting, and each graph it returns for a
@@ -98,6 +98,7 @@ from typing import Any, Callable
 
 import torch
 
+from goddp.ranks import forward as _forward
 from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_or_reset, remove_bucket_caps
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
@@ -156,25 +157,85 @@ def round_due(ddp: Any) -> bool:
 
 
 class TrainingGate:
-    """Runs before a compiled graph's first training call (see module doc).
-    Raises when the DDP module cannot train on."""
+    """Runs before a compiled graph's first training call (see module doc),
+    and at its later calls while ``armed``: while the module's decision
+    waits for its next training forward (LATER; goddp.ranks.forward, Note
+    [Graphs of one forward]). Raises when the DDP module cannot train on.
 
-    def __init__(self, ddp: Any, statement: Statement, report: Report) -> None:
+    member: what this graph brings to a forward planned across graphs (its
+    aligned layout, or why it has none; goddp.ranks.forward.Member)."""
+
+    def __init__(self, ddp: Any, statement: Statement, report: Report, member: Any = None) -> None:
         self._ddp = weakref.ref(ddp)
         self.statement = statement
         self._report = report
+        self.member = member
+        self.armed = True
+        self._joined = False
 
     def __call__(self) -> None:
         ddp = self._ddp()
         if ddp is None:
+            self.armed = False
             return
         state = _state_of(ddp)
         if state.fatal is not None:
             raise state.fatal
         if state.decision is None:
-            agree(ddp, self.statement, self._report)
-        else:
+            if agree(ddp, self.statement, self._report).action == LATER:
+                _forward.start(ddp)
+                self._join(ddp)
+                return
+        elif state.decision.action == LATER:
+            if _forward.in_recorded_forward(ddp):
+                self._join(ddp)
+                return
+            self._second_round(ddp)
+        elif not self._joined:
             self._follow(state.decision)
+        self.armed = False
+
+    def _join(self, ddp: Any) -> None:
+        if not self._joined and self.member is not None:
+            _forward.join(ddp, id(self), self.member)
+            self._joined = True
+        if not self._joined:
+            # Nothing to bring (no plan): the forward cannot be combined.
+            _forward.join(ddp, id(self), _forward.Member(None, self.statement.reason or "no plan", "a graph",
+                                                          self._report, lambda info: None))
+            self._joined = True
+
+    def _second_round(self, ddp: Any) -> None:
+        """The agreement at the module's next training forward: this rank's
+        recorded graphs combined into one layout (goddp.ranks.forward)."""
+        members = _forward.finish(ddp)
+        sizes = [p.numel() * p.element_size() for p in ddp_parameters(ddp)]
+        layout, reason, info = _forward.combine(members, sizes)
+        digest = None
+        if layout is not None:
+            try:
+                digest = layout.digest()
+            except Exception as exc:  # a layout the planner refuses
+                layout, reason = None, f"could not state DDP's layout ({type(exc).__name__}: {exc})"
+        logger.info(
+            "goddp: planning the %d graph(s) of this DDP module's first training forward together: %s; %s",
+            len(members), "; ".join(info["graphs"]),
+            f"DDP buckets {list(layout.caps)} bytes" if layout is not None else f"no layout: {reason}",
+        )
+        statement = Statement(
+            layout=layout, digest=digest, reason=reason, strict=self.statement.strict,
+            fingerprint=self.statement.fingerprint, pieces=sum(1 for _ in members),
+        )
+
+        def report_all(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
+            for position, member in enumerate(members):
+                member.report(plan_check, ddp_buckets)
+                member.note({**info, "position": position, "aligned": ddp_buckets["aligned"],
+                             "reason": ddp_buckets["reason"]})
+
+        decision = agree(ddp, statement, report_all, may_defer=False)
+        if not self._joined:
+            self._follow(decision)
 
     def _follow(self, decision: Decision) -> None:
         mine = self.statement.layout
@@ -185,10 +246,13 @@ class TrainingGate:
         elif mine == decision.layout:
             reason = None
         else:
+            proposed = "none" if mine is None else list(mine.caps)
+            if mine is None and self.member is not None and self.member.layout is not None:
+                proposed = f"{list(self.member.layout.caps)} for its part of DDP's parameters"
             reason = (
                 "DDP's buckets were set at this DDP module's first training call "
                 f"({list(decision.caps)} bytes) and never change mid-training; this graph "
-                f"proposed {'none' if mine is None else list(mine.caps)}"
+                f"proposed {proposed}"
             )
             logger.info("goddp: a later graph of a DDP module keeps its buckets: %s", reason)
         self._report(
@@ -342,13 +406,14 @@ class GatedCall:
     def __call__(self, *args: Any) -> Any:
         if self._gate is not None:
             self._gate()
-            self._gate = None
+            if not self._gate.armed:
+                self._gate = None
         return self._compiled(*args)
 
 
-def gate_for_training(ddp: Any, statement: Statement, report: Report) -> TrainingGate | None:
+def gate_for_training(ddp: Any, statement: Statement, report: Report, member: Any = None) -> TrainingGate | None:
     """A gate for a graph compiled inside ddp's forward, or None where the
     graph cannot run a training step (compiled with gradients disabled)."""
     if not torch.is_grad_enabled():
         return None
-    return TrainingGate(ddp, statement, report)
+    return TrainingGate(ddp, statement, report, member)

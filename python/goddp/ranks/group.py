@@ -47,9 +47,10 @@ def group_of(ddp: Any, timeout_s: float | Callable[[Any], float]) -> Group:
 def store_for(group: Group) -> Any:
     """The c10d store the ranks agree through, None for a group of one rank.
 
-    The store, not the process group: a rank that never arrives must cost
-    the others a bounded wait, not a collective that hangs or pairs with one
-    of DDP's own allreduces."""
+    Note [The store, not the process group]: a rank that never arrives must
+    cost the others a bounded wait, not a collective that hangs or pairs
+    with one of DDP's own allreduces. Every agreement across ranks waits
+    through the store for that reason."""
     if len(group.ranks) <= 1:
         return None
     from torch.distributed.distributed_c10d import _get_default_store  # c10d's private accessor; only with several ranks

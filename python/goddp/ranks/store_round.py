@@ -3,7 +3,8 @@ c10d store: how goddp's agreements across ranks wait for each other, within
 a bound, and settle on one outcome. Two agreements use it: goddp.ranks.plan_check
 (at a DDP module's first training call) and goddp.tracing (entering and
 leaving a trace, and the records it publishes). Why the store and not the
-process group: goddp.ranks.group.store_for.
+process group: see Note [The store, not the process group] in
+goddp.ranks.group.
 
 Keys under a round's base:
 - ``<base>/<rank>``: that rank's statement.

@@ -48,6 +48,8 @@ class GraphRecord:
     frame: dict[str, Any] | None = None
     fallback_stage: str | None = None
     ddp_module: dict[str, Any] | None = None
+    # Filled in at the agreement of a forward planned across graphs.
+    forward: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A deep, JSON-serialisable copy."""
@@ -81,7 +83,7 @@ def last_plans() -> list[dict[str, Any]]:
       earlier piece.
     - eager_pieces: how many pieces run eagerly instead of through the
       inner compiler: the edges, pieces wholly outside the repeated blocks
-      (option edges; goddp.graph.blocks, "Edges"). The inner compiler ran
+      (option edges; see Note [Edges] in planner/edges.go). The inner compiler ran
       distinct_pieces - eager_pieces times.
     - block_cuts: whether the graph was planned with block-aligned cuts.
     - pieces: per piece (param_names in ddp mode are the parameters first
@@ -123,6 +125,13 @@ def last_plans() -> list[dict[str, Any]]:
       (goddp.ddp.settings.module_of): key (unique in this process, the
       same for all its graphs), type (the wrapped module's qualified class
       name) and process_group (its process group's name).
+    - forward: None, unless the graph was one of several of the DDP module's
+      first training forward, planned together at its next training call
+      (goddp.ranks.forward, Note [Graphs of one forward]): graphs (each graph's
+      frame, in call order), position (this graph's place in it),
+      bucket_graphs (per combined DDP bucket, DDP order, the position of
+      the graph it comes from), moved (parameters of several graphs, counted
+      in the earliest), dropped, aligned and reason.
     """
     with _lock:
         return [r.to_dict() for r in _records]

@@ -31,6 +31,8 @@ What is recorded, per step (one backward pass that reduced gradients):
 - per bucket: bytes, parameters, when the comm hook was called (launch) and
   when the future it returned completed (done). The duration includes
   waiting for the slower ranks to launch the same bucket.
+- on a CUDA device every time is a CUDA event on the current stream, not the
+  host's clock (Note [Trace clocks on CUDA] in goddp.tracing.recorder).
 
 Exposed communication is the time from the compute end to the last
 allreduce's completion; the overlapped fraction is the share of the time
@@ -53,7 +55,8 @@ Ranks (the contract): entering and leaving the trace are collective over the
 DDP module's process group. Every rank must enter at the same step and leave
 at the same step, because a fresh reducer makes DDP re-derive its buckets
 after its next step, which includes a broadcast. Each rank waits for the
-others through the c10d store (not the process group) for at most
+others through the c10d store (see Note [The store, not the process group]
+in goddp.ranks.group) for at most
 ``timeout`` seconds (``GODDP_TRACE_TIMEOUT``, default 300); all ranks then
 follow one decision: if any rank refused or did not arrive, nobody changes
 anything (on entry) and ``TraceError`` is raised on every rank that arrived;

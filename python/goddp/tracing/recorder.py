@@ -25,44 +25,93 @@ class TraceError(RuntimeError):
 # What is recorded
 
 
+# Note [Trace clocks on CUDA]
+# The hooks run on the host, which runs ahead of a GPU: when a comm hook is
+# called the host has only queued the kernels that produce the bucket's
+# gradients, and an NCCL future completes on the host as soon as its
+# collective is queued. Host timestamps would tell when work was queued,
+# not when it ran. So a step whose tensors are on a CUDA device takes every
+# timestamp as a CUDA event (Stamp) recorded on the current stream at that
+# point; in a future's callback that stream waits for the collective (torch
+# runs the callbacks of CUDA futures on streams synchronised with them), so
+# the event completes when the allreduce has. The events' elapsed times are
+# read when the record is read, which waits for them; nothing synchronises
+# the device while the step runs.
+
+
+class Stamp:
+    """A time on a CUDA device: an event recorded on the current stream
+    (Note [Trace clocks on CUDA]); `event` is for tests."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Any = None) -> None:
+        if event is None:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        self.event = event
+
+
+def now(cuda: bool) -> "float | Stamp":
+    """A timestamp: the host's perf_counter, or a Stamp for a CUDA step."""
+    return Stamp() if cuda else time.perf_counter()
+
+
+def _seconds(stamp: "float | Stamp", origin: "float | Stamp") -> float:
+    if isinstance(stamp, Stamp):
+        origin.event.synchronize()
+        stamp.event.synchronize()
+        return origin.event.elapsed_time(stamp.event) / 1e3
+    return stamp - origin
+
+
 @dataclass
 class BucketEvent:
     index: int
     bytes: int
     params: int
     param_ids: tuple[int, ...]  # named when the record is read, not in the hook
-    launch: float
-    done: float | None = None
+    launch: "float | Stamp"
+    done: "float | Stamp | None" = None
 
 
 @dataclass
 class StepRecord:
-    start: float | None = None  # backward start (perf_counter seconds)
-    compute_end: float | None = None
-    finalized: float | None = None
+    start: "float | Stamp | None" = None  # backward start (perf_counter seconds, or a Stamp)
+    compute_end: "float | Stamp | None" = None
+    finalized: "float | Stamp | None" = None
     buckets: list[BucketEvent] = field(default_factory=list)
+    cuda: bool = False  # timed with CUDA events (Note [Trace clocks on CUDA])
 
     def to_dict(self, names: dict[int, str]) -> dict[str, Any]:
         """Times in seconds from backward start (from the first launch when
         the start was not seen); `names`: parameter id -> name."""
-        t0 = self.start if self.start is not None else min(b.launch for b in self.buckets)
-        last_launch = max(b.launch for b in self.buckets)
-        compute_end = self.compute_end if self.compute_end is not None else last_launch
+        if self.start is not None:
+            origin = self.start
+        else:  # the earliest launch; events are ordered on the device, not here
+            origin = self.buckets[0].launch if self.cuda else min(b.launch for b in self.buckets)
+
+        def at(stamp):
+            return _seconds(stamp, origin)
+
+        launches = [at(b.launch) for b in self.buckets]
+        last_launch = max(launches)
+        compute_end = at(self.compute_end) if self.compute_end is not None else last_launch
         buckets = [
             {
                 "index": b.index,
                 "bytes": b.bytes,
                 "params": b.params,
                 "param_names": [names.get(i, "?") for i in b.param_ids],
-                "launch_s": b.launch - t0,
-                "done_s": (b.done if b.done is not None else compute_end) - t0,
+                "launch_s": launch,
+                "done_s": at(b.done) if b.done is not None else compute_end,
             }
-            for b in sorted(self.buckets, key=lambda b: (b.launch, b.index))
+            for launch, b in sorted(zip(launches, self.buckets), key=lambda pair: (pair[0], pair[1].index))
         ]
         return {
             "start_seen": self.start is not None,
-            "compute_end_s": max(compute_end, last_launch) - t0,
-            "finalized_s": (self.finalized - t0) if self.finalized is not None else None,
+            "compute_end_s": max(compute_end, last_launch),
+            "finalized_s": at(self.finalized) if self.finalized is not None else None,
             "buckets": buckets,
         }
 
@@ -138,6 +187,7 @@ class Recorder:
         self._open: StepRecord | None = None
         self.pending_forward = False
         self.recording = True
+        self.cuda = False  # the last traced forward's output is on a CUDA device
         self._lock = threading.Lock()
 
     # DDP's post-forward: hook the output's autograd nodes.
@@ -163,41 +213,44 @@ class Recorder:
             if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
                 leaf.grad_fn.register_prehook(prehook)
                 hooked = True
+                self.cuda = leaf.is_cuda
         self.pending_forward = self.pending_forward or (hooked and reduces)
 
     def _backward_started(self) -> None:
         self.pending_forward = False
-        step = StepRecord(start=time.perf_counter())
+        step = StepRecord(start=now(self.cuda), cuda=self.cuda)
         with self._lock:
             self._open = step
         engine = torch.autograd.Variable._execution_engine
 
         def compute_done() -> None:
-            step.compute_end = time.perf_counter()
+            step.compute_end = now(step.cuda)
             engine.queue_callback(finalized)
 
         def finalized() -> None:
-            step.finalized = time.perf_counter()
+            step.finalized = now(step.cuda)
             self._close(step)
 
         engine.queue_callback(compute_done)
 
     def launched(self, bucket: Any) -> BucketEvent:
-        now = time.perf_counter()
         buf = bucket.buffer()
+        step = self._open
+        cuda = step.cuda if step is not None else buf.is_cuda
+        launch = now(cuda)
         params = bucket.parameters()
         event = BucketEvent(
             index=bucket.index(),
             bytes=buf.numel() * buf.element_size(),
             params=len(params),
             param_ids=tuple(map(id, params)),
-            launch=now,
+            launch=launch,
         )
         with self._lock:
             if self._open is None:
                 # No backward start was seen (an output without autograd
                 # node): the step starts at its first launch.
-                self._open = StepRecord()
+                self._open = StepRecord(cuda=cuda)
             step = self._open
             step.buckets.append(event)
             if bucket.is_last() and step.start is None:
@@ -240,7 +293,8 @@ def timing_hook(recorder_ref: "weakref.ref[Recorder]", reduce: Callable[[Any, An
         future = reduce(state, bucket)
 
         def done(fut):
-            event.done = time.perf_counter()
+            # On CUDA: recorded on the stream that waits for the collective.
+            event.done = now(isinstance(event.launch, Stamp))
             return result(fut)
 
         return future.then(done)

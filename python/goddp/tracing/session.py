@@ -115,6 +115,8 @@ def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
             "ddp_buckets": record.get("ddp_buckets"),
             "fallback": record.get("fallback"),
             "ddp_module": record.get("ddp_module"),
+            # The graphs planned together with this one (goddp.ranks.forward).
+            "forward": record.get("forward"),
         }
     return list(found.values())
 

@@ -27,17 +27,24 @@ def format_summary(record: dict[str, Any]) -> str:
             )
     else:
         lines.append("goddp plan: none (not compiled by goddp)")
+    bucket_graphs = _forward_lines(plans, lines)
     step = median_step(steps)
     if step is None:
         lines.append("verdict: " + verdict(steps))
         return "\n".join(lines)
     end = step["compute_end_s"]
     lines.append(f"median step ({steps.index(step)}), times in ms from backward start; backward compute ends at {end * 1e3:.1f}")
-    lines.append(f"  {'bucket':>6} {'bytes':>11} {'params':>6} {'launch':>8} {'duration':>8} {'done':>8}  during backward")
+    if bucket_graphs is not None and len(bucket_graphs) != len(step["buckets"]):
+        bucket_graphs = None  # DDP's buckets are not the forward's layout
+    graph_column = f" {'graph':>5}" if bucket_graphs is not None else ""
+    lines.append(
+        f"  {'bucket':>6} {'bytes':>11} {'params':>6}{graph_column} {'launch':>8} {'duration':>8} {'done':>8}  during backward"
+    )
     margin = DURING_BACKWARD_MARGIN * end
-    for b in step["buckets"]:
+    for k, b in enumerate(step["buckets"]):
+        graph = f" {bucket_graphs[k]:>5}" if bucket_graphs is not None else ""
         lines.append(
-            f"  {b['index']:>6} {_mib(b['bytes']):>11} {b['params']:>6} {b['launch_s'] * 1e3:>8.1f} "
+            f"  {b['index']:>6} {_mib(b['bytes']):>11} {b['params']:>6}{graph} {b['launch_s'] * 1e3:>8.1f} "
             f"{(b['done_s'] - b['launch_s']) * 1e3:>8.1f} {b['done_s'] * 1e3:>8.1f}  "
             f"{'yes' if b['launch_s'] <= end - margin else 'no'}"
         )
@@ -53,6 +60,25 @@ def format_summary(record: dict[str, Any]) -> str:
         lines.append(f"  ({record['dropped_steps']} older step(s) dropped)")
     lines.append("verdict: " + verdict(steps))
     return "\n".join(lines)
+
+
+def _forward_lines(plans: Sequence[dict[str, Any]], lines: list[str]) -> list[int] | None:
+    """The line naming the graphs of a forward planned together
+    (goddp.ranks.forward), if any; returns, per DDP bucket, the graph whose
+    cut closes it (None unless DDP's buckets follow that layout)."""
+    forward = next((p["forward"] for p in plans if p.get("forward")), None)
+    if forward is None:
+        return None
+    graphs = forward.get("graphs") or []
+    if not forward.get("aligned"):
+        lines.append(f"goddp forward: {len(graphs)} graph(s) planned together, DDP keeps its buckets: {forward.get('reason')}")
+        return None
+    lines.append(
+        f"goddp forward: {len(graphs)} graph(s) planned together, DDP's buckets close at the cuts of each "
+        "(column graph: the graph, in forward order, whose piece closes the bucket): "
+        + "; ".join(f"graph {g}: {text}" for g, text in enumerate(graphs))
+    )
+    return list(forward.get("bucket_graphs") or [])
 
 
 def _pyplot():

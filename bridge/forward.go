@@ -1,0 +1,169 @@
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../csrc
+#include <stdlib.h>
+#include "goddp.h"
+
+typedef const goddp_forward goddp_forward_in;
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/goddp/goddp/planner"
+)
+
+//export goddp_combine_forward
+func goddp_combine_forward(f *C.goddp_forward_in, out **C.goddp_forward_plan, errMsg **C.char) (status C.goddp_status) {
+	defer recoverAsStatus(&status, errMsg)
+	if errMsg != nil {
+		*errMsg = nil
+	}
+	if out == nil || f == nil {
+		setErrMsg(errMsg, "goddp: goddp_combine_forward: f or out is NULL")
+		return C.GODDP_ERR_INVALID_CONFIG
+	}
+	*out = nil
+	graphs, bytes, err := forwardFromC((*C.goddp_forward)(f))
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	plan, err := planner.CombineForward(graphs, bytes)
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	cp, err := forwardPlanToC(plan)
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	*out = cp
+	return C.GODDP_OK
+}
+
+//export goddp_forward_plan_free
+func goddp_forward_plan_free(plan *C.goddp_forward_plan) {
+	defer recoverSilently()
+	freeForwardPlan(plan)
+}
+
+// forwardFromC copies a goddp_forward into the planner's types.
+func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, error) {
+	code := planner.ErrInvalidConfig
+	bytes, err := cCopy[int64](unsafe.Pointer(f.param_bytes), int64(f.num_params), "param_bytes", code)
+	if err != nil {
+		return nil, nil, err
+	}
+	if f.num_graphs < 1 {
+		return nil, nil, invalidConfig("goddp: num_graphs = %d; a forward has at least one graph", int64(f.num_graphs))
+	}
+	graphOffs, err := cView[int64](unsafe.Pointer(f.graph_bucket_offsets), int64(f.num_graphs)+1, "graph_bucket_offsets", code)
+	if err != nil {
+		return nil, nil, err
+	}
+	numBuckets, err := csrValuesLen(graphOffs, "graph_bucket_offsets")
+	if err != nil {
+		return nil, nil, err
+	}
+	bucketOffs, err := cView[int64](unsafe.Pointer(f.bucket_param_offsets), numBuckets+1, "bucket_param_offsets", code)
+	if err != nil {
+		return nil, nil, err
+	}
+	numValues, err := csrValuesLen(bucketOffs, "bucket_param_offsets")
+	if err != nil {
+		return nil, nil, err
+	}
+	params, err := cCopy[int32](unsafe.Pointer(f.bucket_params), numValues, "bucket_params", code)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkOffsets(graphOffs, numBuckets, "graph_bucket_offsets"); err != nil {
+		return nil, nil, err
+	}
+	if err := checkOffsets(bucketOffs, numValues, "bucket_param_offsets"); err != nil {
+		return nil, nil, err
+	}
+	graphs := make([]planner.ForwardGraph, int(f.num_graphs))
+	for g := range graphs {
+		for k := graphOffs[g]; k < graphOffs[g+1]; k++ {
+			graphs[g].Buckets = append(graphs[g].Buckets, params[bucketOffs[k]:bucketOffs[k+1]])
+		}
+	}
+	return graphs, bytes, nil
+}
+
+// checkOffsets requires a CSR offsets array to start at 0, never decrease
+// and end at total.
+func checkOffsets(offs []int64, total int64, field string) error {
+	if offs[0] != 0 {
+		return invalidConfig("goddp: %s[0] = %d; want 0", field, offs[0])
+	}
+	for i := 1; i < len(offs); i++ {
+		if offs[i] < offs[i-1] || offs[i] > total {
+			return invalidConfig("goddp: %s[%d] = %d after %d (of %d values): offsets must ascend", field, i, offs[i], offs[i-1], total)
+		}
+	}
+	return nil
+}
+
+// forwardPlanToC copies a ForwardPlan into C memory (nothing points into Go
+// memory); on error everything allocated so far is freed.
+func forwardPlanToC(p *planner.ForwardPlan) (_ *C.goddp_forward_plan, err error) {
+	cp := (*C.goddp_forward_plan)(C.calloc(1, C.sizeof_goddp_forward_plan))
+	if cp == nil {
+		return nil, errOutOfMemory
+	}
+	defer func() {
+		if err != nil {
+			freeForwardPlan(cp)
+		}
+	}()
+	nb := len(p.Buckets)
+	cp.num_buckets = C.int64_t(nb)
+	cp.moved, cp.dropped = C.int64_t(p.Moved), C.int64_t(p.Dropped)
+	ptr, bytes, err := cAlloc[int64](nb)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_bytes = (*C.int64_t)(ptr)
+	ptr, graphs, err := cAlloc[int32](nb)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_graphs = (*C.int32_t)(ptr)
+	ptr, sources, err := cAlloc[int32](nb)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_sources = (*C.int32_t)(ptr)
+	lists := make([][]int32, nb)
+	for i, b := range p.Buckets {
+		bytes[i], graphs[i], sources[i], lists[i] = b.Bytes, int32(b.Graph), int32(b.Source), b.Params
+	}
+	offs, vals, err := cCSR(lists)
+	if err != nil {
+		return nil, err
+	}
+	cp.bucket_param_offsets, cp.bucket_params = (*C.int64_t)(offs), (*C.int32_t)(vals)
+	return cp, nil
+}
+
+func freeForwardPlan(cp *C.goddp_forward_plan) {
+	if cp == nil {
+		return
+	}
+	for _, p := range []unsafe.Pointer{
+		unsafe.Pointer(cp.bucket_bytes),
+		unsafe.Pointer(cp.bucket_graphs),
+		unsafe.Pointer(cp.bucket_sources),
+		unsafe.Pointer(cp.bucket_param_offsets),
+		unsafe.Pointer(cp.bucket_params),
+	} {
+		C.free(p)
+	}
+	C.free(unsafe.Pointer(cp))
+}

@@ -1,0 +1,134 @@
+package planner
+
+// This file implements CombineForward: one DDP bucket layout for a forward
+// that Dynamo compiled as several graphs (a graph break splits DDP's
+// parameters over them).
+//
+// Each graph was planned on its own with AlignBuckets, so each has buckets in
+// DDP order that close at its own cuts. DDP sees one backward: the autograd
+// engine runs the backward of the forward's last graph first, so the
+// gradients of the last graph's pieces become ready first, then the previous
+// graph's, and so on. The combined layout is therefore the graphs' bucket
+// lists concatenated, the last graph's first. By the argument of
+// alignedBuckets (align.go), a cap list holding each bucket's exact byte
+// total makes DDP's rebuild close every bucket at a cut, in every graph.
+//
+// A parameter used by several graphs (weights tied across a graph break)
+// has its gradient complete only once the earliest of those graphs has run
+// its backward, the last in DDP's order: it is counted in the earliest
+// graph's bucket and removed from the later graphs' ones; a bucket left
+// with no parameter disappears (its cut then lies inside a DDP bucket).
+// Every parameter DDP reduces must belong to exactly one bucket in the end,
+// or no layout is returned: DDP buckets parameters the graphs never use as
+// well, and a cap list that leaves them out would make its buckets straddle
+// the cuts.
+
+// ForwardGraph is one graph of a forward, as its aligned plan bucketed it.
+type ForwardGraph struct {
+	// Buckets in DDP order; each lists the DDP positions (indices into the
+	// list of parameters DDP reduces) of its parameters.
+	Buckets [][]int32
+}
+
+// ForwardBucket is one bucket of a combined forward layout.
+type ForwardBucket struct {
+	Bytes  int64   // the exact byte total of Params: the cap to give DDP
+	Params []int32 // DDP positions, in the order of the graph's bucket
+	Graph  int     // the graph it comes from (forward order)
+	Source int     // its index among that graph's buckets (DDP order)
+}
+
+// ForwardPlan is the result of CombineForward.
+type ForwardPlan struct {
+	Buckets []ForwardBucket // DDP order: the last graph's buckets first
+	Caps    []int64         // per-bucket caps for DDP, DDP order (the Bytes)
+	// Moved counts parameters found in several graphs and kept only in the
+	// earliest; Dropped counts buckets left without parameters by that.
+	Moved   int
+	Dropped int
+}
+
+// CombineForward combines the aligned buckets of a forward's graphs (in
+// forward order) into one DDP layout. paramBytes holds the byte size
+// (numel*element size) of every parameter DDP reduces, indexed by DDP
+// position. Errors: ErrInvalidConfig for malformed input (a position out of
+// range, a parameter twice in one graph, a negative size, no graph) and
+// ErrInvalidGraph when the graphs between them do not hold every parameter
+// DDP reduces.
+func CombineForward(graphs []ForwardGraph, paramBytes []int64) (*ForwardPlan, error) {
+	if len(graphs) == 0 {
+		return nil, errorf(ErrInvalidConfig, "planner: CombineForward needs at least one graph")
+	}
+	for p, b := range paramBytes {
+		if b < 0 {
+			return nil, errorf(ErrInvalidConfig, "planner: parameter %d (DDP position) has negative size %d", p, b)
+		}
+	}
+	owner, err := forwardOwners(graphs, len(paramBytes))
+	if err != nil {
+		return nil, err
+	}
+	plan := &ForwardPlan{}
+	for p, g := range owner {
+		if g < 0 {
+			missing := 0
+			for _, o := range owner {
+				if o < 0 {
+					missing++
+				}
+			}
+			return nil, errorf(ErrInvalidGraph, "planner: the forward's %d graphs use %d of DDP's %d parameters (DDP position %d is in none of them): DDP buckets the others too, so no caps can close its buckets at the cuts",
+				len(graphs), len(paramBytes)-missing, len(paramBytes), p)
+		}
+	}
+	for g := len(graphs) - 1; g >= 0; g-- {
+		for k, bucket := range graphs[g].Buckets {
+			out := ForwardBucket{Graph: g, Source: k}
+			for _, p := range bucket {
+				if owner[p] != g {
+					plan.Moved++
+					continue
+				}
+				var ok bool
+				if out.Bytes, ok = addBytes(out.Bytes, paramBytes[p]); !ok {
+					return nil, errorf(ErrOverflow, "planner: bucket %d of graph %d overflows int64 bytes", k, g)
+				}
+				out.Params = append(out.Params, p)
+			}
+			if len(out.Params) == 0 {
+				plan.Dropped++
+				continue
+			}
+			plan.Buckets = append(plan.Buckets, out)
+			plan.Caps = append(plan.Caps, out.Bytes)
+		}
+	}
+	return plan, nil
+}
+
+// forwardOwners returns, per DDP position, the earliest graph (forward
+// order) that holds it, -1 for none; it rejects malformed input.
+func forwardOwners(graphs []ForwardGraph, numParams int) ([]int, error) {
+	owner := make([]int, numParams)
+	for p := range owner {
+		owner[p] = -1
+	}
+	for g, graph := range graphs {
+		seen := make(map[int32]bool)
+		for k, bucket := range graph.Buckets {
+			for _, p := range bucket {
+				if p < 0 || int(p) >= numParams {
+					return nil, errorf(ErrInvalidConfig, "planner: bucket %d of graph %d names DDP position %d; DDP reduces %d parameters", k, g, p, numParams)
+				}
+				if seen[p] {
+					return nil, errorf(ErrInvalidConfig, "planner: DDP position %d is in two buckets of graph %d", p, g)
+				}
+				seen[p] = true
+				if owner[p] < 0 {
+					owner[p] = g
+				}
+			}
+		}
+	}
+	return owner, nil
+}

@@ -1,0 +1,197 @@
+package planner
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestCombineForwardConcatenatesTheLaterGraphFirst(t *testing.T) {
+	bytes := []int64{10, 20, 30, 40, 50, 60}
+	graphs := []ForwardGraph{
+		{Buckets: [][]int32{{2}, {1, 0}}}, // forward first: parameters 0-2
+		{Buckets: [][]int32{{5, 4}, {3}}}, // then 3-5
+	}
+	plan, err := CombineForward(graphs, bytes)
+	require.NoError(t, err)
+	assert.Equal(t, []int64{110, 40, 30, 30}, plan.Caps)
+	assert.Equal(t, []int{1, 1, 0, 0}, []int{plan.Buckets[0].Graph, plan.Buckets[1].Graph, plan.Buckets[2].Graph, plan.Buckets[3].Graph})
+	assert.Equal(t, []int32{5, 4}, plan.Buckets[0].Params)
+	assert.Equal(t, 0, plan.Moved)
+	assert.Equal(t, 0, plan.Dropped)
+}
+
+func TestCombineForwardOneGraphIsItself(t *testing.T) {
+	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}, {0}}}}, []int64{4, 8})
+	require.NoError(t, err)
+	assert.Equal(t, []int64{8, 4}, plan.Caps)
+}
+
+func TestCombineForwardCountsATiedParameterInTheEarliestGraph(t *testing.T) {
+	// Parameter 0 (an embedding tied to the head) is used by both graphs;
+	// its gradient completes in the first graph's backward.
+	bytes := []int64{100, 10, 20}
+	graphs := []ForwardGraph{
+		{Buckets: [][]int32{{1, 0}}},
+		{Buckets: [][]int32{{0}, {2}}},
+	}
+	plan, err := CombineForward(graphs, bytes)
+	require.NoError(t, err)
+	assert.Equal(t, []int64{20, 110}, plan.Caps)
+	assert.Equal(t, 1, plan.Moved)
+	assert.Equal(t, 1, plan.Dropped)
+	assert.Equal(t, 1, plan.Buckets[0].Source, "the second graph's bucket 0 held only the tied parameter")
+}
+
+func TestCombineForwardRefusesAPartialForward(t *testing.T) {
+	_, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{0}}}, {Buckets: [][]int32{{2}}}}, []int64{1, 1, 1})
+	var perr *Error
+	require.True(t, errors.As(err, &perr), "%v", err)
+	assert.Equal(t, ErrInvalidGraph, perr.Code)
+	assert.Contains(t, perr.Msg, "use 2 of DDP's 3 parameters")
+	assert.Contains(t, perr.Msg, "position 1")
+}
+
+func TestCombineForwardRejectsMalformedInput(t *testing.T) {
+	cases := map[string]struct {
+		graphs []ForwardGraph
+		bytes  []int64
+		want   string
+	}{
+		"no graph":     {nil, []int64{1}, "at least one graph"},
+		"out of range": {[]ForwardGraph{{Buckets: [][]int32{{3}}}}, []int64{1}, "names DDP position 3"},
+		"negative":     {[]ForwardGraph{{Buckets: [][]int32{{-1}}}}, []int64{1}, "names DDP position -1"},
+		"twice":        {[]ForwardGraph{{Buckets: [][]int32{{0}, {0}}}}, []int64{1}, "two buckets of graph 0"},
+		"size":         {[]ForwardGraph{{Buckets: [][]int32{{0}}}}, []int64{-4}, "negative size"},
+	}
+	for name, c := range cases {
+		_, err := CombineForward(c.graphs, c.bytes)
+		var perr *Error
+		if !errors.As(err, &perr) || perr.Code != ErrInvalidConfig || !strings.Contains(perr.Msg, c.want) {
+			t.Errorf("%s: error %v, want ErrInvalidConfig containing %q", name, err, c.want)
+		}
+	}
+}
+
+// ddpRebuild is a naive model of DDP's bucket rebuild: walk the gradients in
+// ready order, add each to the open bucket, and close it once its bytes
+// reach the current cap (the last cap repeats).
+func ddpRebuild(ready []int32, bytes []int64, caps []int64) [][]int32 {
+	var out [][]int32
+	var open []int32
+	var size int64
+	for _, p := range ready {
+		open = append(open, p)
+		size += bytes[p]
+		limit := caps[min(len(out), len(caps)-1)]
+		if size >= limit {
+			out = append(out, open)
+			open, size = nil, 0
+		}
+	}
+	if len(open) > 0 {
+		out = append(out, open)
+	}
+	return out
+}
+
+// TestCombineForwardClosesDDPBucketsAtEveryCut builds random forwards: the
+// parameters, in use order, are split into pieces and the pieces into
+// graphs, with some parameters tied back to an earlier graph. Each graph's
+// buckets are what AlignBuckets gives (one per piece, DDP order). DDP's
+// rebuild from any gradient order consistent with the backward (graphs last
+// first, pieces last first, any order inside a piece) with the combined caps
+// must close every bucket at a piece boundary.
+func TestCombineForwardClosesDDPBucketsAtEveryCut(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 5))
+	for trial := 0; trial < 500; trial++ {
+		numParams := 1 + rng.IntN(40)
+		bytes := make([]int64, numParams)
+		for p := range bytes {
+			bytes[p] = 1 + rng.Int64N(1000)
+		}
+		// DDP positions are a permutation of use order.
+		positions := rng.Perm(numParams)
+		numGraphs := 1 + rng.IntN(min(4, numParams))
+		graphCuts := randomCuts(rng, numParams, numGraphs)
+		var graphs []ForwardGraph
+		var pieceOf []int // per DDP position: a global piece id of its earliest use
+		pieceOf = make([]int, numParams)
+		piece := 0
+		var graphPieces [][][]int32 // per graph, pieces in forward order
+		for g := 0; g < numGraphs; g++ {
+			lo, hi := graphCuts[g], graphCuts[g+1]
+			numPieces := 1 + rng.IntN(hi-lo)
+			cuts := randomCuts(rng, hi-lo, numPieces)
+			var pieces [][]int32
+			for q := 0; q < numPieces; q++ {
+				var members []int32
+				for i := lo + cuts[q]; i < lo+cuts[q+1]; i++ {
+					members = append(members, int32(positions[i]))
+					pieceOf[positions[i]] = piece
+				}
+				pieces = append(pieces, members)
+				piece++
+			}
+			graphPieces = append(graphPieces, pieces)
+		}
+		// Ties: a later graph's last piece also uses an earlier parameter.
+		for g := 1; g < numGraphs; g++ {
+			if rng.IntN(2) == 0 {
+				tied := int32(positions[rng.IntN(graphCuts[g])])
+				last := len(graphPieces[g]) - 1
+				graphPieces[g][last] = append(graphPieces[g][last], tied)
+			}
+		}
+		for _, pieces := range graphPieces {
+			var buckets [][]int32
+			for q := len(pieces) - 1; q >= 0; q-- {
+				buckets = append(buckets, slices.Clone(pieces[q]))
+			}
+			graphs = append(graphs, ForwardGraph{Buckets: buckets})
+		}
+		plan, err := CombineForward(graphs, bytes)
+		require.NoError(t, err, "trial %d", trial)
+
+		// A gradient order of the backward: pieces from the last, each
+		// parameter at the piece of its earliest use, shuffled within.
+		var ready []int32
+		for q := piece - 1; q >= 0; q-- {
+			var inPiece []int32
+			for p := range numParams {
+				if pieceOf[p] == q {
+					inPiece = append(inPiece, int32(p))
+				}
+			}
+			rng.Shuffle(len(inPiece), func(i, j int) { inPiece[i], inPiece[j] = inPiece[j], inPiece[i] })
+			ready = append(ready, inPiece...)
+		}
+		rebuilt := ddpRebuild(ready, bytes, plan.Caps)
+		require.Len(t, rebuilt, len(plan.Buckets), "trial %d", trial)
+		for k, b := range rebuilt {
+			want := slices.Clone(plan.Buckets[k].Params)
+			got := slices.Clone(b)
+			slices.Sort(want)
+			slices.Sort(got)
+			require.Equal(t, want, got, "trial %d bucket %d", trial, k)
+			for _, p := range b[1:] {
+				require.Equal(t, pieceOf[b[0]], pieceOf[p], "trial %d: bucket %d straddles a cut", trial, k)
+			}
+		}
+	}
+}
+
+// randomCuts splits n items into k non-empty runs: k+1 ascending bounds.
+func randomCuts(rng *rand.Rand, n, k int) []int {
+	inner := rng.Perm(n - 1)[:k-1]
+	for i := range inner {
+		inner[i]++
+	}
+	slices.Sort(inner)
+	return append(append([]int{0}, inner...), n)
+}

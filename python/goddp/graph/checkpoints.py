@@ -1,0 +1,484 @@
+"""Activation checkpoints in Dynamo graphs: seeing through their bodies,
+comparing them, and splitting one that spans several blocks.
+
+Note [Checkpoint bodies]
+~~~~~~~~~~~~~~~~~~~~~~~~
+Dynamo captures ``torch.utils.checkpoint.checkpoint(fn, *args, **settings)``
+(non-reentrant or reentrant alike, and so ``checkpoint_wrapper``, HF's
+``gradient_checkpointing_enable`` and torchtitan's per-layer mode) as three
+kinds of outer node: a get_attr of the body, a GraphModule of its own
+(``wrap_body_N``); one call of the higher-order op
+``tag_activation_checkpoint(body, *inputs, **settings)``, whose inputs
+include the parameters the body reads (lifted: they are placeholders of the
+outer graph); and a getitem per result. The settings (use_reentrant,
+preserve_rng_state, ...) are the call's kwargs; a selective policy
+(context_fn) rides in ``body.meta["_checkpoint_context_fn"]``. The call has
+no module stack of its own; the body's nodes have the full one. AOTAutograd
+later inlines the body, tags its nodes for recomputation, and its
+partitioner recomputes them in backward; every call of a compiled piece is
+its own autograd node.
+
+So, for goddp:
+- Blocks: the planner's block rule (Note [Block rule]) reads each node's
+  module stack; a call's is the modules its whole body runs inside, the
+  common prefix of its body's stacks (``stacks_through_bodies``), and its
+  body's get_attr and its getitems get the call's. A call inside one block
+  lands in it; a call whose body spans several blocks in none, unless it is
+  split first (below). The call weighs its body's compute nodes, its
+  get_attr and getitems nothing (``weights_through_bodies``; Note [Node
+  weights] in planner/modstack.go), so that the block rule's sizes and the
+  edges' (Note [Edges]) count what the model runs.
+- Identity: two calls are the same code when their bodies have the same
+  structure, names aside, recursively, with the same settings and the same
+  policy (``graph_key``; a policy partial compares by function and bound
+  arguments, since Dynamo makes a new partial object per call).
+- Splitting: a checkpoint whose body holds several blocks (one around the
+  whole stack) would be one atomic piece whose gradients are all ready at
+  once, so nothing overlaps inside it. goddp rewrites it, before planning,
+  into consecutive checkpoints, one per block run of its body (a region),
+  each taking the values it reads from earlier regions as inputs. Each
+  region is then recomputed in its own piece, and its buckets overlap like
+  any other. The cost is what each region's inputs keep alive: one boundary
+  activation per cut (README, "Activation checkpointing", has the figures).
+  Forward values are unchanged; backward runs the same ops per region.
+- Kept whole (one INFO line says why): a selective policy given as a
+  function (it may count or remember across the checkpoint's ops; a list of
+  ops to save carries over to each region unchanged), random ops (where
+  their RNG state is saved and replayed would move), grad-mode or autocast
+  changes inside (state crossing the cut), a mutation of a value from an
+  earlier region, a non-tensor crossing a cut, nested higher-order ops, a
+  result used other than by indexing.
+torch's DDPOptimizer treats every checkpoint as atomic; so does goddp's
+torch mode, and ddp mode with block_cuts=False.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx
+
+from goddp.graph.nodes import example_value, is_compute, resolve_attr
+
+logger = logging.getLogger("goddp")
+
+CONTEXT_FN_KEY = "_checkpoint_context_fn"
+_CHECKPOINT = torch.ops.higher_order.tag_activation_checkpoint
+
+
+def body_of(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:
+    """The body of a higher-order-op call (a HOP whose first argument is a
+    get_attr of a GraphModule), or None for any other node."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+        return None
+    if not node.args or not isinstance(node.args[0], fx.Node) or node.args[0].op != "get_attr":
+        return None
+    try:
+        body = resolve_attr(gm, str(node.args[0].target))
+    except AttributeError:
+        return None
+    return body if isinstance(body, fx.GraphModule) else None
+
+
+def is_checkpoint(gm: fx.GraphModule, node: fx.Node) -> bool:
+    return node.target is _CHECKPOINT and body_of(gm, node) is not None
+
+
+def flattened_nodes(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
+    """The compute nodes node stands for: itself, or for a higher-order-op
+    call the compute nodes of its body, recursively, in order."""
+    body = body_of(gm, node)
+    if body is None:
+        return [node]
+    out: list[fx.Node] = []
+    for inner in body.graph.nodes:
+        if is_compute(inner) and inner.op != "get_attr":
+            out.extend(flattened_nodes(body, inner))
+    return out
+
+
+def companions(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
+    """The outer nodes that go where a higher-order-op call goes: its body's
+    get_attr and the getitems of its results (none for other nodes)."""
+    if body_of(gm, node) is None:
+        return []
+    return [node.args[0]] + [u for u in node.users if u.op == "call_function" and u.target is operator.getitem]
+
+
+def stacks_through_bodies(gm: fx.GraphModule, nodes: Sequence[fx.Node], stack_of: Callable[[fx.Node], list]) -> list[list]:
+    """Per node, the module stack the planner's block rule reads: its own
+    (stack_of), but for a higher-order-op call the modules its whole body
+    runs inside, i.e. the common prefix of its body's nodes' stacks (those
+    with one), recursively; its body's get_attr and its getitems get the
+    call's. A call inside one block thus lands in that block; one spanning
+    several blocks in none of them (Note [Checkpoint bodies])."""
+    stacks = [stack_of(node) for node in nodes]
+    index = {node: i for i, node in enumerate(nodes)}
+    for i, node in enumerate(nodes):
+        if body_of(gm, node) is None:
+            continue
+        prefix: list | None = None
+        for inner in flattened_nodes(gm, node):
+            stack = stack_of(inner)
+            if not stack:
+                continue
+            if prefix is None:
+                prefix = list(stack)
+                continue
+            keep = 0
+            while keep < min(len(prefix), len(stack)) and prefix[keep] == stack[keep]:
+                keep += 1
+            del prefix[keep:]
+        stacks[i] = prefix or []
+        for companion in companions(gm, node):
+            if companion in index:
+                stacks[index[companion]] = stacks[i]
+    return stacks
+
+
+def weights_through_bodies(gm: fx.GraphModule, nodes: Sequence[fx.Node]) -> list[int] | None:
+    """Per node, how many compute nodes it stands for (planner/modstack.go,
+    Note [Node weights]): a higher-order-op call its body's, its body's
+    get_attr and its getitems 0, any other node 1; None when the graph has
+    no such call (the planner then counts one each)."""
+    weights = [len(flattened_nodes(gm, node)) for node in nodes]
+    index = {node: i for i, node in enumerate(nodes)}
+    found = False
+    for node in nodes:
+        for companion in companions(gm, node):
+            found = True
+            if companion in index:
+                weights[index[companion]] = 0
+    return weights if found else None
+
+
+# --------------------------------------------------------------------------
+# Identity
+
+
+def policy_key(value: Any, canonical: Callable[[Any], Any]) -> Any:
+    """A selective-checkpoint context_fn as a hashable key: a
+    functools.partial by its function and bound arguments, lists by their
+    items, anything else as canonical() says (functions: by identity)."""
+    if isinstance(value, functools.partial):
+        return (
+            "partial",
+            policy_key(value.func, canonical),
+            tuple(policy_key(a, canonical) for a in value.args),
+            tuple(sorted((k, policy_key(v, canonical)) for k, v in value.keywords.items())),
+        )
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(policy_key(v, canonical) for v in value))
+    return canonical(value)
+
+
+def graph_key(
+    gm: fx.GraphModule,
+    canonical: Callable[[Any, dict[fx.Node, int]], Any],
+    target_key: Callable[[fx.GraphModule, fx.Node], Any],
+) -> tuple:
+    """A hashable key for a graph's code: per node its op, target_key and
+    arguments (other nodes by position, constants by canonical), names
+    aside, and the graph module's meta (the checkpoint policy). target_key
+    recurses into bodies (goddp.graph.blocks.piece_signature)."""
+    index: dict[fx.Node, int] = {}
+    entries: list[Any] = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        if node.op == "placeholder":
+            entries.append(("placeholder",))
+            continue
+        entries.append((node.op, target_key(gm, node), canonical(node.args, index), canonical(node.kwargs, index)))
+    meta = tuple(
+        (key, policy_key(value, lambda v: canonical(v, index)) if key == CONTEXT_FN_KEY else canonical(value, index))
+        for key, value in sorted(getattr(gm, "meta", {}).items())
+    )
+    return (tuple(entries), meta)
+
+
+# --------------------------------------------------------------------------
+# Splitting a checkpoint at the block boundaries of its body
+
+_RANDOM_FUNCTIONS = frozenset(
+    {
+        torch.nn.functional.dropout, torch.nn.functional.dropout1d, torch.nn.functional.dropout2d,
+        torch.nn.functional.dropout3d, torch.nn.functional.alpha_dropout,
+        torch.nn.functional.feature_alpha_dropout, torch.dropout, torch.rand, torch.randn, torch.randint,
+        torch.rand_like, torch.randn_like, torch.randint_like, torch.bernoulli, torch.multinomial,
+        torch.normal, torch.randperm, torch.poisson, torch.nn.functional.rrelu, torch.nn.functional.gumbel_softmax,
+    }
+)
+_RANDOM_METHODS = frozenset(
+    {"bernoulli", "bernoulli_", "random_", "uniform_", "normal_", "exponential_", "geometric_", "cauchy_",
+     "log_normal_", "multinomial"}
+)
+_STATE_FUNCTIONS = frozenset(
+    {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast}
+)
+_INPLACE_OPERATORS = frozenset(
+    {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+     operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+     operator.imatmul}
+)
+# The only selective policy carried over to each region: a list of ops to
+# save, wrapped as torch documents it.
+_SAC_CONTEXTS = torch.utils.checkpoint.create_selective_checkpoint_contexts
+
+
+def _op_name(node: fx.Node) -> str:
+    return str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", str(node.target))
+
+
+def _is_random(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return str(node.target) in _RANDOM_METHODS
+    if node.op != "call_function":
+        return False
+    if node.target in _RANDOM_FUNCTIONS:
+        return True
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
+def _mutated(node: fx.Node) -> fx.Node | None:
+    """The value an in-place node writes (its first argument), or None."""
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if node.kwargs.get("inplace") is True:
+        return first
+    if node.op == "call_method":
+        name = str(node.target)
+        return first if name.endswith("_") and not name.endswith("__") else None
+    if node.op == "call_function":
+        if node.target in _INPLACE_OPERATORS:
+            return first
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return first
+    return None
+
+
+def _carries(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
+
+def _example(node: fx.Node) -> Any:
+    return example_value(node, None)
+
+
+@dataclass
+class Region:
+    """A run of body nodes that becomes one checkpoint."""
+
+    nodes: list[fx.Node] = field(default_factory=list)
+    inputs: list[fx.Node] = field(default_factory=list)  # body values it reads from before it
+    outputs: list[fx.Node] = field(default_factory=list)  # its values read after it
+
+
+@dataclass
+class Split:
+    """What goddp does with one checkpoint call: regions to split it into,
+    or None and the reason it stays whole."""
+
+    call: fx.Node
+    blocks: int  # block instances its body holds
+    regions: list[Region] | None
+    reason: str
+
+    def describe(self) -> str:
+        if self.regions is not None:
+            return (
+                f"goddp: the checkpoint {self.call.name!r} spans {self.blocks} blocks: split into "
+                f"{len(self.regions)} checkpoint regions at block boundaries (one saved activation per cut)"
+            )
+        return (
+            f"goddp: the checkpoint {self.call.name!r} spans {self.blocks} blocks but is kept whole, "
+            f"so its blocks' buckets cannot overlap: {self.reason}"
+        )
+
+
+def _policy_blocker(body: fx.GraphModule) -> str | None:
+    context_fn = body.meta.get(CONTEXT_FN_KEY)
+    if context_fn is None:
+        return None
+    if (
+        isinstance(context_fn, functools.partial)
+        and context_fn.func is _SAC_CONTEXTS
+        and len(context_fn.args) == 1
+        and not context_fn.keywords
+        and isinstance(context_fn.args[0], (list, tuple))
+    ):
+        return None
+    return (
+        "its selective-checkpoint policy is a function, which may keep state across the checkpoint's ops "
+        "(a list of ops to save would be carried over to each region)"
+    )
+
+
+def _node_blocker(body: fx.GraphModule, node: fx.Node) -> str | None:
+    if _is_random(node):
+        return f"it holds a random op ({_op_name(node)}), whose saved RNG state would move"
+    if node.op == "call_function" and node.target in _STATE_FUNCTIONS:
+        return "it changes grad mode or autocast inside, a state that would cross the cut"
+    if body_of(body, node) is not None:
+        return "it holds a nested higher-order op"
+    return None
+
+
+def _regions(compute: Sequence[fx.Node], block_of: dict[fx.Node, int]) -> list[Region]:
+    """A region starts at the first node of every block run; nodes of no
+    block join the run before them (those before the first block, the
+    first run), as the planner groups pieces (planner/blocks.go). A get_attr
+    goes to the region of its first user."""
+    position = {n: i for i, n in enumerate(compute)}
+    regions = [Region()]
+    current = None
+    for node in compute:
+        if node.op == "get_attr":
+            continue
+        block = block_of.get(node, -1)
+        if block >= 0 and block != current:
+            if current is not None:
+                regions.append(Region())
+            current = block
+        regions[-1].nodes.append(node)
+    where = {n: k for k, r in enumerate(regions) for n in r.nodes}
+    for node in compute:
+        if node.op == "get_attr":
+            users = [where[u] for u in node.users if u in where]
+            k = min(users) if users else 0
+            regions[k].nodes.insert(0, node)
+            where[node] = k
+    for region in regions:
+        region.nodes.sort(key=position.__getitem__)
+    return regions
+
+
+def plan_split(gm: fx.GraphModule, call: fx.Node, body_blocks: Callable[[fx.GraphModule], list[int]]) -> Split:
+    """How to split one checkpoint call (see Note [Checkpoint bodies]).
+    body_blocks gives, per node of a body graph, its block (-1 for none)."""
+    body = body_of(gm, call)
+    nodes = list(body.graph.nodes)
+    block_of = dict(zip(nodes, body_blocks(body)))
+    blocks = len({b for b in block_of.values() if b >= 0})
+
+    def whole(reason: str) -> Split:
+        return Split(call, blocks, None, reason)
+
+    if blocks < 2:
+        return whole("its body holds fewer than two blocks")
+    if any(u.op != "call_function" or u.target is not operator.getitem for u in call.users):
+        return whole("its result is used other than by indexing")
+    reason = _policy_blocker(body)
+    if reason is not None:
+        return whole(reason)
+    compute = [n for n in nodes if is_compute(n)]
+    for node in compute:
+        reason = _node_blocker(body, node)
+        if reason is not None:
+            return whole(reason)
+    regions = _regions(compute, block_of)
+    where = {n: k for k, r in enumerate(regions) for n in r.nodes}
+    returned = set(nodes[-1].all_input_nodes)
+    for k, region in enumerate(regions):
+        members = set(region.nodes)
+        for node in region.nodes:
+            for value in node.all_input_nodes:
+                if value in members or value in region.inputs:
+                    continue
+                if value.op == "get_attr":
+                    return whole("a body attribute is read on both sides of a cut")
+                if value.op != "placeholder" and not _carries(_example(value)):
+                    return whole(f"a {type(_example(value)).__name__} value would cross a cut")
+                region.inputs.append(value)
+            written = _mutated(node)
+            if written is not None and written not in members:
+                return whole(f"{_op_name(node)} writes a value from before its region, across a cut")
+            if node in returned or any(where.get(u, k) > k for u in node.users):
+                region.outputs.append(node)
+        if not region.outputs:
+            return whole(f"its region {k} hands nothing on")
+    return Split(call, blocks, regions, "")
+
+
+def _region_body(body: fx.GraphModule, region: Region) -> fx.GraphModule:
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for value in region.inputs:
+        placeholder = graph.placeholder(value.name)
+        placeholder.meta = dict(value.meta)
+        env[value] = placeholder
+    for node in region.nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    graph.output(tuple(env[n] for n in region.outputs))
+    attrs = {str(n.target): resolve_attr(body, str(n.target)) for n in region.nodes if n.op == "get_attr"}
+    sub = fx.GraphModule(attrs, graph, class_name="GoddpCheckpointRegion")
+    sub.meta = dict(getattr(body, "meta", {}))
+    return sub
+
+
+def _rewrite(graph: fx.Graph, attrs: dict[str, Any], call: fx.Node, regions: Sequence[Region]) -> None:
+    """Replaces call (in graph) by one checkpoint call per region."""
+    body_attr = call.args[0]
+    body = attrs[str(body_attr.target)]
+    body_nodes = list(body.graph.nodes)
+    placeholders = [n for n in body_nodes if n.op == "placeholder"]
+    value: dict[fx.Node, Any] = dict(zip(placeholders, call.args[1:]))
+    kept_meta = {k: v for k, v in call.meta.items() if k in ("stack_trace", "source_fn_stack")}
+    with graph.inserting_before(call):
+        for k, region in enumerate(regions):
+            name = f"{body_attr.target}_region_{k}"
+            attrs[name] = _region_body(body, region)
+            region_call = graph.call_function(
+                call.target, (graph.get_attr(name), *[value[v] for v in region.inputs]), dict(call.kwargs)
+            )
+            region_call.meta = {**kept_meta, "example_value": tuple(_example(o) for o in region.outputs)}
+            for j, out in enumerate(region.outputs):
+                item = graph.call_function(operator.getitem, (region_call, j))
+                item.meta = {**kept_meta, "example_value": _example(out)}
+                value[out] = item
+    results = body_nodes[-1].args[0]
+    for user in list(call.users):
+        user.replace_all_uses_with(value[results[user.args[1]]])
+        graph.erase_node(user)
+    graph.erase_node(call)
+    if not body_attr.users:
+        graph.erase_node(body_attr)
+
+
+def split_checkpoints(
+    gm: fx.GraphModule, body_blocks: Callable[[fx.GraphModule], list[int]]
+) -> tuple[fx.GraphModule, list[Split]]:
+    """gm with every checkpoint call whose body holds several blocks split
+    into one checkpoint per region (gm itself when there is none to split),
+    and what was decided for each such call. gm is not modified."""
+    splits = [plan_split(gm, n, body_blocks) for n in gm.graph.nodes if is_checkpoint(gm, n)]
+    splits = [s for s in splits if s.blocks >= 2]
+    if not any(s.regions is not None for s in splits):
+        return gm, splits
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+        if node.op == "placeholder" and hasattr(node, "_dynamo_source"):
+            env[node]._dynamo_source = node._dynamo_source
+    attrs = {str(n.target): resolve_attr(gm, str(n.target)) for n in gm.graph.nodes if n.op == "get_attr"}
+    for split in splits:
+        if split.regions is not None:
+            _rewrite(graph, attrs, env[split.call], split.regions)
+    graph.lint()
+    used = {str(n.target) for n in graph.nodes if n.op == "get_attr"}
+    new = fx.GraphModule({k: v for k, v in attrs.items() if k in used}, graph, class_name=type(gm).__name__)
+    new.meta = dict(getattr(gm, "meta", {}))
+    for name in ("_param_name_to_source", "shape_env"):
+        if hasattr(gm, name):
+            setattr(new, name, getattr(gm, name))
+    return new, splits
+
+
+def log_splits(splits: Sequence[Split]) -> None:
+    for split in splits:
+        logger.info("%s", split.describe())

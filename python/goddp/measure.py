@@ -1,0 +1,151 @@
+"""goddp.measure: the measurement hooks of the benchmarks (bench/).
+
+Benchmarks drive goddp through its public API (``goddp.backend``,
+``goddp.last_plans()``, ``goddp.trace``). What they need beyond it is here,
+and bench/ imports nothing else of goddp's. Each hook is a documented
+benchmark switch or probe: off until a benchmark turns it on, and checked, so
+that when the code it reaches into moves the hook raises MeasureHookError
+instead of letting a benchmark measure something else.
+tests/python/test_measure.py exercises every hook and checks that bench/
+imports no other goddp name.
+
+- ``PieceReuseOff``: compile every piece on its own, even where block cuts
+  found identical pieces that goddp would compile once (what the inner
+  compiler's own caches give instead; bench.compile_overhead's
+  ``goddp_each``).
+- ``first_use_nodes(gm)``: each parameter's first using node, as the
+  planner counts nodes (bench.declaration_order).
+- ``plan_exchange(...)``: one round of the cross-rank exchange the plan
+  check makes at a DDP module's first training step (bench.agreement_cost).
+- ``MIB``: bytes per MiB, as goddp's caps count them.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable, Sequence
+
+from torch import fx
+
+from goddp.compile import pipeline
+from goddp.graph import blocks
+from goddp.graph.export import export_graph
+from goddp.graph.nodes import is_compute
+from goddp.ranks.group import Group
+from goddp.ranks.layout import Layout
+from goddp.ranks.plan_check import Statement, exchange
+
+MIB = 1 << 20
+
+
+class MeasureHookError(RuntimeError):
+    """A measurement hook no longer reaches what it switches or reads."""
+
+
+class PieceReuseOff:
+    """While on, every piece goddp compiles gets its own inner compile: the
+    grouping of identical pieces (goddp.graph.blocks.group_pieces, as the
+    compile pipeline calls it) puts each piece in a group of its own. Eager
+    edge pieces stay eager. Plans, cuts and buckets do not change.
+
+        with measure.PieceReuseOff() as switch:
+            compiled(*inputs)          # the first call compiles
+        switch.check_used()            # raises unless goddp grouped pieces through it
+
+    ``on()`` / ``off()`` do the same for a whole process. ``on()`` raises
+    MeasureHookError when the pipeline no longer groups pieces through that
+    function; ``check_used()`` when it was not called while on (so the
+    switch had no effect on what was measured).
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._pipeline: types.ModuleType | None = None
+        self._saved: Callable[..., Any] | None = None
+
+    def on(self) -> "PieceReuseOff":
+        target = getattr(pipeline, "group_pieces", None)
+        if target is not blocks.group_pieces or not _module_calls(pipeline, "group_pieces"):
+            raise MeasureHookError(
+                "goddp.measure.PieceReuseOff: goddp.compile.pipeline no longer groups identical pieces "
+                "through goddp.graph.blocks.group_pieces; move this hook to where the grouping is now"
+            )
+        if self._saved is None:
+            self._pipeline, self._saved = pipeline, target
+            pipeline.group_pieces = self._each_alone
+        return self
+
+    def off(self) -> None:
+        if self._pipeline is not None and self._saved is not None:
+            self._pipeline.group_pieces = self._saved
+        self._pipeline, self._saved = None, None
+
+    def check_used(self) -> None:
+        if self.calls == 0:
+            raise MeasureHookError(
+                "goddp.measure.PieceReuseOff was on, but goddp never grouped pieces through it: what was "
+                "measured is not goddp without piece reuse (no block cuts, or the grouping moved)"
+            )
+
+    def _each_alone(self, signatures: Sequence[Any]) -> list[int]:
+        self.calls += 1
+        return list(range(len(signatures)))
+
+    def __enter__(self) -> "PieceReuseOff":
+        return self.on()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.off()
+
+
+def _module_calls(module: types.ModuleType, name: str) -> bool:
+    """Whether some function or method defined in module refers to the
+    global name."""
+
+    def codes(obj: Any):
+        if isinstance(obj, types.FunctionType) and obj.__module__ == module.__name__:
+            yield obj.__code__
+        elif isinstance(obj, type) and obj.__module__ == module.__name__:
+            for member in vars(obj).values():
+                yield from codes(member)
+
+    def names(code: types.CodeType):
+        yield from code.co_names
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from names(const)
+
+    return any(name in names(code) for obj in vars(module).values() for code in codes(obj))
+
+
+def first_use_nodes(gm: fx.GraphModule) -> dict[str, int]:
+    """Parameter name -> index (in goddp's export of gm, the planner's node
+    order) of the first node that uses it and does work (neither placeholder
+    nor output, as the planner counts nodes). Names are the DDP module's
+    parameter names, recovered from Dynamo's sources."""
+    exported = export_graph(gm)
+    arrays = exported.arrays
+    offsets, params = arrays["node_param_offsets"], arrays["node_params"]
+    first: dict[str, int] = {}
+    for i, node in enumerate(exported.nodes):
+        if not is_compute(node):
+            continue
+        for k in range(offsets[i], offsets[i + 1]):
+            first.setdefault(exported.param_names[params[k]], i)
+    return first
+
+
+def plan_exchange(store: Any, key: str, rank: int, ranks: Sequence[int], timeout_s: float = 60.0) -> Callable[[], dict[int, str]]:
+    """A callable that runs one round of the exchange goddp's plan check makes
+    at a DDP module's first training step (goddp.ranks.plan_check): every
+    rank in ranks publishes a statement of the size a typical layout makes
+    (six buckets of four parameters, 1 MiB caps) under key in the c10d
+    store and waits, at most timeout_s, for the others'. Returns each rank's
+    statement. Every rank must call it the same number of times."""
+    group = Group(name=f"measure:{key}", ranks=tuple(ranks), rank=rank, timeout_s=timeout_s)
+    layout = Layout(tuple(tuple(range(4 * b, 4 * b + 4)) for b in range(6)), (MIB,) * 6, "ready", "goddp.measure")
+    payload = Statement(layout=layout, digest=0x0123_4567_89AB_CDEF, fingerprint=0x1234_5678_9ABC_DEF0, pieces=6).to_json()
+    return lambda: exchange(store, key, group, payload)
+
+
+__all__ = ["MIB", "MeasureHookError", "PieceReuseOff", "first_use_nodes", "plan_exchange"]

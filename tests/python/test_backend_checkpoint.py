@@ -1,0 +1,304 @@
+"""Activation checkpointing under goddp (docs: Note [Checkpoint bodies]).
+
+- Per-block checkpoints, however written (torch.utils.checkpoint per block,
+  use_reentrant=True, checkpoint_wrapper, selective policies, HF's
+  gradient_checkpointing_enable), are cut at the blocks and each distinct
+  block is compiled once, as without checkpointing.
+- The checkpoint's settings are part of a piece's identity.
+- A checkpoint spanning several blocks is split at the block boundaries
+  into consecutive checkpoint regions; where that is not safe it stays
+  whole and goddp says why at INFO.
+- Training equals eager DDP with the same checkpointing, bit for bit
+  (aot_eager), and recomputation still happens (saved activations).
+
+One process, a 1-rank gloo group; test_dist_checkpoint runs 2 ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch._dynamo.backends.registry import lookup_backend
+from torch._dynamo.utils import counters
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import goddp
+from checkpoint_models import build, lm_loss, make_tokens, saved_activation_bytes, tiny_gpt2
+
+CAP_MB = 0.05  # a few blocks' worth: several buckets
+
+
+class CountingCompiler:
+    """aot_eager, counting the graphs it compiles."""
+
+    def __init__(self) -> None:
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def train(forward, steps=2, loss=lm_loss, inputs=make_tokens):
+    losses = []
+    for step in range(steps):
+        out = forward(inputs(step))
+        value = loss(out)
+        value.backward()
+        losses.append(value.detach().clone())
+    return losses
+
+
+def run_pair(make_model, steps=2, loss=lm_loss, inputs=make_tokens, **options):
+    """Trains make_model() as eager DDP and compiled with goddp (aot_eager,
+    counting compiles); returns (eager DDP, goddp DDP, eager losses, goddp
+    losses, the plan of the graph, the counting compiler)."""
+    eager = DDP(make_model(), bucket_cap_mb=CAP_MB)
+    eager_losses = train(eager, steps, loss, inputs)
+    torch._dynamo.reset()
+    goddp.clear_plans()
+    ddp = DDP(make_model(), bucket_cap_mb=CAP_MB)
+    counting = CountingCompiler()
+    opts = {"inner": counting, "strict": True, "log_plan": False, **options}
+    compiled = torch.compile(ddp, backend="goddp", options=opts)
+    losses = train(compiled, steps, loss, inputs)
+    plans = [p for p in goddp.last_plans() if p["buckets"]]
+    assert len(plans) == 1, goddp.last_plans()
+    return eager, ddp, eager_losses, losses, plans[0], counting
+
+
+def assert_same_training(eager, ddp, eager_losses, losses):
+    for step, (got, want) in enumerate(zip(losses, eager_losses)):
+        assert torch.equal(got, want), f"step {step}: {got.item()!r} != eager {want.item()!r}"
+    for (name, p), q in zip(ddp.module.named_parameters(), eager.module.parameters()):
+        assert p.grad is not None and torch.equal(p.grad, q.grad), name
+
+
+def piece_shape(plan):
+    return plan["num_pieces"], plan["distinct_pieces"], plan["eager_pieces"]
+
+
+@pytest.fixture(scope="module")
+def reference_shapes(dist_group):
+    """(pieces, distinct, eager) per block type without checkpointing."""
+    shapes = {}
+    for block in ("transformer", "residual"):
+        *_, plan, _ = run_pair(lambda: build("none", block), steps=1)
+        shapes[block] = piece_shape(plan)
+    return shapes
+
+
+class TestPerBlockCheckpoints:
+    """Every way of checkpointing each block gives the pieces of the
+    unchekpointed model, compiles each distinct block once, and trains like
+    eager DDP with the same checkpointing."""
+
+    CASES = [
+        ("per_block", "transformer"),
+        ("per_block", "residual"),
+        ("wrapper", "transformer"),
+        ("wrapper", "residual"),
+        ("reentrant", "transformer"),
+        ("sac_list", "transformer"),
+        ("sac_fn", "residual"),
+    ]
+
+    @pytest.mark.parametrize(("how", "block"), CASES, ids=[f"{h}-{b}" for h, b in CASES])
+    def test_pieces_compiles_and_numerics(self, dist_group, reference_shapes, how, block):
+        before = counters["aot_autograd"]["total"]
+        eager, ddp, eager_losses, losses, plan, counting = run_pair(lambda: build(how, block))
+        assert plan["fallback"] is None
+        assert piece_shape(plan) == reference_shapes[block], plan["pieces"]
+        # one AOTAutograd compile per distinct piece that is not an eager edge
+        assert len(counting.graphs) == plan["distinct_pieces"] - plan["eager_pieces"] == 1
+        assert counters["aot_autograd"]["total"] - before == 1
+        assert plan["ddp_buckets"]["aligned"]
+        # the compiled piece really holds a checkpoint
+        (gm,) = counting.graphs
+        hops = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.tag_activation_checkpoint]
+        assert len(hops) == 1
+        assert hops[0].kwargs.get("use_reentrant") is (how == "reentrant")
+        assert_same_training(eager, ddp, eager_losses, losses)
+
+    def test_hf_gpt2_gradient_checkpointing(self, dist_group):
+        shapes = self.hf_shapes()
+        # three GPT-2 blocks, compiled once, the same edges eager (a
+        # checkpoint call weighs its body: Note [Node weights]), with or
+        # without checkpointing
+        assert shapes[0] == shapes[1], shapes
+        assert shapes[1][0] >= 3 and shapes[1][1] - shapes[1][2] == 1, shapes
+
+    def hf_shapes(self):
+        pytest.importorskip("transformers")
+
+        def model(checkpointing):
+            def make():
+                m = tiny_gpt2()
+                if checkpointing:
+                    m.gradient_checkpointing_enable()
+                m.train()
+                return m
+
+            return make
+
+        def loss(out):
+            return out.loss
+
+        def inputs(step):
+            tokens = make_tokens(step)
+            return tokens
+
+        def forward_of(ddp):
+            return lambda tokens: ddp(input_ids=tokens, labels=tokens)
+
+        shapes = []
+        for checkpointing in (False, True):
+            eager = DDP(model(checkpointing)(), bucket_cap_mb=CAP_MB)
+            eager_losses = train(forward_of(eager), 2, loss, inputs)
+            torch._dynamo.reset()
+            goddp.clear_plans()
+            ddp = DDP(model(checkpointing)(), bucket_cap_mb=CAP_MB)
+            compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "strict": True})
+            losses = train(forward_of(compiled), 2, loss, inputs)
+            # HF's forward breaks the graph: the blocks' graph has the most pieces
+            plan = max(goddp.last_plans(), key=lambda p: p["num_pieces"])
+            assert plan["fallback"] is None
+            shapes.append(piece_shape(plan))
+            assert_same_training(eager, ddp, eager_losses, losses)
+        return shapes
+
+
+class TestCheckpointIdentity:
+    """A checkpoint's settings are part of what makes two pieces the same."""
+
+    def test_blocks_with_different_settings_are_compiled_apart(self, dist_group):
+        import torch.utils.checkpoint as cp
+
+        from checkpoint_models import SAVED_OPS, CheckpointLM, sac_context
+
+        settings = [
+            {"use_reentrant": False},
+            {"use_reentrant": False, "preserve_rng_state": False},
+            {"use_reentrant": False, "context_fn": sac_context(SAVED_OPS)},
+            {"use_reentrant": False, "context_fn": sac_context(SAVED_OPS[:1])},
+            {"use_reentrant": False},  # as block 0: shares its code
+            {"use_reentrant": False, "context_fn": sac_context(list(SAVED_OPS))},  # as block 2
+        ]
+
+        class Mixed(CheckpointLM):
+            def forward(self, tokens):
+                x = self.embed(tokens)
+                for block, kwargs in zip(self.blocks, settings):
+                    x = cp.checkpoint(block, x, **kwargs)
+                return self.head(self.norm(x))
+
+        def make():
+            torch.manual_seed(0)
+            return Mixed("none", "residual", depth=len(settings))
+
+        eager, ddp, eager_losses, losses, plan, counting = run_pair(make)
+        blocks = plan["pieces"][1:-1]
+        assert len(blocks) == len(settings)
+        assert [p["same_as"] for p in blocks] == [1, 2, 3, 4, 1, 3]
+        assert_same_training(eager, ddp, eager_losses, losses)
+
+
+class TestSplitCheckpoints:
+    """A checkpoint around several blocks becomes one checkpoint region per
+    block: the pieces of per-block checkpointing, one compile, eager DDP's
+    numbers, one more saved boundary activation per cut."""
+
+    @pytest.mark.parametrize("how", ["whole", "halves"])
+    @pytest.mark.parametrize("block", ["transformer", "residual"])
+    def test_split_at_blocks(self, dist_group, reference_shapes, caplog, how, block):
+        with caplog.at_level(logging.INFO, logger="goddp"):
+            eager, ddp, eager_losses, losses, plan, counting = run_pair(lambda: build(how, block))
+        assert plan["fallback"] is None
+        assert piece_shape(plan) == reference_shapes[block]
+        assert len(counting.graphs) == 1
+        splits = [r.getMessage() for r in caplog.records if "checkpoint regions" in r.getMessage()]
+        regions = 4 if how == "whole" else 2
+        assert len(splits) == (1 if how == "whole" else 2), splits
+        assert all(f"split into {regions} checkpoint regions at block boundaries" in m for m in splits)
+        assert_same_training(eager, ddp, eager_losses, losses)
+
+    def test_recompute_happens_and_each_cut_saves_one_activation(self, dist_group):
+        tokens = make_tokens(0)
+
+        def saved(how, backend):
+            torch._dynamo.reset()
+            goddp.clear_plans()
+            ddp = DDP(build(how, "residual"), bucket_cap_mb=CAP_MB)
+            compiled = torch.compile(ddp, backend=backend)
+            with torch._dynamo.config.patch(optimize_ddp=False):
+                lm_loss(compiled(tokens)).backward()  # compile
+                nbytes, out = saved_activation_bytes(lambda: compiled(tokens), ddp.parameters())
+            lm_loss(out).backward()
+            plans = goddp.last_plans()
+            return nbytes, plans[0]["num_pieces"] if plans else 1
+
+        goddp_backend = goddp.backend(inner="aot_eager")
+        plain, _ = saved("none", goddp_backend)
+        whole_unsplit, _ = saved("whole", "aot_eager")
+        whole_goddp, pieces = saved("whole", goddp_backend)
+        per_unsplit, _ = saved("per_block", "aot_eager")
+        per_goddp, _ = saved("per_block", goddp_backend)
+        boundary = tokens.numel() * 64 * 4  # one (batch, seq, width) float activation
+        # recomputation still happens: far less is kept than without checkpoints
+        assert whole_goddp < plain / 2, (whole_goddp, plain)
+        # embedding | 4 blocks | head: each cut keeps one boundary activation,
+        # but for the last, which the head's norm keeps in the unsplit graph too
+        assert pieces == 6
+        assert whole_goddp - whole_unsplit == (pieces - 2) * boundary, (whole_goddp, whole_unsplit)
+        # split, the whole-stack checkpoint keeps what per-block checkpoints
+        # keep; those already keep each block's input, all but the first
+        # (recomputed from the embedding within one unsplit graph)
+        assert whole_goddp == per_goddp
+        assert per_goddp - per_unsplit == boundary, (per_goddp, per_unsplit)
+
+
+class TestCheckpointsKeptWhole:
+    """Where splitting is not safe the checkpoint stays one piece, trains,
+    and goddp says why at INFO."""
+
+    @pytest.mark.parametrize(
+        ("how", "reason"),
+        [
+            ("whole_dropout", "random op"),
+            ("whole_autocast", "grad mode or autocast"),
+        ],
+    )
+    def test_kept_whole_with_reason(self, dist_group, caplog, how, reason):
+        with caplog.at_level(logging.INFO, logger="goddp"):
+            ddp = DDP(build(how, "residual"), bucket_cap_mb=CAP_MB)
+            compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "strict": True})
+            train(compiled, 1)
+        kept = [r.getMessage() for r in caplog.records if "kept whole" in r.getMessage()]
+        assert len(kept) == 1 and reason in kept[0], kept
+        (plan,) = [p for p in goddp.last_plans() if p["buckets"]]
+        assert plan["fallback"] is None
+        for p in ddp.module.parameters():
+            assert p.grad is not None
+
+    def test_function_policy_stays_whole(self, dist_group, caplog):
+        import torch.utils.checkpoint as cp
+
+        from checkpoint_models import CheckpointLM, _save_matmuls, sac_context
+
+        class WholeSAC(CheckpointLM):
+            def forward(self, tokens):
+                x = cp.checkpoint(self.run, self.embed(tokens), use_reentrant=False,
+                                  context_fn=sac_context(_save_matmuls))
+                return self.head(self.norm(x))
+
+        def make():
+            torch.manual_seed(0)
+            return WholeSAC("none", "residual")
+
+        with caplog.at_level(logging.INFO, logger="goddp"):
+            eager, ddp, eager_losses, losses, plan, _ = run_pair(make)
+        kept = [r.getMessage() for r in caplog.records if "kept whole" in r.getMessage()]
+        assert len(kept) == 1 and "policy" in kept[0], kept
+        assert_same_training(eager, ddp, eager_losses, losses)

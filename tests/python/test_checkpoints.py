@@ -1,0 +1,160 @@
+"""Checkpoint bodies without the planner (Note [Checkpoint bodies]): block
+facts through bodies, body identity, and where a split is refused."""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import pytest
+import torch
+import torch.utils.checkpoint as cp
+from torch import fx
+
+from goddp.graph.blocks import piece_signature
+from goddp.graph.export import module_stack
+from goddp.native.plan import plan_graph_module
+from goddp.graph.checkpoints import plan_split, policy_key, split_checkpoints, stacks_through_bodies
+from checkpoint_models import SAVED_OPS, build, make_tokens, sac_context
+from test_blocks import dynamo_graph
+
+CHECKPOINT = torch.ops.higher_order.tag_activation_checkpoint
+
+
+def canonical(value):
+    return ("object", value)
+
+
+class TestPolicyKey:
+    def test_partials_compare_by_function_and_arguments(self):
+        assert policy_key(sac_context(list(SAVED_OPS)), canonical) == policy_key(sac_context(SAVED_OPS), canonical)
+        assert policy_key(sac_context(SAVED_OPS[:1]), canonical) != policy_key(sac_context(SAVED_OPS), canonical)
+
+        def other(ctx, op, *args, **kwargs):
+            return cp.CheckpointPolicy.PREFER_RECOMPUTE
+
+        assert policy_key(sac_context(other), canonical) != policy_key(sac_context(SAVED_OPS), canonical)
+        assert policy_key(functools.partial(other, 1), canonical) != policy_key(functools.partial(other, 2), canonical)
+
+
+def planner_blocks(gm):
+    plan = plan_graph_module(gm, block_cuts=True)
+    return plan.node_block_ids or [-1] * len(gm.graph.nodes)
+
+
+class TestBlocksThroughBodies:
+    def test_each_checkpoint_call_joins_its_block(self, native_module):
+        gm = dynamo_graph(build("per_block", "residual"), make_tokens(0))
+        nodes = list(gm.graph.nodes)
+        # a call has no module stack of its own
+        calls = [i for i, n in enumerate(nodes) if n.target is CHECKPOINT]
+        assert all(module_stack(nodes[i]) == [] for i in calls)
+        stacks = stacks_through_bodies(gm, nodes, module_stack)
+        assert [stacks[i][-1][0] for i in calls] == [f"L['self'].blocks.{k}" for k in range(4)]
+        ids = planner_blocks(gm)
+        assert [ids[i] for i in calls] == [0, 1, 2, 3]
+        for i in calls:
+            body_attr, results = nodes[i].args[0], list(nodes[i].users)
+            assert stacks[nodes.index(body_attr)] == stacks[i]
+            assert ids[nodes.index(body_attr)] == ids[i]
+            assert all(ids[nodes.index(r)] == ids[i] for r in results)
+
+    def test_a_call_spanning_blocks_belongs_to_none(self, native_module):
+        gm = dynamo_graph(build("whole", "residual"), make_tokens(0))
+        nodes = list(gm.graph.nodes)
+        (call,) = [n for n in nodes if n.target is CHECKPOINT]
+        assert stacks_through_bodies(gm, nodes, module_stack)[nodes.index(call)] == []
+        assert set(planner_blocks(gm)) == {-1}
+        # its body alone holds the four blocks
+        assert sorted(set(planner_blocks(getattr(gm, call.args[0].target))) - {-1}) == [0, 1, 2, 3]
+
+    def test_bodies_compare_by_structure_names_aside(self):
+        gm = dynamo_graph(build("per_block", "residual"), make_tokens(0))
+        calls = [n for n in gm.graph.nodes if n.target is CHECKPOINT]
+        sigs = []
+        for call in calls:
+            piece = fx.Graph()
+            env = {}
+            for value in call.args[1:]:
+                env[value] = piece.placeholder(value.name)
+            get = piece.get_attr(call.args[0].target)
+            out = piece.call_function(CHECKPOINT, (get, *[env[v] for v in call.args[1:]]), dict(call.kwargs))
+            piece.output((piece.call_function(operator.getitem, (out, 0)),))
+            piece_gm = fx.GraphModule(gm, piece)
+            inputs = [torch.randn(2, 8, 64, requires_grad=True)] + [
+                torch.nn.Parameter(torch.randn(v.meta["example_value"].shape)) for v in call.args[2:]
+            ]
+            sigs.append(piece_signature(piece_gm, inputs))
+        assert all(s is not None for s in sigs)
+        assert len(set(sigs)) == 1
+        # the body names differ; the bodies are distinct objects
+        assert len({c.args[0].target for c in calls}) == len(calls)
+
+
+def _hand_made(ops, blocks, meta=True):
+    """An outer graph with one checkpoint call whose body runs ops (each
+    (kind, target, arg indices) over earlier body values, 0 = the input);
+    blocks gives each body node's block."""
+    body = fx.Graph()
+    values = [body.placeholder("x")]
+    for kind, target, args in ops:
+        call = body.call_function if kind == "f" else body.call_method
+        values.append(call(target, tuple(values[a] for a in args)))
+    body.output((values[-1],))
+    if meta:
+        for n in body.nodes:
+            n.meta["example_value"] = torch.empty(2)
+    body_gm = fx.GraphModule({}, body)
+    outer = fx.Graph()
+    x = outer.placeholder("x")
+    get = outer.get_attr("body")
+    hop = outer.call_function(CHECKPOINT, (get, x), {"use_reentrant": False})
+    outer.output((outer.call_function(operator.getitem, (hop, 0)),))
+    gm = fx.GraphModule({"body": body_gm}, outer)
+    return gm, hop, lambda g: list(blocks)
+
+
+class TestSplitDecisions:
+    def test_split_into_regions(self):
+        gm, hop, blocks = _hand_made([("f", torch.relu, (0,)), ("f", torch.neg, (1,)), ("f", torch.sin, (2,))],
+                                     [-1, 0, 1, 1, -1])
+        split = plan_split(gm, hop, blocks)
+        assert split.regions is not None and len(split.regions) == 2
+        assert [len(r.nodes) for r in split.regions] == [1, 2]
+        new, splits = split_checkpoints(gm, blocks)
+        assert new is not gm and len(splits) == 1
+        calls = [n for n in new.graph.nodes if n.target is CHECKPOINT]
+        assert len(calls) == 2
+        x = torch.randn(2)
+        assert torch.equal(new(x)[0], gm.body(x)[0])
+        # gm itself is left as it was
+        assert len([n for n in gm.graph.nodes if n.target is CHECKPOINT]) == 1
+
+    @pytest.mark.parametrize(
+        ("ops", "blocks", "reason"),
+        [
+            ([("f", torch.relu, (0,)), ("m", "add_", (1,)), ("f", torch.neg, (2,))], [-1, 0, 1, 1, -1],
+             "writes a value from before its region"),
+            ([("f", torch.relu, (0,)), ("f", torch.nn.functional.dropout, (1,)), ("f", torch.neg, (2,))],
+             [-1, 0, 1, 1, -1], "random op"),
+            ([("f", torch.relu, (0,)), ("f", torch.neg, (1,))], [-1, 0, 0, -1], "fewer than two blocks"),
+            ([("f", torch.relu, (0,)), ("f", torch._C._set_grad_enabled, ()), ("f", torch.neg, (1,))],
+             [-1, 0, 1, 1, -1], "grad mode or autocast"),
+        ],
+        ids=["mutation", "dropout", "one-block", "grad-mode"],
+    )
+    def test_kept_whole(self, ops, blocks, reason):
+        gm, hop, body_blocks = _hand_made(ops, blocks)
+        split = plan_split(gm, hop, body_blocks)
+        assert split.regions is None and reason in split.reason, split.reason
+        new, _ = split_checkpoints(gm, body_blocks)
+        assert new is gm
+
+    def test_non_tensor_crossing_keeps_whole(self):
+        gm, hop, blocks = _hand_made([("m", "size", (0,)), ("f", torch.neg, (0,)), ("f", operator.mul, (2, 1))],
+                                     [-1, 0, 1, 1, -1])
+        body = gm.body
+        size = [n for n in body.graph.nodes if n.target == "size"][0]
+        size.meta["example_value"] = torch.Size([2])
+        split = plan_split(gm, hop, blocks)
+        assert split.regions is None and "Size value would cross" in split.reason, split.reason

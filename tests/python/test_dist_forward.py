@@ -1,0 +1,207 @@
+"""One DDP bucket layout across the graphs of a forward, on two ranks
+(goddp.ranks.forward, Note [Graphs of one forward]; pytest under torchrun, gloo,
+CPU). Each case trains goddp and eager DDP side by side on per-rank data
+and requires equal losses and weights (bitwise: aot_eager):
+
+- a graph break in the middle of the model: both graphs planned together,
+  DDP's buckets close at the cuts of both, on both ranks;
+- a branch whose graph first runs at step 3 (on both ranks, or on one):
+  DDP's buckets stay as they were, and nobody waits;
+- ranks that break at different places: nobody aligns, nobody stalls, one
+  WARNING says what differs;
+- one rank breaks, the other does not: the same decision on both, no stall.
+
+A plain pytest run launches this file under torchrun itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import goddp
+from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+
+WIDTH = 48
+CAP_MB = 0.02
+STEPS = 5
+GROUP_TIMEOUT_S = 120
+ORDERS = ["compile(DDP(m))", "DDP(compile(m))"]
+
+
+@pytest.fixture(scope="module")
+def group(dist_group):
+    return short_timeout_group(GROUP_TIMEOUT_S)
+
+
+class Stack(nn.Module):
+    """depth Linear layers; a graph break after layer break_at (None: none);
+    from the step the test sets `late`, a branch with a graph of its own
+    after that."""
+
+    def __init__(self, depth: int = 10, break_at: int | None = None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(depth))
+        self.break_at = break_at
+        self.late = False
+
+    def forward(self, x):
+        # Dynamo runs a whole frame eagerly when it breaks inside a loop, so
+        # each break sits between two loops.
+        cut = len(self.layers) if self.break_at is None else self.break_at + 1
+        for layer in self.layers[:cut]:
+            x = torch.tanh(layer(x))
+        if self.break_at is not None:
+            torch._dynamo.graph_break()
+        if self.late:
+            x = x + x.detach().mean()
+            torch._dynamo.graph_break()
+        for layer in self.layers[cut:]:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def _fresh() -> None:
+    torch._dynamo.reset()
+    goddp.clear_plans()
+
+
+def _train_both(group, order: str, break_at, late_from=None, steps: int = STEPS):
+    """goddp and eager DDP from the same weights on the same per-rank data;
+    returns the goddp DDP module and its reducer after each step, having
+    checked losses and weights bitwise equal at every step."""
+    _fresh()
+    torch.manual_seed(0)
+    base = Stack(break_at=break_at)
+    model, reference = copy.deepcopy(base), copy.deepcopy(base)
+    options = {"inner": "aot_eager", "log_plan": False}
+    if order == "compile(DDP(m))":
+        ddp = DDP(model, process_group=group, bucket_cap_mb=CAP_MB)
+        forward = torch.compile(ddp, backend="goddp", options=options)
+    else:
+        ddp = DDP(torch.compile(model, backend="goddp", options=options), process_group=group, bucket_cap_mb=CAP_MB)
+        forward = ddp
+    eager = DDP(reference, process_group=group, bucket_cap_mb=CAP_MB)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference)]
+    reducers = []
+    for step in range(steps):
+        if late_from is not None and step == late_from:
+            model.late = reference.late = True
+        x = torch.randn(8, WIDTH, generator=torch.Generator().manual_seed(100 * rank() + step))
+        losses = []
+        for f, opt in zip((forward, eager), optimizers):
+            opt.zero_grad(set_to_none=True)
+            loss = f(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        assert torch.equal(losses[0], losses[1]), f"step {step}: loss {losses[0]} != eager DDP {losses[1]}"
+        reducers.append(id(ddp.reducer))
+    for (name, w), g in zip(reference.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(g, w), f"{name} differs from eager DDP"
+    return ddp, reducers
+
+
+def _rebuilt_sizes(ddp) -> list[int]:
+    data = ddp._get_ddp_logging_data()
+    assert data.get("has_rebuilt_buckets"), data
+    return [int(s) for s in data["rebuilt_bucket_sizes"].split(", ")]
+
+
+def _together():
+    return [p for p in goddp.last_plans() if p["forward"] is not None]
+
+
+def _gather(value, group):
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return values
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_break_in_the_middle_aligns_on_both_ranks(group, order):
+    ddp, reducers = _train_both(group, order, break_at=4)
+    together = _together()
+    assert len(together) == 2, goddp.last_plans()
+    assert all(p["ddp_buckets"] == {"aligned": True, "reason": None} for p in together)
+    caps = together[0]["plan_check"]["caps"]
+    assert _rebuilt_sizes(ddp) == caps
+    assert len(set(map(tuple, _gather(caps, group)))) == 1
+    # The reducer was rebuilt once, at step 2's call, before its allreduces.
+    assert reducers[0] != reducers[1] and reducers[1:] == [reducers[1]] * (STEPS - 1)
+    _fresh()
+
+
+@needs_two_ranks
+def test_a_branch_first_taken_at_step_3_keeps_ddp_buckets(group):
+    ddp, reducers = _train_both(group, "compile(DDP(m))", break_at=4, late_from=2, steps=6)
+    assert reducers[1:] == [reducers[1]] * 5
+    together = _together()
+    assert len(together) == 2 and all(p["ddp_buckets"]["aligned"] for p in together)
+    assert _rebuilt_sizes(ddp) == together[0]["plan_check"]["caps"]
+    late = [p for p in goddp.last_plans() if p["forward"] is None and p["plan_check"] is not None]
+    assert late and all("never change mid-training" in p["ddp_buckets"]["reason"] for p in late)
+    _fresh()
+
+
+@needs_two_ranks
+def test_a_branch_taken_at_step_3_on_one_rank_only_waits_for_nobody(group):
+    started = time.monotonic()
+    ddp, reducers = _train_both(group, "compile(DDP(m))", break_at=4, late_from=2 if rank() == 1 else None, steps=6)
+    assert time.monotonic() - started < GROUP_TIMEOUT_S / 2
+    assert reducers[1:] == [reducers[1]] * 5
+    together = _together()
+    assert len(together) == 2 and all(p["ddp_buckets"]["aligned"] for p in together)
+    assert _rebuilt_sizes(ddp) == together[0]["plan_check"]["caps"]
+    late = [p for p in goddp.last_plans() if p["forward"] is None and p["plan_check"] is not None]
+    assert bool(late) == (rank() == 1)
+    _fresh()
+
+
+@needs_two_ranks
+def test_ranks_that_break_at_different_places_do_not_align_and_do_not_stall(group, caplog):
+    caplog.set_level(logging.INFO, logger="goddp")
+    started = time.monotonic()
+    ddp, _ = _train_both(group, "compile(DDP(m))", break_at=2 if rank() == 0 else 6)
+    assert time.monotonic() - started < GROUP_TIMEOUT_S / 2
+    together = _together()
+    assert len(together) == 2
+    assert all(p["ddp_buckets"]["aligned"] is False for p in together)
+    assert not hasattr(ddp, "_goddp_aligned_caps")
+    reasons = _gather(together[0]["plan_check"]["reason"], group)
+    assert reasons[0] == reasons[1] and "differ" in reasons[0], reasons
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "goddp"]
+    assert any("differ" in w for w in warnings), warnings
+    _fresh()
+
+
+@needs_two_ranks
+def test_one_rank_breaks_and_the_other_does_not(group):
+    started = time.monotonic()
+    ddp, _ = _train_both(group, "compile(DDP(m))", break_at=4 if rank() == 1 else None)
+    assert time.monotonic() - started < GROUP_TIMEOUT_S / 2
+    checks = [p["plan_check"] for p in goddp.last_plans() if p["plan_check"] is not None]
+    # The second agreement's outcome, the same on both ranks.
+    final = checks[-1]
+    outcomes = _gather((final["aligned"], final.get("caps"), final.get("reason")), group)
+    assert outcomes[0] == outcomes[1], outcomes
+    if final["aligned"]:
+        assert _rebuilt_sizes(ddp) == final["caps"]
+    _fresh()
+
+
+CASES_PER_RANK = 2 + 1 + 1 + 1 + 1
+
+
+@pytest.mark.single_process
+def test_forward_across_graphs_under_torchrun():
+    """Plain pytest: run this file's two-rank cases under torchrun."""
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=CASES_PER_RANK, timeout=600)

@@ -1,0 +1,55 @@
+"""goddp._goddp.combine_forward: the export of planner.CombineForward
+(planner/forward.go), end to end through the C ABI."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+
+def _ints(code, data):
+    return array(code, data).tolist()
+
+
+def test_the_later_graph_comes_first_and_a_tied_parameter_stays_in_the_earliest(native_module):
+    # Graph 0 buckets (DDP order): [1, 0]; graph 1: [3], [0, 2] (0 tied).
+    reply = native_module.combine_forward(
+        array("q", [100, 10, 20, 30]), array("q", [0, 1, 3]), array("q", [0, 2, 3, 5]), array("i", [1, 0, 3, 0, 2])
+    )
+    assert reply["num_buckets"] == 3
+    assert _ints("q", reply["bucket_bytes"]) == [30, 20, 110]
+    assert _ints("i", reply["bucket_graphs"]) == [1, 1, 0]
+    assert _ints("i", reply["bucket_sources"]) == [0, 1, 0]
+    assert _ints("q", reply["bucket_param_offsets"]) == [0, 1, 2, 4]
+    assert _ints("i", reply["bucket_params"]) == [3, 2, 1, 0]
+    assert reply["moved"] == 1 and reply["dropped"] == 0
+
+
+def test_a_forward_missing_parameters_is_a_planner_error(native_module):
+    with pytest.raises(native_module.PlannerError, match="use 1 of DDP's 2 parameters") as caught:
+        native_module.combine_forward(array("q", [4, 4]), array("q", [0, 1]), array("q", [0, 1]), array("i", [0]))
+    assert caught.value.code == native_module.ERR_INVALID_GRAPH
+
+
+@pytest.mark.parametrize(
+    "args,error,match",
+    [
+        ((array("i", [4]), array("q", [0, 1]), array("q", [0, 1]), array("i", [0])), ValueError, "param_bytes"),
+        ((array("q", [4]), array("q", [0]), array("q", [0]), array("i", [])), ValueError, "at least one graph"),
+        ((array("q", [4]), array("q", [0, 2]), array("q", [0, 1]), array("i", [0])), ValueError, "last offset"),
+        (([4], array("q", [0, 1]), array("q", [0, 1]), array("i", [0])), TypeError, "param_bytes"),
+    ],
+)
+def test_malformed_arrays_are_refused_before_go(native_module, args, error, match):
+    with pytest.raises(error, match=match):
+        native_module.combine_forward(*args)
+
+
+def test_offsets_that_descend_are_a_planner_error(native_module):
+    # An empty bucket is fine; a descending pair of offsets is not.
+    reply = native_module.combine_forward(array("q", [1, 1]), array("q", [0, 2]), array("q", [0, 2, 2]), array("i", [0, 1]))
+    assert _ints("q", reply["bucket_bytes"]) == [2]
+    with pytest.raises(native_module.PlannerError, match="ascend") as caught:
+        native_module.combine_forward(array("q", [1, 1]), array("q", [0, 2]), array("q", [0, 3, 2]), array("i", [0, 1]))
+    assert caught.value.code == native_module.ERR_INVALID_CONFIG
