@@ -20,8 +20,8 @@
  *     handler and raises ForkedChildError instead;
  *   - every C plan and message from the library is freed before returning.
  */
-/* Note [abi3]
- * ~~~~~~~~~~~~
+/*
+ * Note [abi3]: one build for every CPython >= 3.10.
  * The buffer protocol (Py_buffer, PyObject_GetBuffer) joined the limited API
  * only in 3.11. To serve 3.10 as well, each graph array is read through a
  * memoryview instead: its format, itemsize and c_contiguous attributes are
