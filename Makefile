@@ -20,7 +20,8 @@ GO_SRC   := $(shell find planner bridge -name '*.go' -not -name '*_test.go') go.
 # locations; CI runs as root in a fresh clone.
 export CGO_ENABLED := 1
 
-.PHONY: help venv install lib testhooks ctest gotest pytest pytest-dist test demo gpu-check bench bench-full clean
+.PHONY: help venv install lib testhooks ctest gotest pytest pytest-dist test demo gpu-check bench bench-full clean \
+	wheel sdist wheel-tools test-wheel test-torch
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -34,7 +35,9 @@ $(VENV)/.requirements: requirements-dev.txt
 
 venv: $(VENV)/.requirements ## Create .venv with the pinned requirements
 
+# An extension of another name (a build from before abi3) would shadow the new one.
 $(VENV)/.goddp: $(VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml
+	rm -f python/goddp/_goddp.cpython-*.so
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
 
@@ -51,6 +54,7 @@ $(HOOKDIR)/libgoddp.so: $(GO_SRC) csrc/goddp.h
 # The Python test variant of goddp._goddp, for the panic tests (they load it
 # from here explicitly; see tests/python/_testhooks.py).
 $(HOOKDIR)/.ext: $(VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py
+	rm -rf $(HOOKDIR)/ext
 	GODDP_TESTHOOKS=1 $(PY) setup.py -q build_ext --build-lib $(HOOKDIR)/ext --build-temp $(HOOKDIR)/temp
 	touch $@
 
@@ -80,14 +84,113 @@ pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo g
 	$(PYTEST_ENV) $(PY) -m pytest -q tests/python
 
 # The backend and distributed suites again under torchrun: two ranks, gloo, CPU.
-pytest-dist: install $(HOOKDIR)/.ext
+pytest-dist: install $(HOOKDIR)/.ext ## The backend and distributed suites under torchrun (2 ranks, gloo)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
+	    tests/python/test_backend_*.py tests/python/test_dist_*.py
+
+# ---------------------------------------------------------------------------
+# Distributions: `make sdist`, `make wheel`.
+#
+# Note [Manylinux toolchain]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A wheel built with this machine's gcc needs this machine's glibc (2.34+
+# symbols), and no index or older cluster takes that. The wheel is built
+# instead with zig's C compiler from PyPI (ziglang, pinned in
+# requirements-wheel.txt) as cgo's CC and as the extension's compiler and
+# linker: `zig cc -target x86_64-linux-gnu.2.28` compiles and links against
+# the headers and stub libraries of glibc 2.28, which zig carries for every
+# glibc version, so the result runs on any glibc >= 2.28 and needs no old
+# sysroot, container or root. 2.28 is torch's own floor (its wheels are
+# manylinux_2_28): an older tag would let pip install goddp where torch
+# cannot go. MANYLINUX=2_17 builds one for glibc 2.17 all the same.
+# The alternatives, and why not: the manylinux containers (the reference,
+# but need a container runtime this machine has not); a Debian or CentOS
+# sysroot (no such package carries an old enough glibc for gcc here); and
+# gcc with symbol-version pinning (.symver) by hand, which breaks with every
+# new symbol. scripts/check_wheel.py checks the result (Note [Wheel checks]).
+VERSION      := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' python/goddp/__init__.py)
+MANYLINUX    ?= 2_28
+WHEEL_PLAT   := manylinux_$(MANYLINUX)_x86_64
+SDIST        := dist/goddp-$(VERSION).tar.gz
+WHEEL_STAMP  := dist/.goddp-$(VERSION)-$(WHEEL_PLAT).stamp
+WHEEL_BUILD  := $(BUILD)/wheel
+# zig cc turns UBSan on by default; its runtime would pull some 70 more libc
+# symbols (statx: glibc 2.28) into the extension, so it is turned off.
+ZIG_CC       := $(abspath $(PY)) -m ziglang cc -target x86_64-linux-gnu.$(subst _,.,$(MANYLINUX)) -fno-sanitize=undefined
+# Debug sections are dropped (2 MB instead of 8); the symbol table and Go's
+# own tables, which its tracebacks read, stay.
+ZIG_LDSHARED := $(ZIG_CC) -shared -O2 -Wl,--strip-debug
+PKG_SRC      := $(shell find python/goddp -name '*.py')
+DIST_SRC     := $(GO_SRC) go.sum csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml MANIFEST.in README.md $(PKG_SRC)
+
+$(VENV)/.wheel-tools: $(VENV)/.requirements requirements-wheel.txt
+	$(PIP) install -q -r requirements-wheel.txt
+	touch $@
+
+wheel-tools: $(VENV)/.wheel-tools ## Install the pinned wheel toolchain (zig cc, auditwheel) into .venv
+
+$(SDIST): $(VENV)/.wheel-tools $(DIST_SRC)
+	rm -f dist/goddp-*.tar.gz
+	$(PY) -m build -q --sdist --no-isolation --outdir dist .
+
+sdist: $(SDIST) ## Build dist/goddp-VERSION.tar.gz (installing it builds the Go core: needs Go >= 1.26 and a C compiler)
+
+# The wheel is built from the sdist, so a file missing from the sdist breaks
+# the wheel too; it is checked in $(WHEEL_BUILD) and only then moved to dist/.
+$(WHEEL_STAMP): $(SDIST) $(VENV)/.wheel-tools scripts/check_wheel.py
+	rm -rf $(WHEEL_BUILD) && mkdir -p $(WHEEL_BUILD)
+	CC="$(ZIG_CC)" LDSHARED="$(ZIG_LDSHARED)" CFLAGS= LDFLAGS= \
+	    ZIG_GLOBAL_CACHE_DIR=$(abspath $(BUILD))/zig-cache ZIG_LOCAL_CACHE_DIR=$(abspath $(BUILD))/zig-cache \
+	    $(PIP) wheel -q --no-deps --no-build-isolation --no-cache-dir -w $(WHEEL_BUILD) $(SDIST)
+	$(PY) -m wheel tags --remove --platform-tag $(WHEEL_PLAT) $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) scripts/check_wheel.py --max-manylinux 2_28 --abi3 $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl
+	rm -f dist/goddp-*.whl dist/.goddp-*.stamp
+	mv $(WHEEL_BUILD)/goddp-$(VERSION)-*.whl dist/
+	touch $@
+
+wheel: $(WHEEL_STAMP) ## Build and check dist/goddp-VERSION-cp310-abi3-manylinux_2_28_x86_64.whl (installs without Go)
+
+# The user's path (tests/wheel): the wheel in a fresh venv with no Go on PATH,
+# a 2-rank training from outside the checkout; the sdist without Go; the one
+# abi3 extension on every CPython >= 3.10 found here.
+test-wheel: $(WHEEL_STAMP) ## The user's path: install the wheel without Go, train 2 ranks outside the checkout; the sdist without Go
+	GODDP_WHEEL="$$(ls dist/goddp-$(VERSION)-*.whl)" GODDP_SDIST=$(SDIST) OMP_NUM_THREADS=1 \
+	    $(PY) -m pytest -q -p no:cacheprovider tests/wheel
+
+# ---------------------------------------------------------------------------
+# Other torch releases: `make test-torch TORCH=2.14.1`.
+#
+# Its own venv, .venv-torch-$(TORCH), with that torch and the rest of
+# requirements-dev.txt, and goddp installed editable from this checkout (the
+# abi3 extension built in place serves .venv and it alike); then the
+# one-process suites and the two-rank suites, as `make test` runs them.
+TORCH       ?=
+TORCH_VENV  := .venv-torch-$(TORCH)
+TORCH_PY    := $(TORCH_VENV)/bin/python
+
+$(TORCH_VENV)/.requirements: requirements-dev.txt
+	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=x.y.z (a torch release on PyPI, e.g. 2.14.1)"; exit 2; }
+	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install -q --upgrade pip
+	grep -v '^torch==' requirements-dev.txt > $(TORCH_VENV)/requirements.txt
+	$(TORCH_PY) -m pip install -q torch==$(TORCH) -r $(TORCH_VENV)/requirements.txt
+	$(TORCH_PY) -c 'import torch, sys; v = torch.__version__.split("+")[0]; sys.exit(0 if v == "$(TORCH)" else f"installed torch {v}, not $(TORCH)")'
+	touch $@
+
+$(TORCH_VENV)/.goddp: $(TORCH_VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml
+	rm -f python/goddp/_goddp.cpython-*.so
+	$(TORCH_PY) -m pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, then two ranks) against torch TORCH=x.y.z in .venv-torch-x.y.z
+	GODDP_TESTS_TORCHRUN_LATER=1 $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider tests/python
+	OMP_NUM_THREADS=1 $(TORCH_VENV)/bin/torchrun --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
 	    tests/python/test_backend_*.py tests/python/test_dist_*.py
 
 # Within `make test` the plain pytest step leaves the two-rank cases to
 # pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).
 test: PYTEST_ENV = GODDP_TESTS_TORCHRUN_LATER=1
-test: gotest ctest pytest pytest-dist ## Run every test: Go, C, Python, Python under torchrun
+test: gotest ctest pytest pytest-dist test-wheel ## Run every test: Go, C, Python, Python under torchrun, the wheel's user path
 
 demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: GPT, Inductor, 2 CPU ranks (~140 s of CPU)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m bench.demo
@@ -101,6 +204,6 @@ bench: install ## Quick benchmarks (< 10 min): shaped two-host link, compile ove
 bench-full: install ## Full benchmarks (long)
 	$(PY) -m bench.run --full
 
-clean: ## Remove build outputs (keeps .venv)
+clean: ## Remove build outputs and dist/ (keeps .venv)
 	rm -rf $(BUILD) dist *.egg-info python/*.egg-info python/goddp/_goddp*.so $(VENV)/.goddp
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

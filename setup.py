@@ -8,6 +8,11 @@ extension is compiled.
 Environment:
   GO          the go command to use (default: `go` on PATH); Go must be at
               least the version that go.mod names.
+  CC, LDSHARED
+              the C compiler (for cgo and the extension) and the extension's
+              linker, read by go and setuptools as usual; `make wheel` points
+              both at zig's cross compiler for an older glibc (Note
+              [Manylinux toolchain] in the Makefile).
   GOTOOLCHAIN left as you set it; when unset it is pinned to "local" so that
               a build never downloads a toolchain behind your back.
   GODDP_TESTHOOKS=1
@@ -20,9 +25,11 @@ Environment:
 import filecmp
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -30,11 +37,15 @@ from setuptools.errors import CompileError, PlatformError
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TESTHOOKS = os.environ.get("GODDP_TESTHOOKS") == "1"
-# Relative to ROOT (setuptools wants relative paths in Extension). The test
-# variant gets its own archive so the two builds never overwrite each other.
-GO_ARCHIVE = os.path.join("build", "testhooks" if TESTHOOKS else "", "go", "libgoddp_go.a")
 GO_TAGS = ["-tags", "goddp_testhooks"] if TESTHOOKS else []
-GO_INSTALL_HINT = "install Go from https://go.dev/dl or point the GO environment variable at a go binary"
+# Building from source needs both toolchains; a prebuilt wheel needs neither.
+WHEEL_HINT = (
+    "or install a prebuilt goddp wheel, which needs no Go and no C compiler "
+    "(pip install --only-binary goddp goddp, or pip install goddp-*.whl from `make wheel`)"
+)
+GO_INSTALL_HINT = (
+    "install Go from https://go.dev/dl or point the GO environment variable at a go binary, " + WHEEL_HINT
+)
 
 
 def _version_tuple(text, pattern):
@@ -68,8 +79,22 @@ def _find_go():
     go = os.environ.get("GO") or "go"
     path = shutil.which(go)
     if path is None:
-        raise PlatformError(f"goddp: the Go toolchain ({go!r}) was not found; {GO_INSTALL_HINT}")
+        raise PlatformError(
+            f"goddp: building from source needs the Go toolchain, and {go!r} was not found; {GO_INSTALL_HINT}"
+        )
     return path
+
+
+def _check_c_compiler():
+    """cgo and the extension both need a C compiler: say so before Go starts
+    (go's own message names only cgo)."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    words = shlex.split(cc)
+    if not words or shutil.which(words[0]) is None:
+        raise PlatformError(
+            f"goddp: building from source needs a C compiler, and {words[0] if words else cc!r} was not found; "
+            f"install gcc or clang (or set CC), {WHEEL_HINT}"
+        )
 
 
 def _check_go_version(go, env):
@@ -92,8 +117,8 @@ def _check_go_version(go, env):
         )
 
 
-def build_go_archive():
-    """Builds build/go/libgoddp_go.a from ./bridge.
+def build_go_archive(archive):
+    """Builds the c-archive `archive` from ./bridge.
 
     go rewrites its output on every build, which would make setuptools relink
     the extension every time; the archive is deterministic (-trimpath), so a
@@ -101,7 +126,7 @@ def build_go_archive():
     go = _find_go()
     env = _go_env()
     _check_go_version(go, env)
-    archive = os.path.join(ROOT, GO_ARCHIVE)
+    _check_c_compiler()
     fresh = archive + ".new"
     os.makedirs(os.path.dirname(archive), exist_ok=True)
     cmd = [go, "build", "-buildmode=c-archive", "-trimpath", "-buildvcs=false", *GO_TAGS, "-o", fresh, "./bridge"]
@@ -127,8 +152,19 @@ VERSION_SCRIPT = "{\n  global: PyInit__goddp;\n  local: *;\n};\n"
 
 
 class BuildGoExtension(build_ext):
+    """Builds the Go archive, then links it into goddp._goddp.
+
+    The archive lives in this build's temporary directory, beside the
+    extension's object files: builds with other build directories (the test
+    variant, `make wheel`'s cross toolchain) never share an archive or an
+    object file that another compiler made."""
+
     def run(self):
-        build_go_archive()
+        archive = os.path.join(self.build_temp, "go", "libgoddp_go.a")
+        for ext in self.extensions:
+            ext.extra_objects = [archive]
+            ext.depends = [*ext.depends, archive]
+        build_go_archive(os.path.abspath(archive))
         super().run()
 
     def build_extension(self, ext):
@@ -137,23 +173,30 @@ class BuildGoExtension(build_ext):
             script = os.path.abspath(os.path.join(self.build_temp, "goddp_module.map"))
             with open(script, "w", encoding="ascii") as f:
                 f.write(VERSION_SCRIPT)
-            ext.extra_link_args = [
-                f"-Wl,--version-script={script}",
-                "-Wl,--exclude-libs,ALL",
-                "-Wl,-z,noexecstack",
-            ]
+            # The version script alone keeps every symbol but PyInit__goddp
+            # local (GNU ld's --exclude-libs would be redundant, and zig's
+            # linker refuses it).
+            ext.extra_link_args = [f"-Wl,--version-script={script}", "-Wl,-z,noexecstack"]
         super().build_extension(ext)
 
 
+# CPython's limited API as of 3.10: one abi3 extension (and wheel) for every
+# CPython >= 3.10 (Note [abi3] in csrc/goddp_module.c).
+LIMITED_API = ("Py_LIMITED_API", "0x030A0000")
+
 goddp_extension = Extension(
     "goddp._goddp",
+    py_limited_api=True,
     sources=["csrc/goddp_module.c"],
     include_dirs=["csrc"],
-    depends=["csrc/goddp.h", GO_ARCHIVE],
-    extra_objects=[GO_ARCHIVE],
+    depends=["csrc/goddp.h"],
     libraries=["pthread"],
     extra_compile_args=["-fvisibility=hidden"],
-    define_macros=[("GODDP_TESTHOOKS", "1")] if TESTHOOKS else [],
+    define_macros=[LIMITED_API, *([("GODDP_TESTHOOKS", "1")] if TESTHOOKS else [])],
 )
 
-setup(ext_modules=[goddp_extension], cmdclass={"build_ext": BuildGoExtension})
+setup(
+    ext_modules=[goddp_extension],
+    cmdclass={"build_ext": BuildGoExtension},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)

@@ -8,15 +8,33 @@
  * (goddp/native/extension.py) imports this module lazily, because loading it starts
  * the Go runtime.
  *
+ * It uses only CPython's limited API as of 3.10 (Py_LIMITED_API, set by
+ * setup.py), so one abi3 build serves every CPython >= 3.10 (Note [abi3]).
+ *
  * Rules kept here:
- *   - the GIL is released while Go plans; the caller's buffers stay
- *     exported (and so cannot be resized) until the call returns;
+ *   - the GIL is released while Go plans, on private copies of the
+ *     caller's arrays (the caller may change its own meanwhile);
  *   - a process forked after this module was loaded must never call into Go
  *     (the Go runtime does not survive fork and the call would hang): every
  *     entry point that calls Go checks a flag set by a pthread_atfork child
  *     handler and raises ForkedChildError instead;
  *   - every C plan and message from the library is freed before returning.
  */
+/*
+ * Note [abi3]: one build for every CPython >= 3.10.
+ * The buffer protocol (Py_buffer, PyObject_GetBuffer) joined the limited API
+ * only in 3.11. To serve 3.10 as well, each graph array is read through a
+ * memoryview instead: its format, itemsize and c_contiguous attributes are
+ * checked as the buffer's were, and memoryview.tobytes() copies it into a
+ * bytes object whose pointer the limited API does give. One copy per
+ * array per plan is a few hundred kilobytes on the largest graphs, far
+ * below the cost of planning them, and the copies are private, so the Go
+ * call never reads memory the caller can touch. Type names in messages
+ * come from type.__name__ (tp_name is not in the limited API).
+ */
+#ifndef Py_LIMITED_API
+#error "goddp_module.c is built with Py_LIMITED_API (setup.py defines it)"
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -63,7 +81,7 @@ static void raise_planner_error(goddp_status status, char *msg) {
     }
     goddp_string_free(msg);
     if (text == NULL) return;
-    PyObject *exc = PyObject_CallOneArg(PlannerError, text);
+    PyObject *exc = PyObject_CallFunctionObjArgs(PlannerError, text, NULL);
     Py_DECREF(text);
     if (exc == NULL) return;
     PyObject *code = PyLong_FromLong((long)status);
@@ -75,6 +93,19 @@ static void raise_planner_error(goddp_status status, char *msg) {
     Py_DECREF(code);
     PyErr_SetObject(PlannerError, exc);
     Py_DECREF(exc);
+}
+
+/* The name of obj's type for an error message (Note [abi3]). *holder
+ * receives a reference that the caller drops after formatting; on failure
+ * the name is "?" and no error is left set. */
+static const char *type_name(PyObject *obj, PyObject **holder) {
+    *holder = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__name__");
+    const char *name = *holder != NULL ? PyUnicode_AsUTF8AndSize(*holder, NULL) : NULL;
+    if (name == NULL) {
+        PyErr_Clear();
+        return "?";
+    }
+    return name;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -115,7 +146,7 @@ static int check_keys(PyObject *d, const char *what, const char *const *keys, si
             Py_DECREF(r);
         }
     }
-    if (PyList_GET_SIZE(unknown) == 0 && PyList_GET_SIZE(missing) == 0) {
+    if (PyList_Size(unknown) == 0 && PyList_Size(missing) == 0) {
         result = 0;
         goto done;
     }
@@ -124,10 +155,10 @@ static int check_keys(PyObject *d, const char *what, const char *const *keys, si
     PyObject *unknown_s = PyUnicode_Join(sep, unknown), *missing_s = PyUnicode_Join(sep, missing);
     Py_DECREF(sep);
     if (unknown_s != NULL && missing_s != NULL) {
-        if (PyList_GET_SIZE(unknown) > 0 && PyList_GET_SIZE(missing) > 0) {
+        if (PyList_Size(unknown) > 0 && PyList_Size(missing) > 0) {
             PyErr_Format(PyExc_ValueError, "%s has unknown key(s) %U and is missing key(s) %U", what, unknown_s,
                          missing_s);
-        } else if (PyList_GET_SIZE(unknown) > 0) {
+        } else if (PyList_Size(unknown) > 0) {
             PyErr_Format(PyExc_ValueError, "%s has unknown key(s) %U", what, unknown_s);
         } else {
             PyErr_Format(PyExc_ValueError, "%s is missing key(s) %U", what, missing_s);
@@ -151,7 +182,9 @@ static int get_int64(PyObject *d, const char *what, const char *key, int64_t *ou
     }
     PyObject *index = PyNumber_Index(obj);
     if (index == NULL) {
-        PyErr_Format(PyExc_TypeError, "%s['%s'] must be an int, not %.100s", what, key, Py_TYPE(obj)->tp_name);
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "%s['%s'] must be an int, not %.100s", what, key, type_name(obj, &tn));
+        Py_XDECREF(tn);
         return -1;
     }
     long long v = PyLong_AsLongLong(index);
@@ -293,16 +326,23 @@ static int is_native_integer_format(const char *fmt) {
     return fmt[0] != '\0' && fmt[1] == '\0' && strchr("bBhHiIlLqQnN", fmt[0]) != NULL;
 }
 
-/* The caller's arrays, exported for the duration of one plan_graph call. */
+/* A copy of one of the caller's arrays (Note [abi3]). */
+struct graph_view {
+    PyObject *copy; /* bytes; owns buf */
+    void *buf;
+    Py_ssize_t len; /* in bytes */
+};
+
+/* The copies for the duration of one plan_graph call. */
 struct graph_views {
-    Py_buffer views[NUM_GRAPH_ARRAYS];
+    struct graph_view views[NUM_GRAPH_ARRAYS];
     int held[NUM_GRAPH_ARRAYS];
 };
 
 static void release_graph_views(struct graph_views *gv) {
     for (int i = 0; i < NUM_GRAPH_ARRAYS; i++) {
         if (gv->held[i]) {
-            PyBuffer_Release(&gv->views[i]);
+            Py_CLEAR(gv->views[i].copy);
             gv->held[i] = 0;
         }
     }
@@ -312,7 +352,7 @@ static Py_ssize_t view_len(const struct graph_views *gv, enum graph_array a) {
     return gv->views[a].len / graph_arrays[a].itemsize;
 }
 
-/* Exports graph[name] as a C-contiguous buffer of the field's item size. */
+/* Copies graph[name], a C-contiguous buffer of the field's item size. */
 static int get_graph_view(PyObject *graph, struct graph_views *gv, enum graph_array a) {
     const char *name = graph_arrays[a].name;
     PyObject *obj = PyDict_GetItemString(graph, name);
@@ -320,24 +360,49 @@ static int get_graph_view(PyObject *graph, struct graph_views *gv, enum graph_ar
         PyErr_Format(PyExc_ValueError, "graph is missing key '%s'", name);
         return -1;
     }
-    Py_buffer *view = &gv->views[a];
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    PyObject *view = PyMemoryView_FromObject(obj);
+    PyObject *contiguous = NULL, *format = NULL, *itemsize_obj = NULL;
+    int rc = -1;
+    int is_contiguous = view != NULL ? -1 : 0;
+    if (view != NULL && (contiguous = PyObject_GetAttrString(view, "c_contiguous")) != NULL) {
+        is_contiguous = PyObject_IsTrue(contiguous);
+    }
+    if (is_contiguous != 1) {
+        int not_a_buffer = view == NULL && PyErr_ExceptionMatches(PyExc_TypeError);
         PyErr_Clear(); /* replaced by an error that names the field */
-        int not_a_buffer = !PyObject_CheckBuffer(obj);
+        PyObject *tn;
         PyErr_Format(not_a_buffer ? PyExc_TypeError : PyExc_ValueError,
                      "graph['%s'] must be a C-contiguous buffer of %s, not %.100s%s", name, graph_arrays[a].hint,
-                     Py_TYPE(obj)->tp_name, not_a_buffer ? "" : " (not C-contiguous)");
-        return -1;
+                     type_name(obj, &tn), not_a_buffer ? "" : " (not C-contiguous)");
+        Py_XDECREF(tn);
+        goto done;
     }
-    gv->held[a] = 1;
-    if (view->itemsize != graph_arrays[a].itemsize || !is_native_integer_format(view->format)) {
+    if ((format = PyObject_GetAttrString(view, "format")) == NULL ||
+        (itemsize_obj = PyObject_GetAttrString(view, "itemsize")) == NULL) {
+        goto done;
+    }
+    const char *fmt = PyUnicode_AsUTF8AndSize(format, NULL);
+    Py_ssize_t itemsize = PyLong_AsSsize_t(itemsize_obj);
+    if (fmt == NULL || (itemsize == -1 && PyErr_Occurred())) goto done;
+    if (itemsize != graph_arrays[a].itemsize || !is_native_integer_format(fmt)) {
         PyErr_Format(PyExc_ValueError,
                      "graph['%s'] must hold %s (native integers of %zd bytes); got format '%s' with item size %zd",
-                     name, graph_arrays[a].hint, graph_arrays[a].itemsize, view->format ? view->format : "B",
-                     view->itemsize);
-        return -1;
+                     name, graph_arrays[a].hint, graph_arrays[a].itemsize, fmt, itemsize);
+        goto done;
     }
-    return 0;
+    struct graph_view *v = &gv->views[a];
+    if ((v->copy = PyObject_CallMethod(view, "tobytes", NULL)) == NULL) goto done;
+    gv->held[a] = 1;
+    v->buf = PyBytes_AsString(v->copy);
+    v->len = PyBytes_Size(v->copy);
+    if (v->buf == NULL || v->len < 0) goto done;
+    rc = 0;
+done:
+    Py_XDECREF(itemsize_obj);
+    Py_XDECREF(format);
+    Py_XDECREF(contiguous);
+    Py_XDECREF(view); /* releases the caller's buffer */
+    return rc;
 }
 
 /* Checks that array a has exactly want items; count_desc says where want
@@ -400,7 +465,9 @@ static int stacks_from_views(const struct graph_views *gv, int64_t num_nodes, in
  * some views may be held: the caller always calls release_graph_views. */
 static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph *g) {
     if (!PyDict_Check(graph)) {
-        PyErr_Format(PyExc_TypeError, "graph must be a dict, not %.100s", Py_TYPE(graph)->tp_name);
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "graph must be a dict, not %.100s", type_name(graph, &tn));
+        Py_XDECREF(tn);
         return -1;
     }
     if (check_keys(graph, "graph", graph_keys, NUM_GRAPH_KEYS, NUM_REQUIRED_GRAPH_KEYS) < 0) return -1;
@@ -492,12 +559,20 @@ static int read_caps(PyObject *seq_obj, const char *what, int64_t *n_out, int64_
     *caps = NULL;
     *n_out = 0;
     if (PyUnicode_Check(seq_obj) || PyBytes_Check(seq_obj) || PyByteArray_Check(seq_obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints, not %.100s", what, Py_TYPE(seq_obj)->tp_name);
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints, not %.100s", what, type_name(seq_obj, &tn));
+        Py_XDECREF(tn);
         return -1;
     }
-    PyObject *seq = PySequence_Fast(seq_obj, what);
-    if (seq == NULL) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *seq = PySequence_List(seq_obj); /* what PySequence_Fast does, in the limited API */
+    if (seq == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints", what);
+        }
+        return -1;
+    }
+    Py_ssize_t n = PyList_Size(seq);
     if (n > 0) {
         *caps = PyMem_New(int64_t, n);
         if (*caps == NULL) {
@@ -506,7 +581,7 @@ static int read_caps(PyObject *seq_obj, const char *what, int64_t *n_out, int64_
             return -1;
         }
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+            PyObject *item = PyList_GetItem(seq, i); /* borrowed */
             PyObject *index = PyNumber_Index(item);
             long long v = index ? PyLong_AsLongLong(index) : -1;
             Py_XDECREF(index);
@@ -548,7 +623,9 @@ struct config_storage {
 static int ddp_from_dict(PyObject *d, goddp_ddp *ddp, int64_t **caps) {
     const char *what = "config['ddp']";
     if (!PyDict_Check(d)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a dict or None, not %.100s", what, Py_TYPE(d)->tp_name);
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "%s must be a dict or None, not %.100s", what, type_name(d, &tn));
+        Py_XDECREF(tn);
         return -1;
     }
     if (check_keys(d, what, ddp_keys, NUM_DDP_KEYS, NUM_REQUIRED_DDP_KEYS) < 0) return -1;
@@ -586,7 +663,9 @@ static int ddp_from_dict(PyObject *d, goddp_ddp *ddp, int64_t **caps) {
  * which the caller releases with PyMem_Free on each. */
 static int config_from_dict(PyObject *config, goddp_config *cfg, struct config_storage *st) {
     if (!PyDict_Check(config)) {
-        PyErr_Format(PyExc_TypeError, "config must be a dict, not %.100s", Py_TYPE(config)->tp_name);
+        PyObject *tn;
+        PyErr_Format(PyExc_TypeError, "config must be a dict, not %.100s", type_name(config, &tn));
+        Py_XDECREF(tn);
         return -1;
     }
     if (check_keys(config, "config", config_keys, NUM_CONFIG_KEYS, NUM_REQUIRED_CONFIG_KEYS) < 0) return -1;
@@ -817,22 +896,47 @@ done:
 /* ---------------------------------------------------------------------- */
 /* combine_forward                                                          */
 
-/* Exports obj as a C-contiguous buffer of native integers of itemsize
- * bytes; what names the argument in errors. */
-static int get_int_view(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *what, const char *hint) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+/* Copies obj, a C-contiguous buffer of native integers of itemsize bytes,
+ * into view (Note [abi3]); what names the argument in errors. */
+static int get_int_view(PyObject *obj, struct graph_view *view, Py_ssize_t itemsize, const char *what, const char *hint) {
+    view->copy = NULL;
+    PyObject *mv = PyMemoryView_FromObject(obj);
+    PyObject *contiguous = NULL, *format = NULL, *itemsize_obj = NULL;
+    int rc = -1;
+    if (mv == NULL || (contiguous = PyObject_GetAttrString(mv, "c_contiguous")) == NULL ||
+        PyObject_IsTrue(contiguous) != 1) {
+        PyObject *tn;
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous buffer of %s, not %.100s", what, hint,
-                     Py_TYPE(obj)->tp_name);
-        return -1;
+                     type_name(obj, &tn));
+        Py_XDECREF(tn);
+        goto done;
     }
-    if (view->itemsize != itemsize || !is_native_integer_format(view->format)) {
-        PyErr_Format(PyExc_ValueError, "%s must hold %s; got format '%s' with item size %zd", what, hint,
-                     view->format ? view->format : "B", view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
+    if ((format = PyObject_GetAttrString(mv, "format")) == NULL ||
+        (itemsize_obj = PyObject_GetAttrString(mv, "itemsize")) == NULL) {
+        goto done;
     }
-    return 0;
+    const char *fmt = PyUnicode_AsUTF8AndSize(format, NULL);
+    Py_ssize_t got = PyLong_AsSsize_t(itemsize_obj);
+    if (fmt == NULL || (got == -1 && PyErr_Occurred())) goto done;
+    if (got != itemsize || !is_native_integer_format(fmt)) {
+        PyErr_Format(PyExc_ValueError, "%s must hold %s; got format '%s' with item size %zd", what, hint, fmt, got);
+        goto done;
+    }
+    if ((view->copy = PyObject_CallMethod(mv, "tobytes", NULL)) == NULL) goto done;
+    view->buf = PyBytes_AsString(view->copy);
+    view->len = PyBytes_Size(view->copy);
+    if (view->buf == NULL || view->len < 0) {
+        Py_CLEAR(view->copy);
+        goto done;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(itemsize_obj);
+    Py_XDECREF(format);
+    Py_XDECREF(contiguous);
+    Py_XDECREF(mv);
+    return rc;
 }
 
 static PyObject *forward_plan_to_dict(const goddp_forward_plan *p) {
@@ -876,7 +980,7 @@ static PyObject *py_combine_forward(PyObject *self, PyObject *args) {
     static const char *const names[4] = {"param_bytes", "graph_bucket_offsets", "bucket_param_offsets",
                                          "bucket_params"};
     static const Py_ssize_t sizes[4] = {8, 8, 8, 4};
-    Py_buffer views[4];
+    struct graph_view views[4];
     int held = 0;
     PyObject *result = NULL;
     for (; held < 4; held++) {
@@ -924,7 +1028,7 @@ static PyObject *py_combine_forward(PyObject *self, PyObject *args) {
     result = forward_plan_to_dict(plan);
     goddp_forward_plan_free(plan);
 done:
-    for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    for (int i = 0; i < held; i++) Py_CLEAR(views[i].copy);
     return result;
 }
 
@@ -973,18 +1077,48 @@ PyDoc_STRVAR(layout_digest_doc,
              "positions) and caps (int64, the caps given to DDP) are buffers; bucket_order\n"
              "is an enum goddp_bucket_order; build names the goddp build.");
 
+/* A bytes copy of a bytes-like object, or NULL with TypeError naming what
+ * (Note [abi3]: "y*" needs Py_buffer, not in the limited API before 3.11). */
+static PyObject *bytes_copy(PyObject *obj, const char *what) {
+    if (PyBytes_Check(obj)) { /* immutable already: no copy needed */
+        Py_INCREF(obj);
+        return obj;
+    }
+    PyObject *view = PyMemoryView_FromObject(obj);
+    if (view == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyObject *tn;
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "layout_digest: %s must be a bytes-like object, not %.100s", what,
+                         type_name(obj, &tn));
+            Py_XDECREF(tn);
+        }
+        return NULL;
+    }
+    PyObject *copy = PyObject_CallMethod(view, "tobytes", NULL);
+    Py_DECREF(view);
+    return copy;
+}
+
 static PyObject *py_layout_digest(PyObject *self, PyObject *args) {
     (void)self;
-    Py_buffer offsets, positions, caps;
+    PyObject *offsets_obj, *positions_obj, *caps_obj;
     int bucket_order;
     const char *build;
-    if (!PyArg_ParseTuple(args, "y*y*y*is:layout_digest", &offsets, &positions, &caps, &bucket_order, &build))
+    if (!PyArg_ParseTuple(args, "OOOis:layout_digest", &offsets_obj, &positions_obj, &caps_obj, &bucket_order,
+                          &build))
         return NULL;
     PyObject *result = NULL;
-    Py_ssize_t n = offsets.len / (Py_ssize_t)sizeof(int64_t) - 1;
-    Py_ssize_t nc = caps.len / (Py_ssize_t)sizeof(int64_t);
-    if (offsets.len % (Py_ssize_t)sizeof(int64_t) != 0 || caps.len % (Py_ssize_t)sizeof(int64_t) != 0 ||
-        positions.len % (Py_ssize_t)sizeof(int32_t) != 0 || n < 0 || n > INT32_MAX || nc > INT32_MAX) {
+    PyObject *offsets = bytes_copy(offsets_obj, "offsets");
+    PyObject *positions = offsets ? bytes_copy(positions_obj, "positions") : NULL;
+    PyObject *caps = positions ? bytes_copy(caps_obj, "caps") : NULL;
+    if (caps == NULL) goto done;
+    Py_ssize_t offsets_len = PyBytes_Size(offsets), positions_len = PyBytes_Size(positions),
+               caps_len = PyBytes_Size(caps);
+    Py_ssize_t n = offsets_len / (Py_ssize_t)sizeof(int64_t) - 1;
+    Py_ssize_t nc = caps_len / (Py_ssize_t)sizeof(int64_t);
+    if (offsets_len % (Py_ssize_t)sizeof(int64_t) != 0 || caps_len % (Py_ssize_t)sizeof(int64_t) != 0 ||
+        positions_len % (Py_ssize_t)sizeof(int32_t) != 0 || n < 0 || n > INT32_MAX || nc > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError,
                         "layout_digest: offsets and caps must hold int64, positions int32");
         goto done;
@@ -992,12 +1126,12 @@ static PyObject *py_layout_digest(PyObject *self, PyObject *args) {
     if (refuse_in_forked_child() < 0) goto done;
     goddp_layout layout = {
         .num_buckets = (int32_t)n,
-        .bucket_offsets = (const int64_t *)offsets.buf,
-        .positions = positions.len ? (const int32_t *)positions.buf : NULL,
+        .bucket_offsets = (const int64_t *)PyBytes_AsString(offsets),
+        .positions = positions_len ? (const int32_t *)PyBytes_AsString(positions) : NULL,
         .bucket_order = (int32_t)bucket_order,
         .build = build,
         .num_caps = (int32_t)nc,
-        .caps = (const int64_t *)caps.buf,
+        .caps = (const int64_t *)PyBytes_AsString(caps),
     };
     uint64_t digest = 0;
     char *msg = NULL;
@@ -1008,9 +1142,9 @@ static PyObject *py_layout_digest(PyObject *self, PyObject *args) {
     }
     result = PyLong_FromUnsignedLongLong((unsigned long long)digest);
 done:
-    PyBuffer_Release(&caps);
-    PyBuffer_Release(&offsets);
-    PyBuffer_Release(&positions);
+    Py_XDECREF(caps);
+    Py_XDECREF(offsets);
+    Py_XDECREF(positions);
     return result;
 }
 
@@ -1067,7 +1201,10 @@ static PyObject *string_tuple(const char *const *items, size_t n) {
             Py_DECREF(t);
             return NULL;
         }
-        PyTuple_SET_ITEM(t, (Py_ssize_t)i, s);
+        if (PyTuple_SetItem(t, (Py_ssize_t)i, s) < 0) { /* steals s */
+            Py_DECREF(t);
+            return NULL;
+        }
     }
     return t;
 }

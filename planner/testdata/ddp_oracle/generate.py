@@ -33,6 +33,7 @@ from goddp.graph.export import export_graph, parameter_names
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from exported_json import graph_json  # noqa: E402  (planner/testdata)
+from oracle_records import write_records  # noqa: E402
 
 MIB = 1 << 20
 
@@ -196,9 +197,7 @@ def main():
         out.append({"name": name, **caps_of(ddp_kwargs), "graph": graph, "want_buckets": buckets})
         print(f"{name}: {len(buckets)} buckets, sizes {sizes}")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.json")
-    with open(path, "w") as f:
-        json.dump({"torch_version": torch.__version__, "cases": out}, f, separators=(",", ":"))
-        f.write("\n")
+    write_records(path, out)  # planner/testdata/oracle_records.py: which releases they hold for
     dist.destroy_process_group()
 
 

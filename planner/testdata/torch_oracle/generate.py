@@ -32,6 +32,7 @@ from goddp.graph.export import export_graph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from exported_json import graph_json  # noqa: E402  (planner/testdata)
+from oracle_records import write_records  # noqa: E402
 
 NUM_CASES = 150
 
@@ -196,10 +197,7 @@ def main():
             "want": {"node_pieces": node_piece, "buckets": expected},
         })
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.json")
-    with open(path, "w") as f:
-        json.dump({"torch_version": torch.__version__, "cases": cases}, f, separators=(",", ":"))
-        f.write("\n")
-    print(f"wrote {len(cases)} cases to {path}")
+    write_records(path, cases)  # planner/testdata/oracle_records.py: which releases they hold for
 
 
 if __name__ == "__main__":

@@ -1,0 +1,91 @@
+"""scripts/check_wheel.py, the gate of `make wheel`, refuses bad wheels.
+
+Each case copies the checked wheel from dist/ (GODDP_WHEEL) and breaks one
+thing: a newer tag than manylinux_2_28, a tag that is not abi3, an extension
+built by this machine's gcc (glibc 2.34 symbols, an RPATH), the test build's
+extension (the panic hook), a subpackage left out. The check must fail and
+name the fault; the wheel as built must pass.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def _wheel() -> Path:
+    named = os.environ.get("GODDP_WHEEL")
+    found = [named] if named else sorted(glob.glob(str(ROOT / "dist" / "goddp-*.whl")))
+    if len(found) != 1:
+        pytest.fail(f"expected one wheel (set GODDP_WHEEL, or run `make wheel`); found {found}")
+    return Path(found[0]).resolve()
+
+
+def _check(wheel: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_wheel.py"), "--abi3", str(wheel)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+
+
+def _rewrite(src: Path, dst: Path, *, drop: str | None = None, replace: dict[str, bytes] | None = None) -> Path:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for item in zin.infolist():
+            if item.filename == drop:
+                continue
+            data = (replace or {}).get(item.filename)
+            zout.writestr(item, zin.read(item.filename) if data is None else data)
+    return dst
+
+
+def _in_place_extension(*parts: str) -> bytes:
+    found = glob.glob(str(ROOT.joinpath(*parts)))
+    if not found:
+        pytest.fail(f"{'/'.join(parts)} is not built; run `make install testhooks`")
+    return Path(found[0]).read_bytes()
+
+
+def test_the_built_wheel_passes():
+    result = _check(_wheel())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'auditwheel: consistent with "manylinux_' in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("case", "fault"),
+    [
+        ("tag manylinux_2_34", "newer than manylinux_2_28"),
+        ("tag cp311-cp311", "is not cp310-abi3"),
+        ("gcc-built extension", "GLIBC_2.34"),
+        ("test-hook extension", "test hooks shipped"),
+        ("subpackage left out", "packages missing from the wheel: ['goddp/ranks']"),
+    ],
+)
+def test_a_bad_wheel_fails_and_names_the_fault(tmp_path, case, fault):
+    good = _wheel()
+    so = "goddp/_goddp.abi3.so"
+    if case == "tag manylinux_2_34":
+        bad = _rewrite(good, tmp_path / good.name.replace("manylinux_2_28", "manylinux_2_34"))
+    elif case == "tag cp311-cp311":
+        bad = _rewrite(good, tmp_path / good.name.replace("cp310-abi3", "cp311-cp311"))
+    elif case == "gcc-built extension":
+        # `make install` builds the in-place extension with this machine's gcc and glibc.
+        bad = _rewrite(good, tmp_path / good.name, replace={so: _in_place_extension("python", "goddp", "_goddp.abi3.so")})
+    elif case == "test-hook extension":
+        hooks = _in_place_extension("build", "testhooks", "ext", "goddp", "_goddp.abi3.so")
+        bad = _rewrite(good, tmp_path / good.name, replace={so: hooks})
+    else:
+        bad = _rewrite(good, tmp_path / good.name, drop="goddp/ranks/__init__.py")
+    result = _check(bad)
+    assert result.returncode != 0, result.stdout
+    assert fault in result.stderr, result.stderr
