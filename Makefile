@@ -86,7 +86,7 @@ pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo g
 # The backend and distributed suites again under torchrun: two ranks, gloo, CPU.
 pytest-dist: install $(HOOKDIR)/.ext ## The backend and distributed suites under torchrun (2 ranks, gloo)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
-	    tests/python/test_backend_*.py tests/python/test_dist_*.py
+	    tests/python/*/test_backend_*.py tests/python/*/test_dist_*.py
 
 # ---------------------------------------------------------------------------
 # Distributions: `make sdist`, `make wheel`.
@@ -185,7 +185,7 @@ $(TORCH_VENV)/.goddp: $(TORCH_VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/go
 test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, then two ranks) against torch TORCH=x.y.z in .venv-torch-x.y.z
 	GODDP_TESTS_TORCHRUN_LATER=1 $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider tests/python
 	OMP_NUM_THREADS=1 $(TORCH_VENV)/bin/torchrun --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
-	    tests/python/test_backend_*.py tests/python/test_dist_*.py
+	    tests/python/*/test_backend_*.py tests/python/*/test_dist_*.py
 
 # Within `make test` the plain pytest step leaves the two-rank cases to
 # pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).

@@ -6,7 +6,7 @@ and bench/ imports nothing else of goddp's. Each hook is a documented
 benchmark switch or probe: off until a benchmark turns it on, and checked, so
 that when the code it reaches into moves the hook raises MeasureHookError
 instead of letting a benchmark measure something else.
-tests/python/test_measure.py exercises every hook and checks that bench/
+tests/python/package/test_measure.py exercises every hook and checks that bench/
 imports no other goddp name.
 
 - ``PieceReuseOff``: compile every piece on its own, even where block cuts

@@ -8,7 +8,7 @@ never silently changes behaviour.
 ``OPTIONS`` is the one place each option is documented (key, default, valid
 values, meaning); the ``goddp.backend`` docstring and the README's options
 table are rendered from it (``python -m goddp.options --markdown`` prints
-the README's table; tests/python/test_options_doc.py checks that they
+the README's table; tests/python/package/test_options_doc.py checks that they
 match), and the validator's messages use the same choices.
 """
 

@@ -1,7 +1,7 @@
 """Helpers for goddp's multi-rank tests.
 
 Those tests run their checks inside each rank when pytest itself runs under
-torchrun (``torchrun --nproc_per_node=2 -m pytest tests/python/test_dist_*.py``).
+torchrun (``torchrun --nproc_per_node=2 -m pytest tests/python/*/test_dist_*.py``).
 Under a plain pytest they skip those checks and instead launch that same
 torchrun command as a subprocess, with a hard timeout, so a plain run covers
 them too, and a torchrun run does not pay for them twice.

@@ -29,7 +29,12 @@ if str(_PYTHON_SRC) not in sys.path:
     # Lets the suites run from a checkout before `pip install -e .`.
     sys.path.insert(0, str(_PYTHON_SRC))
 
-import goddp  # noqa: E402  (after the path tweak)
+_HELPERS = str(Path(__file__).resolve().parent)
+if _HELPERS not in sys.path:
+    # The group folders' tests import the helpers beside this file.
+    sys.path.insert(0, _HELPERS)
+
+import goddp  # noqa: E402  (after the path tweaks)
 from _dist_util import under_torchrun  # noqa: E402
 
 

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import goddp
 import goddp.compile.pipeline
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 TIMING_KEYS = {"export", "plan", "cut", "example_inputs", "identify", "compile", "stitch"}
 
 

@@ -773,7 +773,7 @@ def _run_python(code: str, timeout: float = 120, **env) -> subprocess.CompletedP
         text=True,
         timeout=timeout,
         env=full_env,
-        cwd=os.path.dirname(__file__),
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from _dist_util import REPO_ROOT, under_torchrun
 
-WORKER = Path(__file__).with_name("_elastic_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "_elastic_worker.py"
 
 
 @pytest.mark.single_process

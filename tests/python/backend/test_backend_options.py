@@ -151,7 +151,7 @@ def test_plan_graph_module_rejects_bad_mode():
 def _optimize_ddp_after_import(extra_env: dict[str, str]) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("GODDP_KEEP_OPTIMIZE_DDP", "TORCH_LOGS")}
     env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(Path(__file__).resolve().parents[2] / "python"), env.get("PYTHONPATH")])
+        filter(None, [str(Path(__file__).resolve().parents[3] / "python"), env.get("PYTHONPATH")])
     )
     env.update(extra_env)
     code = "import goddp, torch; print(repr(torch._dynamo.config.optimize_ddp))"

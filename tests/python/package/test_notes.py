@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SOURCES = ["python/goddp/**/*.py", "planner/*.go", "bridge/*.go", "csrc/*.[ch]", "docs/*.md", "bench/*.py", "README.md", "tests/README.md"]
 
 NOTE = re.compile(r"Note \[([^\]\n]+)\]")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "python" / "goddp"
+PACKAGE = Path(__file__).resolve().parents[3] / "python" / "goddp"
 
 # The one module allowed to use torch's private DDP API.
 PRIVATE_DDP_MODULE = "goddp.ddp.private"

@@ -12,7 +12,7 @@ import goddp
 from goddp import options as opts
 from goddp.options import OPTION_KEYS, OPTIONS, Options, parse_options
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 REGENERATE = "regenerate it: .venv/bin/python -m goddp.options --readme README.md"
 
 

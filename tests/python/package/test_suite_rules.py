@@ -12,14 +12,20 @@ import pytest
 import _dist_util
 import conftest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 README = HERE.parent / "README.md"
 
 
 def test_readme_lists_every_test_file_once():
     listed = re.findall(r"^\| `(test_\w+\.py)` \|", README.read_text(encoding="utf-8"), flags=re.M)
-    on_disk = sorted(p.name for p in HERE.glob("test_*.py"))
-    assert sorted(listed) == on_disk, "tests/README.md's Groups table must list each tests/python/test_*.py once"
+    on_disk = sorted(p.name for p in HERE.glob("*/test_*.py"))
+    assert sorted(listed) == on_disk, "tests/README.md's Groups table must list each tests/python/*/test_*.py once"
+    assert list(HERE.glob("test_*.py")) == [], "every test file sits in its group's folder"
+
+
+def test_each_file_sits_in_the_folder_its_row_names():
+    rows = re.findall(r"^\| `(test_\w+\.py)` \|.*\| `(\w+)/` \|\s*$", README.read_text(encoding="utf-8"), flags=re.M)
+    assert rows and all((HERE / folder / name).is_file() for name, folder in rows), rows
 
 
 def test_readme_names_every_helper():
@@ -49,7 +55,7 @@ def test_under_torchrun(monkeypatch, env, expected):
 def test_one_definition_of_under_torchrun():
     assert conftest.under_torchrun is _dist_util.under_torchrun
     defined = []
-    for path in HERE.glob("*.py"):
+    for path in list(HERE.glob("*.py")) + list(HERE.glob("*/*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.FunctionDef) and "under_torchrun" in node.name and not node.name.startswith("test_"):
                 defined.append(f"{path.name}:{node.name}")

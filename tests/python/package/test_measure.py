@@ -18,7 +18,7 @@ from goddp.graph import blocks
 from goddp.ranks.plan_check import RanksMissingError, Statement
 from models import ZOO
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # The public goddp names: the package's API and the modules named as public,
 # each with its __all__.

@@ -10,27 +10,8 @@ from torch import fx, nn
 
 import goddp
 from goddp.graph.blocks import backward_order, group_pieces, piece_signature
+from _fx_util import dynamo_graph, module_path
 from models import SquareStack, TiedEmbeddingLM, TransformerStack
-
-
-def dynamo_graph(model: nn.Module, *inputs) -> fx.GraphModule:
-    """The graph Dynamo captures for model(*inputs)."""
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=keep)(*inputs)
-    torch._dynamo.reset()
-    assert len(graphs) == 1
-    return graphs[0]
-
-
-def module_path(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
-    return str(list(stack.values())[0][0]) if stack else ""
 
 
 def block_ids(gm: fx.GraphModule) -> list[int]:

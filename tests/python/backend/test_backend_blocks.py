@@ -17,7 +17,7 @@ from torch._dynamo.backends.registry import lookup_backend
 
 import goddp
 from models import ZOO, SquareStack
-from test_blocks import dynamo_graph, module_path
+from _fx_util import dynamo_graph, module_path
 
 
 class CountingCompiler:

@@ -1,0 +1,27 @@
+"""FX helpers shared by the graph and backend suites: the graph Dynamo
+captures for a model, and a node's innermost module path."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx, nn
+
+
+def dynamo_graph(model: nn.Module, *inputs) -> fx.GraphModule:
+    """The graph Dynamo captures for model(*inputs)."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=keep)(*inputs)
+    torch._dynamo.reset()
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+def module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    return str(list(stack.values())[0][0]) if stack else ""
