@@ -245,14 +245,7 @@ func FuzzDecide(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0x02, 8, 100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 200, 9, 9, 9, 9, 9, 9, 9, 9, 9})
 	f.Add([]byte{0x00, 8, 200, 100, 50, 30, 255, 7, 3, 39, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 1, 1, 1, 1, 1, 0, 0, 0})
-	rng := rand.New(rand.NewPCG(3, 4))
-	for range 8 {
-		seed := make([]byte, 200)
-		for k := range seed {
-			seed[k] = byte(rng.Uint32())
-		}
-		f.Add(seed)
-	}
+	addRandomSeeds(f, rand.New(rand.NewPCG(3, 4)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkDecide(t, decodeFuzzRequest(data))
 	})

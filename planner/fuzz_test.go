@@ -250,14 +250,7 @@ func FuzzPlan(f *testing.F) {
 	f.Add([]byte{0x81, 4, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21})
 	f.Add([]byte{0x02, 8, 100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
 	f.Add([]byte{0x06, 8, 200, 100, 50, 30, 255, 7, 3, 39, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9})
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 8 {
-		seed := make([]byte, 200)
-		for k := range seed {
-			seed[k] = byte(rng.Uint32())
-		}
-		f.Add(seed)
-	}
+	addRandomSeeds(f, rand.New(rand.NewPCG(1, 2)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, cfg := decodeFuzzInput(data)
 		checkBuild(t, g, cfg)
@@ -272,6 +265,17 @@ func TestRandomGraphs(t *testing.T) {
 		g, cfg := decodeFuzzInput(data)
 		checkBuild(t, g, cfg)
 	})
+}
+
+// addRandomSeeds adds 8 random 200-byte inputs drawn from rng to f's corpus.
+func addRandomSeeds(f *testing.F, rng *rand.Rand) {
+	for range 8 {
+		seed := make([]byte, 200)
+		for k := range seed {
+			seed[k] = byte(rng.Uint32())
+		}
+		f.Add(seed)
+	}
 }
 
 // forRandomFuzzInputs calls check on runs (shortRuns with -short) random

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from _built import built_wheel
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Plans a 2-layer Linear+ReLU chain (x, w0, b0, w1, b1, linear0, relu0,
@@ -62,14 +64,6 @@ print(json.dumps({"abi": ext.abi_version(), "python": "%d.%d" % sys.version_info
 """
 
 
-def _wheel() -> Path:
-    named = os.environ.get("GODDP_WHEEL")
-    found = [named] if named else sorted(glob.glob(str(ROOT / "dist" / "goddp-*.whl")))
-    if len(found) != 1:
-        pytest.fail(f"expected one wheel (set GODDP_WHEEL, or run `make wheel`); found {found}")
-    return Path(found[0]).resolve()
-
-
 def _interpreters() -> dict[str, str]:
     """Every CPython found here, by "major.minor" (each one runs)."""
     candidates = [sys.executable]
@@ -97,7 +91,7 @@ def _key(version: str) -> tuple[int, int]:
 
 
 def test_one_extension_plans_alike_on_every_cpython_from_3_10(tmp_path):
-    wheel = _wheel()
+    wheel = built_wheel()
     with zipfile.ZipFile(wheel) as zf:
         (member,) = [n for n in zf.namelist() if n.startswith("goddp/_goddp") and n.endswith(".so")]
         assert member == "goddp/_goddp.abi3.so", member
@@ -119,7 +113,7 @@ def test_one_extension_plans_alike_on_every_cpython_from_3_10(tmp_path):
 
 
 def test_the_wheel_tag_is_cp310_abi3():
-    name = _wheel().name
+    name = built_wheel().name
     assert "-cp310-abi3-" in name, name
     # pip's own tag logic: every CPython from 3.10 up accepts cp310-abi3, older ones do not.
     from packaging.tags import cpython_tags

@@ -18,16 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from _built import built_wheel
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = os.path.dirname(sys.executable)
-
-
-def _wheel() -> Path:
-    named = os.environ.get("GODDP_WHEEL")
-    found = [named] if named else sorted(glob.glob(str(ROOT / "dist" / "goddp-*.whl")))
-    if len(found) != 1:
-        pytest.fail(f"expected one wheel (set GODDP_WHEEL, or run `make wheel`); found {found}")
-    return Path(found[0]).resolve()
 
 
 def _check(wheel: Path) -> subprocess.CompletedProcess:
@@ -56,7 +50,7 @@ def _in_place_extension(*parts: str) -> bytes:
 
 
 def test_the_built_wheel_passes():
-    result = _check(_wheel())
+    result = _check(built_wheel())
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'auditwheel: consistent with "manylinux_' in result.stdout
 
@@ -72,7 +66,7 @@ def test_the_built_wheel_passes():
     ],
 )
 def test_a_bad_wheel_fails_and_names_the_fault(tmp_path, case, fault):
-    good = _wheel()
+    good = built_wheel()
     so = "goddp/_goddp.abi3.so"
     if case == "tag manylinux_2_34":
         bad = _rewrite(good, tmp_path / good.name.replace("manylinux_2_28", "manylinux_2_34"))

@@ -19,7 +19,6 @@ wheel or the sdist), and runs with no Go on PATH.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
@@ -31,16 +30,10 @@ from pathlib import Path
 
 import pytest
 
+from _built import one_built
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-
-
-def _one(pattern: str, what: str, env_var: str) -> Path:
-    named = os.environ.get(env_var)
-    found = [named] if named else sorted(glob.glob(str(ROOT / "dist" / pattern)))
-    if len(found) != 1 or not os.path.isfile(found[0]):
-        pytest.fail(f"expected one {what} (set {env_var}, or run `make {what}`); found {found}")
-    return Path(found[0]).resolve()
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +80,7 @@ def _run(cmd, env, cwd, timeout) -> subprocess.CompletedProcess:
 
 
 def test_wheel_trains_two_ranks_outside_the_checkout(tmp_path, borrowed_site):
-    wheel = _one("goddp-*.whl", "wheel", "GODDP_WHEEL")
+    wheel = one_built("goddp-*.whl", "wheel", "GODDP_WHEEL")
     venv = _make_venv(tmp_path, borrowed_site)
     env = _clean_env(venv, with_go=False)
     py = venv / "bin" / "python"
@@ -137,7 +130,7 @@ def _pip_install_sdist(venv: Path, sdist: Path, env, cwd) -> subprocess.Complete
 
 
 def test_sdist_without_go_fails_at_once_and_points_to_the_wheel(tmp_path, borrowed_site):
-    sdist = _one("goddp-*.tar.gz", "sdist", "GODDP_SDIST")
+    sdist = one_built("goddp-*.tar.gz", "sdist", "GODDP_SDIST")
     venv = _make_venv(tmp_path, borrowed_site)
     start = time.monotonic()
     result = _pip_install_sdist(venv, sdist, _clean_env(venv, with_go=False), tmp_path)

@@ -110,21 +110,14 @@ def piece_signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple 
     differ from block to block. A checkpoint's body counts by its structure
     and its checkpoint policy (see _target_key).
     """
-    index: dict[fx.Node, int] = {}
-    entries: list[Any] = []
     try:
-        for i, node in enumerate(gm.graph.nodes):
-            index[node] = i
-            if node.op == "placeholder":
-                entries.append(("placeholder",))
-                continue
-            entries.append((node.op, _target_key(gm, node), _canonical(node.args, index), _canonical(node.kwargs, index)))
+        entries, _ = _checkpoints.node_entries(gm, _canonical, _target_key)
         first_seen: dict[int, int] = {}
         inputs = []
         for i, value in enumerate(example_inputs):
             same = first_seen.setdefault(id(value), i)
             inputs.append((_input_meta(value), same))
-        key = (tuple(entries), tuple(inputs))
+        key = (entries, tuple(inputs))
         hash(key)
     except (_Unshareable, TypeError, AttributeError, RuntimeError):
         return None

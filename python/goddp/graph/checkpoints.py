@@ -186,6 +186,22 @@ def graph_key(
     arguments (other nodes by position, constants by canonical), names
     aside, and the graph module's meta (the checkpoint policy). target_key
     recurses into bodies (goddp.graph.blocks.piece_signature)."""
+    entries, index = node_entries(gm, canonical, target_key)
+    meta = tuple(
+        (key, policy_key(value, lambda v: canonical(v, index)) if key == CONTEXT_FN_KEY else canonical(value, index))
+        for key, value in sorted(getattr(gm, "meta", {}).items())
+    )
+    return (entries, meta)
+
+
+def node_entries(
+    gm: fx.GraphModule,
+    canonical: Callable[[Any, dict[fx.Node, int]], Any],
+    target_key: Callable[[fx.GraphModule, fx.Node], Any],
+) -> tuple[tuple, dict[fx.Node, int]]:
+    """Per node of gm, its op, target_key and arguments (other nodes by
+    position, constants by canonical), names aside; and each node's
+    position. Shared by graph_key and goddp.graph.blocks.piece_signature."""
     index: dict[fx.Node, int] = {}
     entries: list[Any] = []
     for i, node in enumerate(gm.graph.nodes):
@@ -194,11 +210,7 @@ def graph_key(
             entries.append(("placeholder",))
             continue
         entries.append((node.op, target_key(gm, node), canonical(node.args, index), canonical(node.kwargs, index)))
-    meta = tuple(
-        (key, policy_key(value, lambda v: canonical(v, index)) if key == CONTEXT_FN_KEY else canonical(value, index))
-        for key, value in sorted(getattr(gm, "meta", {}).items())
-    )
-    return (tuple(entries), meta)
+    return tuple(entries), index
 
 
 # --------------------------------------------------------------------------

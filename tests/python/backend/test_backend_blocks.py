@@ -13,22 +13,10 @@ import logging
 import pytest
 import torch
 import torch.distributed as dist
-from torch._dynamo.backends.registry import lookup_backend
 
 import goddp
 from models import ZOO, SquareStack
-from _fx_util import dynamo_graph, module_path
-
-
-class CountingCompiler:
-    """aot_eager, counting the graphs it compiles."""
-
-    def __init__(self) -> None:
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return lookup_backend("aot_eager")(gm, example_inputs)
+from _fx_util import CountingCompiler, dynamo_graph, module_path
 
 
 def train(entry, forward, steps=2, seed_base=0):

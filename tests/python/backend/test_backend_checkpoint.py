@@ -20,25 +20,14 @@ import logging
 
 import pytest
 import torch
-from torch._dynamo.backends.registry import lookup_backend
 from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from checkpoint_models import build, lm_loss, make_tokens, saved_activation_bytes, tiny_gpt2
+from _fx_util import CountingCompiler
 
 CAP_MB = 0.05  # a few blocks' worth: several buckets
-
-
-class CountingCompiler:
-    """aot_eager, counting the graphs it compiles."""
-
-    def __init__(self) -> None:
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return lookup_backend("aot_eager")(gm, example_inputs)
 
 
 def train(forward, steps=2, loss=lm_loss, inputs=make_tokens):
