@@ -43,11 +43,24 @@ def extension_path() -> str:
     pytest.fail(f"the test build of goddp._goddp is not in {EXT_DIR}; build it with `make testhooks`")
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child interpreter that imports the suites'
+    modules: the helpers beside this file and every group folder's tests on
+    PYTHONPATH (as conftest and pytest give the suites themselves), and no
+    GODDP_GOMAXPROCS unless extra sets it."""
+    env = dict(os.environ)
+    env.pop("GODDP_GOMAXPROCS", None)
+    env.update(extra)
+    groups = sorted(d for d in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, d)) and not d.startswith(("_", ".")))
+    folders = [HERE] + [os.path.join(HERE, d) for d in groups]
+    env["PYTHONPATH"] = os.pathsep.join(folders + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
 def run(code: str, timeout: float = 300) -> str:
     """Runs code (with `ext` bound to the test build) in a child interpreter
     and returns its stdout; a non-zero exit fails the test with stderr."""
-    env = dict(os.environ)
-    env.pop("GODDP_GOMAXPROCS", None)
+    env = child_env()
     proc = subprocess.run(
         [sys.executable, "-c", _PRELUDE.format(path=extension_path()) + textwrap.dedent(code)],
         capture_output=True,

@@ -73,12 +73,12 @@ def last_plans() -> list[dict[str, Any]]:
     - fingerprint: the plan's 64-bit fingerprint (int), or None when
       planning failed.
     - mode: goddp's cutting mode, "ddp" or "torch".
-    - caps: the settings planned with, as the planner resolved them:
+    - caps: the settings planned with, as the planner resolved them (when
+      no plan was made, export or planning failed, the request instead:
+      the user's options, None where the user gave none, which the planner
+      would have filled in from DDP's settings, and align_buckets False):
       bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes,
-      max_pieces, align_buckets, bucket_order. When no plan was made (export
-      or planning failed) they are the request instead: the user's options,
-      None where the user gave none (the planner would have filled it in
-      from DDP's settings), align_buckets False.
+      max_pieces, align_buckets, bucket_order.
     - num_pieces: how many pieces the graph was cut into (1: not cut).
     - distinct_pieces: how many different pieces the graph has; identical
       pieces share one compile (goddp.graph.blocks).

@@ -764,16 +764,13 @@ def test_panic_hook_refuses_in_forked_child():
 
 
 def _run_python(code: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ)
-    full_env.pop("GODDP_GOMAXPROCS", None)
-    full_env.update(env)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=full_env,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env=_testhooks.child_env(**env),
+        cwd=_testhooks.HERE,
     )
 
 

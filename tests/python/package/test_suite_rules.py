@@ -4,6 +4,7 @@ torchrun" has one definition."""
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 from pathlib import Path
 
@@ -60,3 +61,13 @@ def test_one_definition_of_under_torchrun():
             if isinstance(node, ast.FunctionDef) and "under_torchrun" in node.name and not node.name.startswith("test_"):
                 defined.append(f"{path.name}:{node.name}")
     assert sorted(defined) == ["_dist_util.py:assert_file_passes_under_torchrun", "_dist_util.py:run_file_under_torchrun", "_dist_util.py:under_torchrun"]
+
+
+def test_pytest_recurses_into_every_group_folder(pytestconfig):
+    """pytest skips folders matching norecursedirs (its default lists
+    `dist` and `build`): a group folder so named would silently drop its
+    suites from a plain `pytest tests/python`."""
+    patterns = pytestconfig.getini("norecursedirs")
+    folders = sorted(p.name for p in HERE.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    assert folders, HERE
+    assert [f for f in folders if any(fnmatch.fnmatch(f, pattern) for pattern in patterns)] == []
