@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from torch import nn
 
+from bench import probes
 from models import Feedforward, TransformerBlock
 
 HOWS = ("none", "per_block", "reentrant", "wrapper", "sac_list", "sac_fn", "whole", "halves",
@@ -144,18 +145,8 @@ def tiny_gpt2(seed: int = 0, n_layer: int = 3):
     return GPT2LMHeadModel(config)
 
 
-def saved_activation_bytes(step, params) -> int:
-    """Bytes of the distinct tensors autograd saves for backward during
-    step() (a forward), parameters left out: what checkpointing trims."""
-    param_storages = {p.untyped_storage().data_ptr() for p in params}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in param_storages:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = step()
-    return sum(seen.values()), out
+def saved_activation_bytes(step, params) -> tuple[int, object]:
+    """(bytes autograd saves for backward during step(), parameters left
+    out; step's result): bench.probes' measure, which the bench reports."""
+    saved = probes.saved_activation_bytes(step, params)
+    return saved.nbytes, saved.result

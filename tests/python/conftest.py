@@ -34,6 +34,11 @@ if _HELPERS not in sys.path:
     # The group folders' tests import the helpers beside this file.
     sys.path.insert(0, _HELPERS)
 
+if str(REPO_ROOT) not in sys.path:
+    # The suites use bench's measures (checkpoint_models, gpu_check) wherever
+    # pytest starts; last, so that nothing there shadows an installed module.
+    sys.path.append(str(REPO_ROOT))
+
 import goddp  # noqa: E402  (after the path tweaks)
 from _dist_util import under_torchrun  # noqa: E402
 
