@@ -78,6 +78,14 @@ def main(out: str, when: str) -> None:
             "plan_bucket_sizes": [b["bytes"] for b in plan["buckets"]],
         }, f)
     dist.destroy_process_group()
+    # Leave without interpreter finalization: DDP still holds the gloo
+    # group, and a gloo worker thread that drops its last work while Python
+    # finalizes takes the GIL, is ended by Python and aborts the process
+    # ("terminate called without an active exception"; torch's race, seen
+    # here about once in ten runs, pytorch/pytorch#179291).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
