@@ -67,8 +67,9 @@ extern "C" {
  *    Added within 8 (new values, no layout change): GODDP_REASON_NO_PARAMS and
  *    the alignment refusals, GODDP_DDP_NO_PER_BUCKET_CAPS ..
  *    GODDP_DDP_SEVERAL_PARAM_GROUPS with GODDP_REASON_NO_PER_BUCKET_CAPS ..
- *    GODDP_REASON_PARAM_GROUPS. */
-#define GODDP_ABI_VERSION 8
+ *    GODDP_REASON_PARAM_GROUPS.
+ * 9: goddp_config.uniform_caps (at the end of the struct). */
+#define GODDP_ABI_VERSION 9
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -286,6 +287,11 @@ typedef struct goddp_config {
     int32_t block_cuts;                 /* ddp mode: assign blocks from the module stacks */
     int32_t edges;                      /* enum goddp_edges */
     const goddp_ddp *ddp;               /* NULL outside a DDP module */
+    /* ABI 9, ddp mode (nonzero in torch mode is GODDP_ERR_INVALID_CONFIG):
+     * every bucket gets the resolved bucket cap; the first-bucket cap and
+     * per-bucket caps are not applied (Note [Uniform caps] in
+     * planner/regions.go: how the shim cuts one checkpoint's body). */
+    int32_t uniform_caps;
 } goddp_config;
 
 /* One plan. Every array is malloc'd by the library and freed by goddp_plan_free. */

@@ -280,6 +280,7 @@ static const char *const config_keys[] = {
     "block_cuts",    /* optional, default 0 (ABI 6) */
     "edges",         /* optional, default 0 = GODDP_EDGES_COMPILE (ABI 6) */
     "ddp",           /* optional dict (ddp_keys) or None: the DDP module's settings (ABI 6) */
+    "uniform_caps",  /* optional, default 0 (ABI 9) */
 };
 #define NUM_CONFIG_KEYS (sizeof config_keys / sizeof config_keys[0])
 #define NUM_REQUIRED_CONFIG_KEYS 5
@@ -704,13 +705,15 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, struct config_s
         cfg->align_buckets = align != 0;
     }
     /* Optional enums and switches; the planner judges their values. */
-    int32_t block_cuts;
+    int32_t block_cuts, uniform_caps;
     if (get_optional_int32(config, "config", "bucket_order", &cfg->bucket_order) < 0 ||
         get_optional_int32(config, "config", "block_cuts", &block_cuts) < 0 ||
-        get_optional_int32(config, "config", "edges", &cfg->edges) < 0) {
+        get_optional_int32(config, "config", "edges", &cfg->edges) < 0 ||
+        get_optional_int32(config, "config", "uniform_caps", &uniform_caps) < 0) {
         return -1;
     }
     cfg->block_cuts = block_cuts != 0;
+    cfg->uniform_caps = uniform_caps != 0;
 
     int64_t n;
     if (read_caps(PyDict_GetItemString(config, "bucket_caps_bytes"), "config['bucket_caps_bytes']", &n, &st->caps) < 0)
@@ -836,7 +839,7 @@ PyDoc_STRVAR(plan_graph_doc,
              "DDP_KEYS, goddp_ddp's fields, or None) are optional, and so are the graph's module\n"
              "stacks (module_string_offsets, module_strings, node_stack_offsets, node_stack_paths,\n"
              "node_stack_types: all or none); ABI 7: graph['node_weights'] is optional (absent or\n"
-             "None: one each). The reply's ABI 6 keys are the decisions: the\n"
+             "None: one each); ABI 9: config['uniform_caps'] is optional (default 0). The reply's ABI 6 keys are the decisions: the\n"
              "settings the plan stands for (bucket_cap_bytes, first_bucket_cap_bytes,\n"
              "bucket_caps_bytes, max_pieces, align_buckets, bucket_order), align_reason and\n"
              "align_detail (str), alignment_name (str), num_counted_params, piece_param_offsets\n"
