@@ -75,8 +75,8 @@ type Settings struct {
 	Edges     EdgePolicy
 	DDP       *DDPSettings // nil outside a DDP module
 	// UniformCaps (ModeDDP) gives every bucket the resolved bucket cap: the
-	// first-bucket cap and per-bucket caps are not applied (Note [Uniform
-	// caps] in planner/regions.go).
+	// first-bucket cap and per-bucket caps are not applied
+	// (Note [Uniform caps] in planner/regions.go).
 	UniformCaps bool
 }
 

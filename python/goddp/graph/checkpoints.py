@@ -1,5 +1,5 @@
 """Activation checkpoints in Dynamo graphs: seeing through their bodies,
-comparing them, and splitting one that spans several blocks.
+comparing them, and splitting one that spans several blocks or buckets.
 
 Note [Checkpoint bodies]
 ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -41,15 +41,38 @@ So, for goddp:
   any other. The cost is what each region's inputs keep alive: one boundary
   activation per cut (README, "Activation checkpointing", has the figures).
   Forward values are unchanged; backward runs the same ops per region.
+- Splitting at buckets: a checkpoint whose body holds fewer than two
+  blocks (around an nn.Sequential of dissimilar layers, or one large
+  block) but more than a bucket's parameters is atomic too. Where no
+  checkpoint is split at blocks and the outer graph holds fewer than two
+  blocks, so that the planner cuts it by bytes, the Go planner plans each
+  such body alone in ddp mode without block cuts, each body placeholder
+  counted as the DDP parameter its call hands it (argument i + 1), with
+  DDP's bucket cap for every bucket (Note [Uniform caps] in
+  planner/regions.go: identical bodies are cut alike, so their regions
+  stay identical pieces); its pieces are the regions, rewritten as above.
+  A graph cut at blocks is not split at buckets: its pieces begin only at
+  block runs (planner/blocks.go), so regions inside a block or the tail
+  would land in one piece and only cost memory; a block over a bucket is
+  one piece there, checkpointed or not. Block splits come first.
 - Kept whole (one INFO line says why): a selective policy given as a
   function (it may count or remember across the checkpoint's ops; a list of
   ops to save carries over to each region unchanged), random ops (where
   their RNG state is saved and replayed would move), grad-mode or autocast
   changes inside (state crossing the cut), a mutation of a value from an
   earlier region, a non-tensor crossing a cut, nested higher-order ops, a
-  result used other than by indexing.
-torch's DDPOptimizer treats every checkpoint as atomic; so does goddp's
-torch mode, and ddp mode with block_cuts=False.
+  result used other than by indexing. The same blockers hold for either
+  split; the INFO line says which boundaries were tried, and for buckets
+  the parameter bytes against the cap. A checkpoint with fewer than two
+  blocks whose parameters fit in one bucket has nothing to split and gets
+  no line.
+- Options: both splits run exactly where the planner cuts at blocks
+  (Options.cuts_at_blocks: mode "ddp" with block_cuts on, the default), the
+  one switch under which goddp rewrites the user's graph before planning
+  and shares identical pieces. torch's DDPOptimizer treats every
+  checkpoint as atomic; so does goddp's torch mode (it reproduces
+  DDPOptimizer), and ddp mode with block_cuts=False (plain bucket cuts,
+  the graph as Dynamo captured it).
 """
 
 from __future__ import annotations
@@ -214,7 +237,7 @@ def node_entries(
 
 
 # --------------------------------------------------------------------------
-# Splitting a checkpoint at the block boundaries of its body
+# Splitting a checkpoint at the block or bucket boundaries of its body
 
 _RANDOM_FUNCTIONS = frozenset(
     {
