@@ -223,6 +223,18 @@ def with_stacks(graph: dict, layers: int) -> dict:
             "node_stack_paths": paths, "node_stack_types": types}
 
 
+def test_uniform_caps_cross_the_extension(ext):
+    """ABI 9: config['uniform_caps'] gives every bucket the cap (Note
+    [Uniform caps]): DDP's default 1 MiB first-bucket cap gives way."""
+    graph = chain_graph(3)
+    ddp = {"bucket_cap_bytes": 25 << 20, "first_bucket_cap_bytes": None, "flags": _native.DDP_CAP_IS_DEFAULT}
+    cfg = toy_config(bucket_cap_bytes=None, first_bucket_cap_bytes=None, ddp=ddp)
+    assert ext.plan_graph(graph, cfg)["first_bucket_cap_bytes"] == 1 << 20
+    assert ext.plan_graph(graph, {**cfg, "uniform_caps": True})["first_bucket_cap_bytes"] == 25 << 20
+    with pytest.raises(ext.PlannerError, match="UniformCaps is not supported in ModeTorch"):
+        ext.plan_graph(graph, {**cfg, "uniform_caps": 1, "mode": _native.MODE_TORCH})
+
+
 def test_decisions_cross_the_extension(ext):
     """ABI 6: caps left to the planner (None) inside a DDP module, module
     stacks, and the decisions in the reply: DDP's caps, a piece per block,
