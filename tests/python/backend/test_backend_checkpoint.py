@@ -8,6 +8,10 @@
 - A checkpoint spanning several blocks is split at the block boundaries
   into consecutive checkpoint regions; where that is not safe it stays
   whole and goddp says why at INFO.
+- A checkpoint with fewer than two blocks but more than a bucket's
+  parameters, in a graph cut by bytes, is split at the buckets of its body
+  (either wrapping order, reentrant or not); per-block checkpoints of
+  repeated blocks keep the block cuts.
 - Training equals eager DDP with the same checkpointing, bit for bit
   (aot_eager), and recomputation still happens (saved activations).
 
