@@ -51,6 +51,11 @@ So, for goddp:
   DDP's bucket cap for every bucket (Note [Uniform caps] in
   planner/regions.go: identical bodies are cut alike, so their regions
   stay identical pieces); its pieces are the regions, rewritten as above.
+  The cost is every value that crosses a cut, not always one activation:
+  between layers of a stack it is one, inside a block also the residual
+  stream and whatever else is live there (an MLP's wide hidden; README has
+  the figures). The cuts are the body's bucket boundaries, not the
+  cheapest crossings near them.
   A graph cut at blocks is not split at buckets: its pieces begin only at
   block runs (planner/blocks.go), so regions inside a block or the tail
   would land in one piece and only cost memory; a block over a bucket is
@@ -356,7 +361,7 @@ class Split:
             if self.regions is not None:
                 return (
                     f"{holds}: split into {len(self.regions)} checkpoint regions at bucket boundaries "
-                    "(one saved activation per cut)"
+                    "(the values crossing each cut are saved)"
                 )
             return f"{holds}, but is kept whole, so its buckets cannot overlap: {self.reason}"
         if self.regions is not None:
