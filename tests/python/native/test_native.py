@@ -162,7 +162,7 @@ def test_key_tuples_match_the_builders(ext):
     assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"} | set(STACK_KEYS) | {
         "node_weights"
     }
-    assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp"}
+    assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp", "uniform_caps"}
     assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
     assert len(ext.PLAN_KEYS) == 34
 
