@@ -445,3 +445,39 @@ class TestBucketSplitCheckpoints:
         assert plan["distinct_pieces"] - plan["eager_pieces"] == 1 == len(counting.graphs)
         assert plan["ddp_buckets"]["aligned"]
         assert_same_training(eager, ddp, eager_losses, losses)
+
+    def test_each_cut_saves_what_crosses_it(self, dist_group):
+        """Between the layers of a stack a cut keeps one boundary
+        activation; inside a block it keeps more (the residual stream and
+        the value at the cut); recomputation still happens."""
+        from checkpoint_models import OneCheckpointLM, build_one
+
+        tokens = make_tokens(0)
+        boundary = tokens.numel() * 64 * 4  # one (batch, seq, width) float activation
+
+        def saved(make, **options):
+            torch._dynamo.reset()
+            goddp.clear_plans()
+            ddp = DDP(make(), bucket_cap_mb=CAP_MB)
+            compiled = torch.compile(ddp, backend=goddp.backend(inner="aot_eager", **options))
+            lm_loss(compiled(tokens)).backward()  # compile
+            nbytes, out = saved_activation_bytes(lambda: compiled(tokens), ddp.parameters())
+            lm_loss(out).backward()
+            (plan,) = [p for p in goddp.last_plans() if p["buckets"]]
+            return nbytes, plan["num_pieces"]
+
+        class Unchecked(OneCheckpointLM):
+            def forward(self, tokens):
+                return self.head(self.norm(self.body(self.embed(tokens))))
+
+        for body in ("stack", "block"):
+            whole, whole_pieces = saved(lambda: build_one(body), block_cuts=False)
+            split, pieces = saved(lambda: build_one(body))
+            plain, _ = saved(lambda: (torch.manual_seed(0), Unchecked(body))[1])
+            cuts = pieces - whole_pieces
+            assert cuts >= 1
+            assert split < plain, (body, split, plain)
+            if body == "stack":
+                assert split - whole == cuts * boundary, (split, whole, cuts)
+            else:
+                assert split - whole > cuts * boundary, (split, whole, cuts)
