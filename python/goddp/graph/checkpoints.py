@@ -460,7 +460,8 @@ def plan_split(
         return Split(call, blocks, None, reason, boundary if boundary == "bucket" or blocks >= 2 else "", buckets)
 
     if blocks < 2 and boundary != "bucket":
-        return whole("its body holds fewer than two blocks and its parameters fit in one bucket")
+        fits = "" if body_buckets is None else " and its parameters fit in one bucket"
+        return whole(f"its body holds fewer than two blocks{fits}")
     if any(u.op != "call_function" or u.target is not operator.getitem for u in call.users):
         return whole("its result is used other than by indexing")
     reason = _policy_blocker(body)
