@@ -67,8 +67,10 @@ extern "C" {
  *    Added within 8 (new values, no layout change): GODDP_REASON_NO_PARAMS and
  *    the alignment refusals, GODDP_DDP_NO_PER_BUCKET_CAPS ..
  *    GODDP_DDP_SEVERAL_PARAM_GROUPS with GODDP_REASON_NO_PER_BUCKET_CAPS ..
- *    GODDP_REASON_PARAM_GROUPS. */
-#define GODDP_ABI_VERSION 8
+ *    GODDP_REASON_PARAM_GROUPS.
+ * 9: the reports, goddp_plan_table and goddp_trace_report (JSON in, text
+ *    out; see "Reports" below). */
+#define GODDP_ABI_VERSION 9
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -432,8 +434,42 @@ goddp_status goddp_combine_forward(const goddp_forward *f, goddp_forward_plan **
 /* Releases a goddp_forward_plan. NULL is a no-op. */
 void goddp_forward_plan_free(goddp_forward_plan *plan);
 
-/* Releases an error message. NULL is a no-op. */
+/* Releases an error message, or a report's text. NULL is a no-op. */
 void goddp_string_free(char *s);
+
+/* Reports (ABI 9): pure formatting and arithmetic over what the caller
+ * already holds, so that every rule of what goddp tells its users lives in
+ * the planner (planner/table.go, planner/trace.go). Reports are documents,
+ * not hot paths: the input is a NUL-terminated UTF-8 JSON object under the
+ * names of the Python records (goddp.last_plans(), goddp.trace's
+ * to_dict()); keys a report does not read are ignored, missing ones are
+ * zero, empty or null. On GODDP_OK, *out holds a malloc'd NUL-terminated
+ * UTF-8 string to release with goddp_string_free. Input that is not such a
+ * JSON object is GODDP_ERR_INVALID_CONFIG. */
+
+/* The plan table, as the backend logs it at INFO (option log_plan). The
+ * object: fingerprint (unsigned 64-bit), mode ("ddp" or "torch"),
+ * num_pieces, caps {bucket_cap_bytes, first_bucket_cap_bytes,
+ * bucket_caps_bytes, max_pieces (0 or null: no limit), align_buckets},
+ * buckets [{index, bytes, param_names, piece, extended}] in DDP order,
+ * alignment (goddp_plan.alignment_name), merged_cuts, same_as (per piece,
+ * the piece whose compiled callable it runs; null: not compared) and eager
+ * (the pieces run eagerly). *table: the table's lines, '\n'-separated. */
+goddp_status goddp_plan_table(const char *view_json, char **table, char **err_msg);
+
+/* goddp.trace's figures of one rank's record (planner/trace.go, Note
+ * [Trace figures]). The object: rank, ranks, module, comm_hook,
+ * goddp_plans [{fingerprint, mode, num_pieces, bucket_bytes, fallback,
+ * forward {graphs, aligned, reason, bucket_graphs}}], dropped_steps and
+ * steps [{start_seen, compute_end_s (null: not seen), finalized_s,
+ * buckets [{index, bytes, params, param_names, launch_s, done_s (null:
+ * never completed)}]}], times in seconds from backward start.
+ * *report_json: a JSON object {steps (normalized: a compute end, every
+ * bucket done, buckets in launch order), step_stats [{backward_s,
+ * last_done_s, exposed_s, comm_busy_s, overlapped, buckets,
+ * launched_during_backward, head_start_s}], median_step (an index into
+ * steps, -1 without steps), verdict, summary (the text)}. */
+goddp_status goddp_trace_report(const char *record_json, char **report_json, char **err_msg);
 
 #ifdef GODDP_TESTHOOKS
 /* Test hook, only in libraries built with the goddp_testhooks Go tag (never
