@@ -278,6 +278,31 @@ def test_decisions_cross_the_extension(ext):
     assert info.value.code == _native.ERR_INVALID_GRAPH
 
 
+def test_reports_cross_the_extension(ext):
+    # The plan table and the trace figures: a JSON document in, text out
+    # (goddp_plan_table, goddp_trace_report); a bad document is the
+    # planner's invalid-config error, a NUL in it a ValueError.
+    table = ext.plan_table(
+        '{"fingerprint": 18446744073709551615, "mode": "torch", "num_pieces": 1, "alignment": "none",'
+        ' "caps": {"bucket_cap_bytes": 1048576, "first_bucket_cap_bytes": 1048576},'
+        ' "buckets": [{"index": 0, "bytes": 3, "param_names": ["w"], "piece": 0}]}'
+    )
+    assert table.splitlines()[0].startswith("goddp plan: mode=torch fingerprint=ffffffffffffffff pieces=1 buckets=1")
+    assert table.splitlines()[-1].split() == ["0", "0.000", "0", "w"]
+    step = {"compute_end_s": 1.0, "buckets": [{"index": 0, "bytes": 8, "params": 1, "launch_s": 0.5, "done_s": None}]}
+    report = _native.trace_report({"steps": [step]})
+    assert report["steps"][0]["buckets"][0]["done_s"] == 1.0 and report["median_step"] == 0
+    assert report["step_stats"][0]["comm_busy_s"] == 0.5 and report["step_stats"][0]["exposed_s"] == 0.0
+    for call in (ext.plan_table, ext.trace_report):
+        with pytest.raises(ext.PlannerError, match="not a valid document") as info:
+            call("[1]")
+        assert info.value.code == _native.ERR_INVALID_CONFIG
+        with pytest.raises(ValueError):
+            call("{\0}")
+    with pytest.raises(ValueError):  # JSON has no NaN: refused before Go
+        _native.trace_report({"steps": [dict(step, compute_end_s=float("nan"))]})
+
+
 def test_exceptions_are_runtime_errors(ext):
     assert issubclass(ext.PlannerError, RuntimeError)
     assert issubclass(ext.ForkedChildError, RuntimeError)
@@ -712,6 +737,8 @@ def test_forked_child_gets_forked_child_error(ext):
                 ext.abi_version,
                 lambda: ext.set_max_procs(0),
                 lambda: _native.plan_graph(chain_graph(1), toy_config()),
+                lambda: ext.plan_table("{}"),
+                lambda: _native.trace_report({"steps": []}),
             ):
                 try:
                     call()
@@ -729,7 +756,7 @@ def test_forked_child_gets_forked_child_error(ext):
     with os.fdopen(r, "rb") as f:
         report = f.read().decode().splitlines()
     assert exit_code == 0
-    assert len(report) == 4
+    assert len(report) == 6
     for line in report:
         assert line.startswith("forked:"), report
         assert "forked after it was loaded" in line and "'spawn'" in line
