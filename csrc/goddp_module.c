@@ -1148,6 +1148,31 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(agree_doc,
+             "agree(request) -> str\n\n"
+             "The verdict of one agreement round of a DDP module's ranks (goddp_agree in\n"
+             "goddp.h): request and the result are JSON text of the shapes goddp.h gives.");
+
+static PyObject *py_agree(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *request;
+    if (!PyArg_ParseTuple(args, "s:agree", &request)) return NULL;
+    if (refuse_in_forked_child() < 0) return NULL;
+    char *verdict = NULL, *msg = NULL;
+    goddp_status status;
+    /* request points into a str that args holds for the whole call. */
+    Py_BEGIN_ALLOW_THREADS
+    status = goddp_agree(request, &verdict, &msg);
+    Py_END_ALLOW_THREADS
+    if (status != GODDP_OK) {
+        raise_planner_error(status, msg);
+        return NULL;
+    }
+    PyObject *result = PyUnicode_FromString(verdict);
+    goddp_string_free(verdict);
+    return result;
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -1177,6 +1202,7 @@ static PyMethodDef goddp_methods[] = {
     {"combine_forward", py_combine_forward, METH_VARARGS, combine_forward_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
     {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
+    {"agree", py_agree, METH_VARARGS, agree_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif
