@@ -398,8 +398,8 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
 
 /* The verdict of one agreement round of a DDP module's ranks
  * (planner/agree.go, Note [The agreement verdict]; ABI 9). request and
- * *verdict are NUL-terminated JSON text (bridge/agree.go, Note [Agreement as
- * JSON]; docs/planner.md, "Agreement", gives both shapes):
+ * *verdict are NUL-terminated JSON text, as Note [Agreement as JSON] in
+ * bridge/agree.go says why (docs/planner.md, "Agreement", gives both shapes):
  *   request: {"statements": {"<rank>": statement, ...},
  *             "names": {"<DDP position>": "<parameter name>", ...},
  *             "may_defer": bool,
