@@ -69,7 +69,8 @@ extern "C" {
  *    GODDP_DDP_SEVERAL_PARAM_GROUPS with GODDP_REASON_NO_PER_BUCKET_CAPS ..
  *    GODDP_REASON_PARAM_GROUPS.
  * 9: goddp_agree (the agreement verdict of a DDP module's ranks, JSON text in
- *    and out; docs/planner.md, "Agreement"). Layout digests name the build,
+ *    and out; docs/planner.md, "Agreement"); goddp_forward_plan.ddp_caps
+ *    (at the end of the struct). Layout digests name the build,
  *    so builds of ABI 8 and 9 never agree with each other. */
 #define GODDP_ABI_VERSION 9
 
@@ -444,6 +445,7 @@ typedef struct goddp_forward_plan {
     int32_t *bucket_params;             /* DDP positions */
     int64_t moved;                      /* parameters in several graphs, kept in the earliest only */
     int64_t dropped;                    /* buckets left empty by that */
+    int64_t *ddp_caps;                  /* [num_buckets] ABI 9: the caps to give DDP (bucket_bytes, at least 1) */
 } goddp_forward_plan;
 
 /* Combines the aligned buckets of a forward's graphs into one DDP

@@ -949,6 +949,7 @@ static PyObject *forward_plan_to_dict(const goddp_forward_plan *p) {
     }
     if (set_int(d, "num_buckets", PyLong_FromLongLong(nb)) < 0 ||
         set_bytes(d, "bucket_bytes", p->bucket_bytes, nb, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "ddp_caps", p->ddp_caps, nb, sizeof(int64_t)) < 0 ||
         set_bytes(d, "bucket_graphs", p->bucket_graphs, nb, sizeof(int32_t)) < 0 ||
         set_bytes(d, "bucket_sources", p->bucket_sources, nb, sizeof(int32_t)) < 0 ||
         set_bytes(d, "bucket_param_offsets", p->bucket_param_offsets, nb + 1, sizeof(int64_t)) < 0 ||
