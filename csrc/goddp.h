@@ -379,7 +379,7 @@ goddp_status goddp_plan_graph(const goddp_graph *g, const goddp_config *cfg,
                               goddp_plan **out, char **err_msg);
 
 /* What DDP will communicate for one module once goddp has set its buckets
- * (python/goddp/_agreement.py, Note [Agreeing on DDP's layout]): the ranks
+ * (python/goddp/ranks/agreement.py, Note [Agreeing on DDP's layout]): the ranks
  * of a DDP module compare its digest, never their graphs. */
 typedef struct goddp_layout {
     int32_t num_buckets;                /* >= 1, DDP order */
