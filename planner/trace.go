@@ -419,14 +419,8 @@ func sizeText(n int64) string {
 	return strconv.FormatFloat(float64(n)/(1<<10), 'f', 1, 64) + " KiB"
 }
 
-// orNone and intOrNone print a missing record field as Python's None.
-func orNone(s *string) string {
-	if s == nil {
-		return "None"
-	}
-	return *s
-}
-
+// intOrNone prints a missing record field as Python's None (as orNone,
+// agree.go).
 func intOrNone(n *int) string {
 	if n == nil {
 		return "None"

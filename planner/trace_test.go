@@ -12,7 +12,7 @@ import (
 
 func f64(x float64) *float64 { return &x }
 
-func bucketAt(index int, bytes int64, launch float64, done *float64) TraceBucket {
+func traceBucket(index int, bytes int64, launch float64, done *float64) TraceBucket {
 	return TraceBucket{Index: index, Bytes: bytes, Params: 1, LaunchS: launch, DoneS: done}
 }
 
@@ -28,13 +28,13 @@ func TestNormalize(t *testing.T) {
 	}{
 		{"launch order, ties by index",
 			TraceStep{StartSeen: true, ComputeEndS: f64(1), FinalizedS: f64(1.5), Buckets: []TraceBucket{
-				bucketAt(2, 1, 0.5, f64(0.9)), bucketAt(1, 1, 0.5, f64(0.8)), bucketAt(0, 1, 0.1, f64(0.3))}},
+				traceBucket(2, 1, 0.5, f64(0.9)), traceBucket(1, 1, 0.5, f64(0.8)), traceBucket(0, 1, 0.1, f64(0.3))}},
 			1, []int{0, 1, 2}, []float64{0.3, 0.8, 0.9}, true, f64(1.5)},
 		{"no compute end: the last launch",
-			TraceStep{Buckets: []TraceBucket{bucketAt(0, 1, 0, f64(0.2)), bucketAt(1, 1, 0.4, nil)}},
+			TraceStep{Buckets: []TraceBucket{traceBucket(0, 1, 0, f64(0.2)), traceBucket(1, 1, 0.4, nil)}},
 			0.4, []int{0, 1}, []float64{0.2, 0.4}, false, nil},
 		{"a compute end before the last launch moves to it, an unfinished bucket is done at the recorded end",
-			TraceStep{ComputeEndS: f64(0.3), Buckets: []TraceBucket{bucketAt(0, 1, 0.5, nil), bucketAt(1, 1, 0.1, f64(0.2))}},
+			TraceStep{ComputeEndS: f64(0.3), Buckets: []TraceBucket{traceBucket(0, 1, 0.5, nil), traceBucket(1, 1, 0.1, f64(0.2))}},
 			0.5, []int{1, 0}, []float64{0.2, 0.3}, false, nil},
 	}
 	for _, tc := range cases {
@@ -63,21 +63,21 @@ func TestStepStats(t *testing.T) {
 	}{
 		{"overlapping, one late",
 			TraceStep{ComputeEndS: f64(1), Buckets: []TraceBucket{
-				bucketAt(0, 100, 0.25, f64(0.75)), bucketAt(1, 300, 0.5, f64(1.25)), bucketAt(2, 100, 0.99, f64(1.5))}},
+				traceBucket(0, 100, 0.25, f64(0.75)), traceBucket(1, 300, 0.5, f64(1.25)), traceBucket(2, 100, 0.99, f64(1.5))}},
 			StepStats{BackwardS: 1, LastDoneS: 1.5, ExposedS: 0.5, CommBusyS: 1.25, Overlapped: 0.75 / 1.25, Buckets: 3,
 				LaunchedDuringBackward: 2, HeadStartS: (100*0.75 + 300*0.5 + 100*0.01) / 500}},
 		{"a gap between allreduces is not busy",
-			TraceStep{ComputeEndS: f64(2), Buckets: []TraceBucket{bucketAt(0, 1, 0, f64(0.5)), bucketAt(1, 1, 1, f64(1.5))}},
+			TraceStep{ComputeEndS: f64(2), Buckets: []TraceBucket{traceBucket(0, 1, 0, f64(0.5)), traceBucket(1, 1, 1, f64(1.5))}},
 			StepStats{BackwardS: 2, LastDoneS: 1.5, ExposedS: 0, CommBusyS: 1, Overlapped: 1, Buckets: 2,
 				LaunchedDuringBackward: 2, HeadStartS: 1.5}},
 		{"all after backward",
-			TraceStep{ComputeEndS: f64(1), Buckets: []TraceBucket{bucketAt(0, 8, 1, f64(3))}},
+			TraceStep{ComputeEndS: f64(1), Buckets: []TraceBucket{traceBucket(0, 8, 1, f64(3))}},
 			StepStats{BackwardS: 1, LastDoneS: 3, ExposedS: 2, CommBusyS: 2, Overlapped: 0, Buckets: 1}},
 		{"nothing in flight: fully overlapped, no head start",
-			TraceStep{ComputeEndS: f64(1), Buckets: []TraceBucket{bucketAt(0, 0, 0.5, f64(0.5))}},
+			TraceStep{ComputeEndS: f64(1), Buckets: []TraceBucket{traceBucket(0, 0, 0.5, f64(0.5))}},
 			StepStats{BackwardS: 1, LastDoneS: 0.5, Overlapped: 1, Buckets: 1, LaunchedDuringBackward: 1}},
 		{"exactly at the margin counts as during backward",
-			TraceStep{ComputeEndS: f64(1), Buckets: []TraceBucket{bucketAt(0, 4, 0.95, f64(1))}},
+			TraceStep{ComputeEndS: f64(1), Buckets: []TraceBucket{traceBucket(0, 4, 0.95, f64(1))}},
 			StepStats{BackwardS: 1, LastDoneS: 1, CommBusyS: 0.050000000000000044, Overlapped: 1, Buckets: 1,
 				LaunchedDuringBackward: 1, HeadStartS: 0.050000000000000044}},
 	}
@@ -95,7 +95,7 @@ func TestStepStats(t *testing.T) {
 func TestMedianAndVerdict(t *testing.T) {
 	step := func(end, overlap float64) TraceStep {
 		// one bucket in flight from end-overlap to end+(1-overlap): that share before the end
-		return TraceStep{ComputeEndS: f64(end), Buckets: []TraceBucket{bucketAt(0, 1, end-overlap, f64(end+1-overlap))}}
+		return TraceStep{ComputeEndS: f64(end), Buckets: []TraceBucket{traceBucket(0, 1, end-overlap, f64(end+1-overlap))}}
 	}
 	r := AnalyzeTrace(&TraceRecord{})
 	assert.Equal(t, -1, r.MedianStep)
@@ -116,9 +116,9 @@ func TestTraceSummaryGolden(t *testing.T) {
 			Forward: &TraceForward{Graphs: []string{"frame f", "frame g [0/1]"}, Aligned: true, BucketGraphs: []int{1, 0}}}},
 		Steps: []TraceStep{
 			{StartSeen: true, ComputeEndS: f64(0.012), Buckets: []TraceBucket{
-				bucketAt(1, 3<<20, 0.0111, f64(0.02)), bucketAt(0, 1<<16, 0.004, f64(0.006))}},
+				traceBucket(1, 3<<20, 0.0111, f64(0.02)), traceBucket(0, 1<<16, 0.004, f64(0.006))}},
 			{StartSeen: true, ComputeEndS: f64(0.010), Buckets: []TraceBucket{
-				bucketAt(0, 1<<16, 0.002, nil), bucketAt(1, 3<<20, 0.009, f64(0.0105))}},
+				traceBucket(0, 1<<16, 0.002, nil), traceBucket(1, 3<<20, 0.009, f64(0.0105))}},
 		}}
 	text := AnalyzeTrace(rec).Summary + "\n\n"
 	unaligned := *rec
@@ -192,7 +192,7 @@ func FuzzTraceFigures(f *testing.F) {
 		for k := 1; k+1 < len(data) && len(step.Buckets) < 8; k += 2 {
 			launch := float64(data[k]) / 64
 			done := launch + float64(data[k+1]%128)/64
-			step.Buckets = append(step.Buckets, bucketAt(len(step.Buckets), int64(data[k+1]), launch, f64(done)))
+			step.Buckets = append(step.Buckets, traceBucket(len(step.Buckets), int64(data[k+1]), launch, f64(done)))
 			spans = append(spans, span{launch, done})
 			lastDone = max(lastDone, done)
 		}

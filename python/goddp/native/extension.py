@@ -166,6 +166,12 @@ def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_of
     return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
 
 
+def agree(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The verdict of one agreement round (goddp_agree in csrc/goddp.h, which
+    gives both JSON shapes). Raises PlannerError like plan_graph."""
+    return json.loads(load().agree(json.dumps(request, sort_keys=True)))
+
+
 def plan_table(view: Mapping[str, Any]) -> str:
     """The plan table of a plan view (goddp_plan_table in csrc/goddp.h)."""
     return load().plan_table(json.dumps(view, allow_nan=False))
