@@ -68,7 +68,13 @@ extern "C" {
  *    the alignment refusals, GODDP_DDP_NO_PER_BUCKET_CAPS ..
  *    GODDP_DDP_SEVERAL_PARAM_GROUPS with GODDP_REASON_NO_PER_BUCKET_CAPS ..
  *    GODDP_REASON_PARAM_GROUPS.
- * 9: goddp_config.uniform_caps (at the end of the struct). */
+ * 9: goddp_agree (the agreement verdict of a DDP module's ranks, JSON text in
+ *    and out; docs/planner.md, "Agreement"); goddp_forward_plan.ddp_caps
+ *    (at the end of the struct). Layout digests name the build,
+ *    so builds of ABI 8 and 9 never agree with each other.
+ *    Also 9: the reports, goddp_plan_table and goddp_trace_report (JSON in,
+ *    text out; see "Reports" below).
+ *    Also 9: goddp_config.uniform_caps (at the end of the struct). */
 #define GODDP_ABI_VERSION 9
 
 /* FX node kinds, as in torch.fx.Node.op. */
@@ -381,7 +387,7 @@ goddp_status goddp_plan_graph(const goddp_graph *g, const goddp_config *cfg,
                               goddp_plan **out, char **err_msg);
 
 /* What DDP will communicate for one module once goddp has set its buckets
- * (python/goddp/_agreement.py, Note [Agreeing on DDP's layout]): the ranks
+ * (python/goddp/ranks/agreement.py, Note [Agreeing on DDP's layout]): the ranks
  * of a DDP module compare its digest, never their graphs. */
 typedef struct goddp_layout {
     int32_t num_buckets;                /* >= 1, DDP order */
@@ -398,6 +404,28 @@ typedef struct goddp_layout {
  * module could have (no bucket or cap, an empty bucket, a repeated or
  * negative position, a cap below one byte). */
 goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, char **err_msg);
+
+/* The verdict of one agreement round of a DDP module's ranks
+ * (planner/agree.go, Note [The agreement verdict]; ABI 9). request and
+ * *verdict are NUL-terminated JSON text, as Note [Agreement as JSON] in
+ * bridge/agree.go says why (docs/planner.md, "Agreement", gives both shapes):
+ *   request: {"statements": {"<rank>": statement, ...},
+ *             "names": {"<DDP position>": "<parameter name>", ...},
+ *             "may_defer": bool,
+ *             "installed": {"<rank>": {"failed": str|null, "lost": str|null}}}
+ *     statement: {"layout": {"buckets": [[int]], "caps": [int],
+ *                            "order": "ready"|"declaration", "build": str}|null,
+ *                 "digest": hex|null, "reason": str|null, "later": bool,
+ *                 "strict": bool, "lost": str|null, "fingerprint": hex|null,
+ *                 "pieces": int}   (hex: 16 hex digits)
+ *     "installed", when present, makes it the install round.
+ *   verdict: {"error": "peer_failed"|"plan_mismatch"|null, "message": str|null,
+ *             "action": "install"|"keep"|"later"|null, "layout_rank": int|null,
+ *             "reason": str|null, "disagreed": bool, "record": {...}|null}
+ * On GODDP_OK, *verdict is released with goddp_string_free.
+ * GODDP_ERR_INVALID_CONFIG for a request that is not of that shape, has no
+ * statement, or is an install round without agreeing statements. */
+goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);
@@ -425,6 +453,7 @@ typedef struct goddp_forward_plan {
     int32_t *bucket_params;             /* DDP positions */
     int64_t moved;                      /* parameters in several graphs, kept in the earliest only */
     int64_t dropped;                    /* buckets left empty by that */
+    int64_t *ddp_caps;                  /* [num_buckets] ABI 9: the caps to give DDP (bucket_bytes, at least 1) */
 } goddp_forward_plan;
 
 /* Combines the aligned buckets of a forward's graphs into one DDP
@@ -438,8 +467,42 @@ goddp_status goddp_combine_forward(const goddp_forward *f, goddp_forward_plan **
 /* Releases a goddp_forward_plan. NULL is a no-op. */
 void goddp_forward_plan_free(goddp_forward_plan *plan);
 
-/* Releases an error message. NULL is a no-op. */
+/* Releases an error message, or a report's text. NULL is a no-op. */
 void goddp_string_free(char *s);
+
+/* Reports (ABI 9): pure formatting and arithmetic over what the caller
+ * already holds, so that every rule of what goddp tells its users lives in
+ * the planner (planner/table.go, planner/trace.go). Reports are documents,
+ * not hot paths: the input is a NUL-terminated UTF-8 JSON object under the
+ * names of the Python records (goddp.last_plans(), goddp.trace's
+ * to_dict()); keys a report does not read are ignored, missing ones are
+ * zero, empty or null. On GODDP_OK, *out holds a malloc'd NUL-terminated
+ * UTF-8 string to release with goddp_string_free. Input that is not such a
+ * JSON object is GODDP_ERR_INVALID_CONFIG. */
+
+/* The plan table, as the backend logs it at INFO (option log_plan). The
+ * object: fingerprint (unsigned 64-bit), mode ("ddp" or "torch"),
+ * num_pieces, caps {bucket_cap_bytes, first_bucket_cap_bytes,
+ * bucket_caps_bytes, max_pieces (0 or null: no limit), align_buckets},
+ * buckets [{index, bytes, param_names, piece, extended}] in DDP order,
+ * alignment (goddp_plan.alignment_name), merged_cuts, same_as (per piece,
+ * the piece whose compiled callable it runs; null: not compared) and eager
+ * (the pieces run eagerly). *table: the table's lines, '\n'-separated. */
+goddp_status goddp_plan_table(const char *view_json, char **table, char **err_msg);
+
+/* goddp.trace's figures of one rank's record (planner/trace.go, Note
+ * [Trace figures]). The object: rank, ranks, module, comm_hook,
+ * goddp_plans [{fingerprint, mode, num_pieces, bucket_bytes, fallback,
+ * forward {graphs, aligned, reason, bucket_graphs}}], dropped_steps and
+ * steps [{start_seen, compute_end_s (null: not seen), finalized_s,
+ * buckets [{index, bytes, params, param_names, launch_s, done_s (null:
+ * never completed)}]}], times in seconds from backward start.
+ * *report_json: a JSON object {steps (normalized: a compute end, every
+ * bucket done, buckets in launch order), step_stats [{backward_s,
+ * last_done_s, exposed_s, comm_busy_s, overlapped, buckets,
+ * launched_during_backward, head_start_s}], median_step (an index into
+ * steps, -1 without steps), verdict, summary (the text)}. */
+goddp_status goddp_trace_report(const char *record_json, char **report_json, char **err_msg);
 
 #ifdef GODDP_TESTHOOKS
 /* Test hook, only in libraries built with the goddp_testhooks Go tag (never

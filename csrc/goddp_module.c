@@ -952,6 +952,7 @@ static PyObject *forward_plan_to_dict(const goddp_forward_plan *p) {
     }
     if (set_int(d, "num_buckets", PyLong_FromLongLong(nb)) < 0 ||
         set_bytes(d, "bucket_bytes", p->bucket_bytes, nb, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "ddp_caps", p->ddp_caps, nb, sizeof(int64_t)) < 0 ||
         set_bytes(d, "bucket_graphs", p->bucket_graphs, nb, sizeof(int32_t)) < 0 ||
         set_bytes(d, "bucket_sources", p->bucket_sources, nb, sizeof(int32_t)) < 0 ||
         set_bytes(d, "bucket_param_offsets", p->bucket_param_offsets, nb + 1, sizeof(int64_t)) < 0 ||
@@ -1151,6 +1152,80 @@ done:
     return result;
 }
 
+/* A report (goddp.h, "Reports"): one JSON document in, one string out. */
+typedef goddp_status (*report_fn)(const char *, char **, char **);
+
+static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
+    const char *doc;
+    if (!PyArg_ParseTuple(args, format, &doc)) return NULL;
+    if (refuse_in_forked_child() < 0) return NULL;
+    char *text = NULL, *msg = NULL;
+    goddp_status status;
+    /* doc stays valid: args holds the str it points into. */
+    Py_BEGIN_ALLOW_THREADS
+    status = fn(doc, &text, &msg);
+    Py_END_ALLOW_THREADS
+    if (status != GODDP_OK) {
+        goddp_string_free(text);
+        raise_planner_error(status, msg);
+        return NULL;
+    }
+    goddp_string_free(msg);
+    if (text == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "goddp: library returned GODDP_OK without a report");
+        return NULL;
+    }
+    PyObject *result = PyUnicode_FromString(text);
+    goddp_string_free(text);
+    return result;
+}
+
+PyDoc_STRVAR(plan_table_doc,
+             "plan_table(view_json) -> str\n\n"
+             "The plan table of a plan (goddp_plan_table in csrc/goddp.h): view_json is a\n"
+             "JSON object with the plan record's fields, same_as and eager.");
+
+static PyObject *py_plan_table(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:plan_table", goddp_plan_table);
+}
+
+PyDoc_STRVAR(trace_report_doc,
+             "trace_report(record_json) -> str\n\n"
+             "goddp.trace's figures of one rank's record (goddp_trace_report in\n"
+             "csrc/goddp.h), as a JSON object: steps, step_stats, median_step, verdict,\n"
+             "summary.");
+
+static PyObject *py_trace_report(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:trace_report", goddp_trace_report);
+}
+
+PyDoc_STRVAR(agree_doc,
+             "agree(request) -> str\n\n"
+             "The verdict of one agreement round of a DDP module's ranks (goddp_agree in\n"
+             "goddp.h): request and the result are JSON text of the shapes goddp.h gives.");
+
+static PyObject *py_agree(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *request;
+    if (!PyArg_ParseTuple(args, "s:agree", &request)) return NULL;
+    if (refuse_in_forked_child() < 0) return NULL;
+    char *verdict = NULL, *msg = NULL;
+    goddp_status status;
+    /* request points into a str that args holds for the whole call. */
+    Py_BEGIN_ALLOW_THREADS
+    status = goddp_agree(request, &verdict, &msg);
+    Py_END_ALLOW_THREADS
+    if (status != GODDP_OK) {
+        raise_planner_error(status, msg);
+        return NULL;
+    }
+    PyObject *result = PyUnicode_FromString(verdict);
+    goddp_string_free(verdict);
+    return result;
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -1180,6 +1255,10 @@ static PyMethodDef goddp_methods[] = {
     {"combine_forward", py_combine_forward, METH_VARARGS, combine_forward_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
     {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
+    {"plan_table", py_plan_table, METH_VARARGS, plan_table_doc},
+    {"trace_report", py_trace_report, METH_VARARGS, trace_report_doc},
+
+    {"agree", py_agree, METH_VARARGS, agree_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif

@@ -551,6 +551,72 @@ static void check_decisions(const goddp_graph *base) {
     goddp_string_free(msg);
 }
 
+/* The reports (ABI 9): a JSON document in, a string out, freed by
+ * goddp_string_free; a bad document is GODDP_ERR_INVALID_CONFIG and hands
+ * nothing out. */
+static void check_reports(void) {
+    char *text = NULL, *msg = NULL;
+    goddp_status st = goddp_plan_table(
+        "{\"fingerprint\": 171, \"mode\": \"ddp\", \"num_pieces\": 1, \"caps\": {\"bucket_cap_bytes\": 1048576,"
+        " \"first_bucket_cap_bytes\": 1048576}, \"buckets\": [{\"index\": 0, \"bytes\": 1048576, \"param_names\": [\"w\"],"
+        " \"piece\": 0}], \"alignment\": \"none\"}",
+        &text, &msg);
+    CHECK(st == GODDP_OK && text != NULL && msg == NULL, "plan table: status %d", st);
+    CHECK(text != NULL && strstr(text, "goddp plan: mode=ddp fingerprint=00000000000000ab pieces=1 buckets=1") == text,
+          "plan table: %s", text ? text : "(none)");
+    CHECK(text != NULL && strstr(text, "\n0       1.000  0      w") != NULL, "plan table rows: %s", text ? text : "(none)");
+    goddp_string_free(text);
+
+    text = NULL;
+    st = goddp_trace_report("{\"steps\": [{\"compute_end_s\": 1.0, \"buckets\": [{\"bytes\": 8, \"launch_s\": 0.5, "
+                            "\"done_s\": 1.25}]}]}",
+                            &text, &msg);
+    CHECK(st == GODDP_OK && text != NULL, "trace report: status %d", st);
+    CHECK(text != NULL && strstr(text, "\"exposed_s\":0.25") != NULL, "trace report: %s", text ? text : "(none)");
+    goddp_string_free(text);
+
+    text = NULL;
+    st = goddp_trace_report("not json", &text, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && text == NULL, "bad trace document: status %d", st);
+    CHECK(msg != NULL && strstr(msg, "not a valid document") != NULL, "bad trace document: message %s",
+          msg ? msg : "(none)");
+    goddp_string_free(msg);
+}
+
+/* The agreement verdict (goddp_agree): JSON text in, JSON text out. */
+static void check_agree(void) {
+    const char *two_ranks =
+        "{\"may_defer\": true, \"names\": {\"0\": \"w\"}, \"statements\": {"
+        "\"1\": {\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": \"ready\", \"build\": \"b\"},"
+        " \"digest\": \"00000000000000aa\", \"pieces\": 1},"
+        "\"0\": {\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": \"ready\", \"build\": \"b\"},"
+        " \"digest\": \"00000000000000aa\", \"pieces\": 1}}}";
+    char *verdict = NULL, *msg = NULL;
+    goddp_status st = goddp_agree(two_ranks, &verdict, &msg);
+    CHECK(st == GODDP_OK && verdict != NULL && msg == NULL, "agree: status %d, message %s", st, msg ? msg : "(none)");
+    CHECK(verdict != NULL && strstr(verdict, "\"action\":\"install\"") != NULL &&
+              strstr(verdict, "\"layout_rank\":0") != NULL,
+          "agree: verdict %s", verdict ? verdict : "(none)");
+    goddp_string_free(verdict);
+    goddp_string_free(msg);
+
+    verdict = NULL;
+    msg = NULL;
+    st = goddp_agree("{\"statements\": {}}", &verdict, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && verdict == NULL && msg != NULL && strstr(msg, "at least one") != NULL,
+          "agree without statements: status %d, message %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+
+    msg = NULL;
+    st = goddp_agree("not json", &verdict, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && verdict == NULL && msg != NULL && strstr(msg, "not valid JSON") != NULL,
+          "agree on bad JSON: status %d, message %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+
+    st = goddp_agree(NULL, &verdict, NULL);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG, "agree on NULL: status %d", st);
+}
+
 int main(void) {
     CHECK(goddp_abi_version() == GODDP_ABI_VERSION, "library ABI %d, header ABI %d", goddp_abi_version(),
           GODDP_ABI_VERSION);
@@ -565,6 +631,8 @@ int main(void) {
     check_decisions(&g);
     check_errors(&g);
     check_max_procs();
+    check_reports();
+    check_agree();
     check_threads(&g, fp_ddp);
 
     printf("%d passed, %d failed\n", passed, failed);

@@ -20,6 +20,7 @@ built without loading Go; tests check them against the extension's own.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import threading
@@ -163,3 +164,20 @@ def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_of
     """One DDP bucket layout for the graphs of a forward; see
     goddp._goddp.combine_forward. Raises PlannerError like plan_graph."""
     return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
+
+
+def agree(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The verdict of one agreement round (goddp_agree in csrc/goddp.h, which
+    gives both JSON shapes). Raises PlannerError like plan_graph."""
+    return json.loads(load().agree(json.dumps(request, sort_keys=True)))
+
+
+def plan_table(view: Mapping[str, Any]) -> str:
+    """The plan table of a plan view (goddp_plan_table in csrc/goddp.h)."""
+    return load().plan_table(json.dumps(view, allow_nan=False))
+
+
+def trace_report(record: Mapping[str, Any]) -> dict[str, Any]:
+    """goddp.trace's figures of a record (goddp_trace_report in
+    csrc/goddp.h): steps, step_stats, median_step, verdict, summary."""
+    return json.loads(load().trace_report(json.dumps(record, allow_nan=False)))

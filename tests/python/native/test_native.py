@@ -290,6 +290,31 @@ def test_decisions_cross_the_extension(ext):
     assert info.value.code == _native.ERR_INVALID_GRAPH
 
 
+def test_reports_cross_the_extension(ext):
+    # The plan table and the trace figures: a JSON document in, text out
+    # (goddp_plan_table, goddp_trace_report); a bad document is the
+    # planner's invalid-config error, a NUL in it a ValueError.
+    table = ext.plan_table(
+        '{"fingerprint": 18446744073709551615, "mode": "torch", "num_pieces": 1, "alignment": "none",'
+        ' "caps": {"bucket_cap_bytes": 1048576, "first_bucket_cap_bytes": 1048576},'
+        ' "buckets": [{"index": 0, "bytes": 3, "param_names": ["w"], "piece": 0}]}'
+    )
+    assert table.splitlines()[0].startswith("goddp plan: mode=torch fingerprint=ffffffffffffffff pieces=1 buckets=1")
+    assert table.splitlines()[-1].split() == ["0", "0.000", "0", "w"]
+    step = {"compute_end_s": 1.0, "buckets": [{"index": 0, "bytes": 8, "params": 1, "launch_s": 0.5, "done_s": None}]}
+    report = _native.trace_report({"steps": [step]})
+    assert report["steps"][0]["buckets"][0]["done_s"] == 1.0 and report["median_step"] == 0
+    assert report["step_stats"][0]["comm_busy_s"] == 0.5 and report["step_stats"][0]["exposed_s"] == 0.0
+    for call in (ext.plan_table, ext.trace_report):
+        with pytest.raises(ext.PlannerError, match="not a valid document") as info:
+            call("[1]")
+        assert info.value.code == _native.ERR_INVALID_CONFIG
+        with pytest.raises(ValueError):
+            call("{\0}")
+    with pytest.raises(ValueError):  # JSON has no NaN: refused before Go
+        _native.trace_report({"steps": [dict(step, compute_end_s=float("nan"))]})
+
+
 def test_exceptions_are_runtime_errors(ext):
     assert issubclass(ext.PlannerError, RuntimeError)
     assert issubclass(ext.ForkedChildError, RuntimeError)
@@ -724,6 +749,9 @@ def test_forked_child_gets_forked_child_error(ext):
                 ext.abi_version,
                 lambda: ext.set_max_procs(0),
                 lambda: _native.plan_graph(chain_graph(1), toy_config()),
+                lambda: ext.plan_table("{}"),
+                lambda: _native.trace_report({"steps": []}),
+                lambda: ext.agree("{}"),
             ):
                 try:
                     call()
@@ -741,7 +769,7 @@ def test_forked_child_gets_forked_child_error(ext):
     with os.fdopen(r, "rb") as f:
         report = f.read().decode().splitlines()
     assert exit_code == 0
-    assert len(report) == 4
+    assert len(report) == 7
     for line in report:
         assert line.startswith("forked:"), report
         assert "forked after it was loaded" in line and "'spawn'" in line
@@ -872,3 +900,19 @@ def test_bad_gomaxprocs_fails_before_go_loads():
         GODDP_GOMAXPROCS="lots",
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_agree_is_json_in_json_out(ext):
+    """goddp_agree (csrc/goddp.h): the verdict of one agreement round."""
+    layout = {"buckets": [[1], [0]], "caps": [8, 4], "order": "ready", "build": "b"}
+    said = {"layout": layout, "digest": "00000000000000aa", "fingerprint": "0000000000000001", "pieces": 2}
+    verdict = _native.agree({"statements": {"1": said, "0": said}, "names": {}, "may_defer": True})
+    assert verdict["error"] is None and verdict["action"] == "install" and verdict["layout_rank"] == 0
+    assert verdict["record"]["caps"] == [8, 4] and [r["rank"] for r in verdict["record"]["ranks"]] == [0, 1]
+    with pytest.raises(ext.PlannerError, match="not valid JSON") as info:
+        ext.agree("{")
+    assert info.value.code == ext.ERR_INVALID_CONFIG
+    with pytest.raises(ext.PlannerError, match="layout order 'sideways'|layout order \"sideways\""):
+        _native.agree({"statements": {"0": {**said, "layout": {**layout, "order": "sideways"}}}})
+    with pytest.raises(TypeError):
+        ext.agree(b"{}")
