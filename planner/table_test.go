@@ -124,4 +124,3 @@ func blockReuse(v *TableView) []int {
 	}
 	return same
 }
-

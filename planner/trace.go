@@ -295,7 +295,9 @@ type traceText struct {
 	lines []string
 }
 
-func (t *traceText) add(format string, args ...any) { t.lines = append(t.lines, fmt.Sprintf(format, args...)) }
+func (t *traceText) add(format string, args ...any) {
+	t.lines = append(t.lines, fmt.Sprintf(format, args...))
+}
 
 func (t *traceText) render() string {
 	t.header()
