@@ -449,6 +449,10 @@ func planToC(d *planner.Decision) (_ *C.goddp_plan, err error) {
 
 	cp.alignment = C.int32_t(p.Alignment)
 	cp.merged_cuts = C.int64_t(p.MergedCuts)
+	cp.block_runs = 0
+	if p.BlockRuns {
+		cp.block_runs = 1
+	}
 	ptr, caps, err := cAlloc[int64](len(p.DDPCaps))
 	if err != nil {
 		return nil, err

@@ -74,7 +74,8 @@ extern "C" {
  *    so builds of ABI 8 and 9 never agree with each other.
  *    Also 9: the reports, goddp_plan_table and goddp_trace_report (JSON in,
  *    text out; see "Reports" below).
- *    Also 9: goddp_config.uniform_caps (at the end of the struct). */
+ *    Also 9: goddp_config.uniform_caps (at the end of the struct).
+ *    Also 9: goddp_plan.block_runs (at the end of the struct). */
 #define GODDP_ABI_VERSION 9
 
 /* FX node kinds, as in torch.fx.Node.op. */
@@ -370,6 +371,13 @@ typedef struct goddp_plan {
      * finds unused parameters without a static graph (it never rebuilds);
      * GODDP_ORDER_READY without config.ddp. */
     int32_t ddp_bucket_order;
+
+    /* ABI 9. 1 when the pieces begin only at block runs (ddp mode, at
+     * least two runs of node_block_ids, bucket_order other than
+     * GODDP_ORDER_DECLARATION; planner/blocks.go), 0 when the cuts follow
+     * the bytes or torch's rule. The shim splits checkpoints at buckets
+     * only where it is 0 (Note [Checkpoint bodies]). */
+    int32_t block_runs;
 } goddp_plan;
 
 /* GODDP_ABI_VERSION of the library actually loaded. */

@@ -30,6 +30,14 @@ type Plan struct {
 	Alignment  Alignment
 	DDPCaps    []int64
 	MergedCuts int
+
+	// BlockRuns says that the pieces begin only at block runs (planBlocks,
+	// blocks.go): ModeDDP, at least two runs of Graph.BlockIDs, and a
+	// BucketOrder other than OrderDeclaration. False: the cuts follow the
+	// bytes (or torch's rule). The shim reads it to decide where to split
+	// a checkpoint (python/goddp/graph/checkpoints.py, Note [Checkpoint
+	// bodies]).
+	BlockRuns bool
 }
 
 // ErrorCode classifies a Build failure. The values match goddp_status in
@@ -81,6 +89,9 @@ func Build(g *Graph, cfg Config) (*Plan, error) {
 		// under OrderDeclaration DDP never rebuilds, so those plans keep the
 		// byte-driven cuts that declorder.go aligns.
 		pl, err = planBlocks(g, &cfg, lastUser, runs)
+		if pl != nil {
+			pl.BlockRuns = true
+		}
 	} else {
 		pl, err = planDDP(g, &cfg, lastUser)
 	}

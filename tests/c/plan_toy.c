@@ -333,6 +333,7 @@ static void check_blocks(const goddp_graph *base) {
     goddp_status st = goddp_plan_graph(&g, &cfg, &plan, NULL);
     CHECK(st == GODDP_OK && plan != NULL && plan->num_pieces == 1, "no block ids: status %d, %" PRId64 " pieces",
           st, plan ? plan->num_pieces : -1);
+    CHECK(plan == NULL || plan->block_runs == 0, "no block ids: block_runs %d", plan ? plan->block_runs : -1);
     goddp_plan_free(plan);
 
     g.node_block_ids = blocks;
@@ -343,6 +344,7 @@ static void check_blocks(const goddp_graph *base) {
         CHECK(plan->num_pieces == LAYERS && plan->num_buckets == 1 && plan->bucket_pieces[0] == 0 &&
                   plan->bucket_bytes[0] == LAYERS * (WEIGHT_BYTES + BIAS_BYTES),
               "block ids: %" PRId64 " pieces, %" PRId64 " buckets", plan->num_pieces, plan->num_buckets);
+        CHECK(plan->block_runs == 1, "block ids: block_runs %d, want 1 (cut at block runs)", plan->block_runs);
         for (int l = 0; l < LAYERS; l++) {
             CHECK(plan->node_pieces[linear_node(l)] == l && plan->node_pieces[relu_node(l)] == l,
                   "block ids: layer %d in piece %d", l, plan->node_pieces[linear_node(l)]);

@@ -168,13 +168,23 @@ class _DDPGraphCompile:
             # A checkpoint spanning several blocks, or holding more than a
             # bucket's parameters (Note [Checkpoint bodies]), becomes one
             # checkpoint per block or bucket before planning.
-            self.gm, splits = split_checkpoints(self.gm, _body_block_ids, self.body_buckets)
+            self.gm, splits = split_checkpoints(self.gm, _body_block_ids, self.body_buckets, self.cut_at_blocks)
             log_splits(splits)
         return export_graph(
             self.gm,
             param_name_of=self.settings.param_name_of,
             ignored_names=self.settings.ignored_names,
         )
+
+    def cut_at_blocks(self, gm: fx.GraphModule) -> bool:
+        """Whether the planner cuts gm at block runs (GraphPlan.block_runs),
+        planned as this graph would be: this DDP module's settings, aligned
+        where it would be (under find_unused_parameters=True, declaration
+        order, the planner cuts by bytes even across blocks)."""
+        exported = export_graph(
+            gm, param_name_of=self.settings.param_name_of, ignored_names=self.settings.ignored_names
+        )
+        return self.plan(exported).plan.block_runs
 
     def body_buckets(self, gm: fx.GraphModule, call: fx.Node, body: fx.GraphModule) -> BodyBuckets | None:
         """A checkpoint body planned alone, by buckets: ddp mode, no block

@@ -44,8 +44,11 @@ So, for goddp:
 - Splitting at buckets: a checkpoint whose body holds fewer than two
   blocks (around an nn.Sequential of dissimilar layers, or one large
   block) but more than a bucket's parameters is atomic too. Where no
-  checkpoint is split at blocks and the outer graph holds fewer than two
-  blocks, so that the planner cuts it by bytes, the Go planner plans each
+  checkpoint is split at blocks and the planner, planning the outer graph
+  with the DDP module's real settings, does not cut it at block runs
+  (``GraphPlan.block_runs`` false: fewer than two block runs, or
+  find_unused_parameters=True with aligned buckets, whose declaration
+  order keeps the byte-driven cuts), the Go planner plans each
   such body alone in ddp mode without block cuts, each body placeholder
   counted as the DDP parameter its call hands it (argument i + 1), with
   DDP's bucket cap for every bucket (Note [Uniform caps] in
@@ -56,7 +59,7 @@ So, for goddp:
   stream and whatever else is live there (an MLP's wide hidden; README has
   the figures). The cuts are the body's bucket boundaries, not the
   cheapest crossings near them.
-  A graph cut at blocks is not split at buckets: its pieces begin only at
+  A graph cut at block runs is not split at buckets: its pieces begin only at
   block runs (planner/blocks.go), so regions inside a block or the tail
   would land in one piece and only cost memory; a block over a bucket is
   one piece there, checkpointed or not. Block splits come first.
@@ -460,8 +463,7 @@ def plan_split(
         return Split(call, blocks, None, reason, boundary if boundary == "bucket" or blocks >= 2 else "", buckets)
 
     if blocks < 2 and boundary != "bucket":
-        fits = "" if body_buckets is None else " and its parameters fit in one bucket"
-        return whole(f"its body holds fewer than two blocks{fits}")
+        return whole("its body holds fewer than two blocks")
     if any(u.op != "call_function" or u.target is not operator.getitem for u in call.users):
         return whole("its result is used other than by indexing")
     reason = _policy_blocker(body)
@@ -547,22 +549,27 @@ def split_checkpoints(
     gm: fx.GraphModule,
     body_blocks: Callable[[fx.GraphModule], list[int]],
     body_buckets: BodyPlanner | None = None,
+    cut_at_blocks: Callable[[fx.GraphModule], bool] | None = None,
 ) -> tuple[fx.GraphModule, list[Split]]:
     """gm with every checkpoint call whose body holds several blocks split
     into one checkpoint per block region, or, where no call is split at
-    blocks and gm itself holds fewer than two blocks (so the planner cuts
-    it by bytes), every call whose parameters fill several buckets split
-    into one checkpoint per bucket region (Note [Checkpoint bodies]); gm
-    itself when there is none to split, and what was decided for each call
-    that holds several blocks or buckets. gm is not modified."""
+    blocks and the planner does not cut gm at block runs (cut_at_blocks,
+    the planner's GraphPlan.block_runs; required with body_buckets), every
+    call whose parameters fill several buckets split into one checkpoint
+    per bucket region (Note [Checkpoint bodies]); gm itself when there is
+    none to split, and what was decided for each call that holds several
+    blocks or buckets. gm is not modified."""
+    if body_buckets is not None and cut_at_blocks is None:
+        raise ValueError("split_checkpoints: body_buckets needs cut_at_blocks (the planner's block_runs for gm)")
     calls = [n for n in gm.graph.nodes if is_checkpoint(gm, n)]
     if not calls:
         return gm, []
     splits = [plan_split(gm, n, body_blocks) for n in calls]
     if (
         body_buckets is not None
+        and cut_at_blocks is not None
         and not any(s.regions is not None for s in splits)
-        and len({b for b in body_blocks(gm) if b >= 0}) < 2
+        and not cut_at_blocks(gm)
     ):
         splits = [s if s.blocks >= 2 else plan_split(gm, s.call, body_blocks, body_buckets) for s in splits]
     splits = [s for s in splits if s.boundary]

@@ -247,6 +247,9 @@ class GraphPlan:
     ddp_bucket_order: the order in which the DDP module fills its own
         buckets, from its flags, aligned or not ("ready" outside DDP;
         goddp_plan.ddp_bucket_order).
+    block_runs: the pieces begin only at block runs (ddp mode, two block
+        runs or more, not declaration order; goddp_plan.block_runs): the
+        checkpoint splitter reads it (Note [Checkpoint bodies]).
     """
 
     fingerprint: int
@@ -267,6 +270,7 @@ class GraphPlan:
     eager_pieces: list[int] = field(default_factory=list)
     node_block_ids: list[int] | None = field(default=None, repr=False)
     ddp_bucket_order: str = "ready"
+    block_runs: bool = False
     # Index form of the crossing values, for the cutter (not public API).
     piece_input_indices: list[list[int]] = field(default_factory=list, repr=False)
     piece_output_indices: list[list[int]] = field(default_factory=list, repr=False)
@@ -391,6 +395,7 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str) -> G
         eager_pieces=_ints(raw["eager_pieces"], "i"),
         node_block_ids=None if blocks is None else _ints(blocks, "i"),
         ddp_bucket_order=BUCKET_ORDER_NAMES[int(raw["ddp_bucket_order"])],
+        block_runs=bool(raw["block_runs"]),
     )
 
 

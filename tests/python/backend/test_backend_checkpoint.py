@@ -297,21 +297,22 @@ class TestCheckpointsKeptWhole:
         assert_same_training(eager, ddp, eager_losses, losses)
 
 
-def run_ordered(make_model, order, cap_mb=CAP_MB, steps=2, **options):
+def run_ordered(make_model, order, cap_mb=CAP_MB, steps=2, ddp_kwargs=None, **options):
     """run_pair in either wrapping order: "compile_ddp" compiles the DDP
     module (compile(DDP(m))), "ddp_compile" wraps the compiled model in DDP
-    (DDP(compile(m)))."""
-    eager = DDP(make_model(), bucket_cap_mb=cap_mb)
+    (DDP(compile(m))); ddp_kwargs go to both DDP modules."""
+    ddp_kwargs = {"bucket_cap_mb": cap_mb, **(ddp_kwargs or {})}
+    eager = DDP(make_model(), **ddp_kwargs)
     eager_losses = train(eager, steps)
     torch._dynamo.reset()
     goddp.clear_plans()
     counting = CountingCompiler()
     opts = {"inner": counting, "strict": True, "log_plan": False, **options}
     if order == "compile_ddp":
-        ddp = DDP(make_model(), bucket_cap_mb=cap_mb)
+        ddp = DDP(make_model(), **ddp_kwargs)
         forward = torch.compile(ddp, backend="goddp", options=opts)
     else:
-        ddp = forward = DDP(torch.compile(make_model(), backend="goddp", options=opts), bucket_cap_mb=cap_mb)
+        ddp = forward = DDP(torch.compile(make_model(), backend="goddp", options=opts), **ddp_kwargs)
     losses = train(forward, steps)
     plans = [p for p in goddp.last_plans() if p["buckets"]]
     assert len(plans) == 1, goddp.last_plans()
@@ -444,6 +445,37 @@ class TestBucketSplitCheckpoints:
         assert piece_shape(plan) == piece_shape(reference)
         assert plan["distinct_pieces"] - plan["eager_pieces"] == 1 == len(counting.graphs)
         assert plan["ddp_buckets"]["aligned"]
+        assert_same_training(eager, ddp, eager_losses, losses)
+
+    @pytest.mark.parametrize("order", ORDERS)
+    def test_find_unused_per_block_checkpoints_split_at_buckets(self, dist_group, caplog, order):
+        """The same repeated blocks under find_unused_parameters=True (every
+        parameter used): DDP keeps declaration order, so the planner cuts
+        the graph by bytes, not at the blocks (its block_runs is false);
+        each block's checkpoint, over a bucket, is split at its buckets,
+        the blocks' regions still compile once per region kind, DDP's
+        buckets are set to the pieces, and the gradients are eager DDP's
+        bit for bit."""
+        cap = 0.01
+        unused = {"find_unused_parameters": True}
+        *_, whole, _ = run_ordered(
+            lambda: build("per_block", "transformer"), order, cap_mb=cap, steps=1, ddp_kwargs=unused, block_cuts=False
+        )
+        with caplog.at_level(logging.INFO, logger="goddp"):
+            eager, ddp, eager_losses, losses, plan, counting = run_ordered(
+                lambda: build("per_block", "transformer"), order, cap_mb=cap, ddp_kwargs=unused
+            )
+        assert plan["fallback"] is None
+        assert plan["ddp_buckets"]["aligned"], plan["ddp_buckets"]
+        assert plan["alignment"].startswith("declaration"), plan["alignment"]
+        splits = messages(caplog, "at bucket boundaries")
+        assert len(splits) == 4, messages(caplog, "checkpoint")  # one per block
+        assert len({line.split(" holds ")[1] for line in splits}) == 1, splits
+        regions = [int(line.split("split into ")[1].split()[0]) for line in splits]
+        assert all(r >= 2 for r in regions), splits
+        assert checkpoints_run(plan, counting.graphs) == sum(regions)
+        assert plan["num_pieces"] > whole["num_pieces"], (plan["pieces"], whole["pieces"])
+        assert not messages(caplog, "kept whole")
         assert_same_training(eager, ddp, eager_losses, losses)
 
     def test_each_cut_saves_what_crosses_it(self, dist_group):

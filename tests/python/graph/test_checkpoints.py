@@ -162,8 +162,8 @@ class TestSplitDecisions:
 
 class TestBucketSplitDecisions:
     """Splitting at the pieces of the body's own bucket plan (BodyBuckets,
-    the planner's in the backend), only where the outer graph holds fewer
-    than two blocks (Note [Checkpoint bodies])."""
+    the planner's in the backend), only where the planner does not cut the
+    outer graph at block runs (Note [Checkpoint bodies])."""
 
     OPS = [("f", torch.relu, (0,)), ("f", torch.neg, (1,)), ("f", torch.sin, (2,))]
 
@@ -172,12 +172,16 @@ class TestBucketSplitDecisions:
         return [-1] * len(g.graph.nodes)
 
     @staticmethod
+    def bytes_cut(g):  # the planner's block_runs: not cut at block runs
+        return False
+
+    @staticmethod
     def buckets(pieces):
         return lambda gm, call, body: BodyBuckets(list(pieces), 3 << 20, 1 << 20, 3)
 
     def test_split_at_the_body_pieces(self):
         gm, hop, _ = _hand_made(self.OPS, [])
-        new, splits = split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 1, 1, -1]))
+        new, splits = split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 1, 1, -1]), self.bytes_cut)
         (split,) = splits
         assert split.boundary == "bucket" and [len(r.nodes) for r in split.regions] == [1, 2]
         assert "holds 3 MiB of DDP's parameters, 3 buckets under the 1 MiB bucket cap" in split.describe()
@@ -188,22 +192,37 @@ class TestBucketSplitDecisions:
 
     def test_one_piece_is_left_alone_unmentioned(self):
         gm, hop, _ = _hand_made(self.OPS, [])
-        new, splits = split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 0, 0, -1]))
+        new, splits = split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 0, 0, -1]), self.bytes_cut)
         assert new is gm and splits == []
 
-    def test_outer_blocks_keep_block_cuts(self):
+    def test_a_graph_cut_at_block_runs_is_not_split_at_buckets(self):
+        """The planner's word (block_runs) for the outer graph decides, not
+        the blocks Python sees: two outer blocks that the planner does not
+        cut at (declaration order) still split; no blocks that it does cut
+        at (as it says) do not."""
         gm, hop, _ = _hand_made(self.OPS, [])
+        asked = []
 
-        def blocks(g):  # the outer graph holds two blocks, the body none
+        def two_blocks(g):  # the outer graph holds two blocks, the body none
             return [-1, 0, 1, 1] if g is gm else [-1] * len(g.graph.nodes)
 
-        new, splits = split_checkpoints(gm, blocks, self.buckets([-1, 0, 1, 1, -1]))
-        assert new is gm and splits == []
+        def planner_says(answer):
+            return lambda g: asked.append(g) or answer
+
+        new, splits = split_checkpoints(gm, two_blocks, self.buckets([-1, 0, 1, 1, -1]), planner_says(True))
+        assert new is gm and splits == [] and asked == [gm]
+        new, (split,) = split_checkpoints(gm, two_blocks, self.buckets([-1, 0, 1, 1, -1]), planner_says(False))
+        assert split.boundary == "bucket" and len(split.regions) == 2
+
+    def test_body_buckets_needs_the_planners_word(self):
+        gm, hop, _ = _hand_made(self.OPS, [])
+        with pytest.raises(ValueError, match="cut_at_blocks"):
+            split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 1, 1, -1]))
 
     def test_kept_whole_says_bytes_cap_and_reason(self):
         ops = [("f", torch.relu, (0,)), ("f", torch.nn.functional.dropout, (1,)), ("f", torch.neg, (2,))]
         gm, hop, _ = _hand_made(ops, [])
-        new, (split,) = split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 1, 1, -1]))
+        new, (split,) = split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 1, 1, -1]), self.bytes_cut)
         assert new is gm and split.regions is None
         text = split.describe()
         assert "holds 3 MiB of DDP's parameters" in text and "kept whole" in text and "random op" in text, text

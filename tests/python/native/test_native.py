@@ -164,7 +164,7 @@ def test_key_tuples_match_the_builders(ext):
     }
     assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp", "uniform_caps"}
     assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
-    assert len(ext.PLAN_KEYS) == 34
+    assert len(ext.PLAN_KEYS) == 35
 
 
 def test_node_weights_are_checked(ext):
@@ -401,12 +401,13 @@ def test_toy_graph_plan(ext, mode):
     plan = _native.plan_graph(chain_graph(3), toy_config(mode))
     assert set(plan) == set(ext.PLAN_KEYS)
     scalars = ("num_", "fingerprint", "alignment", "merged_cuts", "bucket_cap_bytes", "first_bucket_cap_bytes",
-               "max_pieces", "align_", "bucket_order", "ddp_bucket_order")
+               "max_pieces", "align_", "bucket_order", "ddp_bucket_order", "block_runs")
     strings = ("align_detail", "alignment_name")
     assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(scalars) and k != "node_block_ids")
     assert all(isinstance(plan[k], str) for k in strings)
     assert all(isinstance(plan[k], int) for k in ext.PLAN_KEYS if k.startswith(scalars) and k not in strings)
     assert plan["node_block_ids"] is None  # no module stacks, no blocks
+    assert plan["block_runs"] is False
     assert plan["num_nodes"] == 14
     assert plan["num_pieces"] == 3
     assert plan["num_buckets"] == 3
