@@ -481,6 +481,10 @@ func decisionToC(cp *C.goddp_plan, d *planner.Decision) error {
 	cp.bucket_order = C.int32_t(cfg.BucketOrder)
 	cp.align_reason = C.int32_t(d.AlignReason)
 	cp.ddp_bucket_order = C.int32_t(d.DDPBucketOrder)
+	cp.checkpoint_regions = 0
+	if d.CheckpointRegions {
+		cp.checkpoint_regions = 1
+	}
 	if cp.align_detail = C.CString(d.AlignDetail); cp.align_detail == nil {
 		return errOutOfMemory
 	}

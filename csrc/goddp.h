@@ -75,7 +75,8 @@ extern "C" {
  *    Also 9: the reports, goddp_plan_table and goddp_trace_report (JSON in,
  *    text out; see "Reports" below).
  *    Also 9: goddp_config.uniform_caps (at the end of the struct).
- *    Also 9: goddp_plan.block_runs (at the end of the struct). */
+ *    Also 9: goddp_plan.block_runs and checkpoint_regions (at the end of
+ *    the struct). */
 #define GODDP_ABI_VERSION 9
 
 /* FX node kinds, as in torch.fx.Node.op. */
@@ -378,6 +379,11 @@ typedef struct goddp_plan {
      * the bytes or torch's rule. The shim splits checkpoints at buckets
      * only where it is 0 (Note [Checkpoint bodies]). */
     int32_t block_runs;
+    /* ABI 9, with config.uniform_caps (one checkpoint body planned alone):
+     * 1 when the body is to be split into one checkpoint region per piece
+     * (not cut at block runs, at least two pieces; Note [Uniform caps]),
+     * else 0. */
+    int32_t checkpoint_regions;
 } goddp_plan;
 
 /* GODDP_ABI_VERSION of the library actually loaded. */

@@ -307,7 +307,7 @@ static const char *const plan_keys[] = {
     /* ABI 8 */
     "ddp_bucket_order",
     /* ABI 9 */
-    "block_runs",
+    "block_runs",           "checkpoint_regions",
 };
 #define NUM_PLAN_KEYS (sizeof plan_keys / sizeof plan_keys[0])
 
@@ -808,6 +808,7 @@ static PyObject *plan_to_dict(const goddp_plan *p) {
         set_int(d, "align_reason", PyLong_FromLong((long)p->align_reason)) < 0 ||
         set_int(d, "ddp_bucket_order", PyLong_FromLong((long)p->ddp_bucket_order)) < 0 ||
         set_int(d, "block_runs", PyBool_FromLong(p->block_runs)) < 0 ||
+        set_int(d, "checkpoint_regions", PyBool_FromLong(p->checkpoint_regions)) < 0 ||
         set_string(d, "align_detail", p->align_detail) < 0 ||
         set_string(d, "alignment_name", p->alignment_name) < 0 ||
         set_int(d, "num_counted_params", PyLong_FromLongLong(p->num_counted_params)) < 0 ||

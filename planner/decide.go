@@ -127,6 +127,9 @@ type Decision struct {
 	// buckets, from its flags, whether or not they are set to the pieces
 	// (OrderReady without a DDP module).
 	DDPBucketOrder BucketOrder
+	// CheckpointRegions (Settings.UniformCaps only): the body is to be
+	// split into one checkpoint region per piece (Note [Uniform caps]).
+	CheckpointRegions bool
 }
 
 // decider holds the state of one Decide call.
@@ -174,6 +177,7 @@ func Decide(req *Request) (*Decision, error) {
 	d.pieceParams()
 	d.out.EagerPieces = eagerPieces(&d.g, d.req.Stacks, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
 	d.out.BlockIDs = d.g.BlockIDs
+	d.out.CheckpointRegions = checkpointRegions(d.s, d.out.Plan)
 	return &d.out, nil
 }
 

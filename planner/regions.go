@@ -12,9 +12,20 @@ package planner
 // plans with the resolved bucket cap (the user's, else DDP's, else DDP's
 // default; Note [Cap defaults]) for every bucket: the first-bucket cap
 // becomes the cap and no per-bucket caps apply.
+//
+// The same plan says whether to split (Decision.CheckpointRegions): the
+// body, planned with the caller's block cuts, is split at its buckets
+// exactly when it is not cut at block runs (Plan.BlockRuns: a body of two
+// blocks or more is split at its blocks instead) and its buckets make at
+// least two pieces. Its pieces are then the regions.
 
 // uniformCaps applies Note [Uniform caps] to a resolved Config.
 func uniformCaps(cfg *Config) {
 	cfg.FirstBucketCapBytes = cfg.BucketCapBytes
 	cfg.BucketCapsBytes = nil
+}
+
+// checkpointRegions applies Note [Uniform caps]'s split rule to a plan.
+func checkpointRegions(s *Settings, pl *Plan) bool {
+	return s.UniformCaps && !pl.BlockRuns && pl.NumPieces >= 2
 }

@@ -100,3 +100,48 @@ func TestUniformCapsPieces(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckpointRegions: a body planned with UniformCaps is to be split
+// (Decision.CheckpointRegions) exactly when it has at least two pieces and
+// is not cut at block runs; never without UniformCaps. Random chains,
+// with and without two block runs, against that naive rule.
+func TestCheckpointRegions(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 3))
+	seen := map[string]bool{}
+	for trial := range 200 {
+		n := 2 + r.IntN(10)
+		bytes := make([]int64, n)
+		for k := range bytes {
+			bytes[k] = (1 + r.Int64N(16)) * mib / 8
+		}
+		g := chainBody(bytes)
+		twoRuns := r.IntN(2) == 0
+		if twoRuns {
+			g.BlockIDs = make([]int32, len(g.Ops))
+			for i := range g.BlockIDs {
+				g.BlockIDs[i] = -1
+			}
+			calls := 0
+			for i, op := range g.Ops {
+				if isCompute(op) {
+					g.BlockIDs[i] = int32(min(calls*2/n, 1))
+					calls++
+				}
+			}
+		}
+		capBytes := (1 + r.Int64N(12)) * mib / 4
+		for _, uniform := range []bool{false, true} {
+			s := Settings{UserBucketCapBytes: capBytes, UserBucketCapGiven: true, UniformCaps: uniform}
+			d, err := Decide(&Request{Graph: g, Settings: s})
+			require.NoError(t, err)
+			want := uniform && !d.Plan.BlockRuns && d.Plan.NumPieces >= 2
+			require.Equal(t, want, d.CheckpointRegions, "trial %d, uniform %t", trial, uniform)
+			require.Equal(t, twoRuns, d.Plan.BlockRuns, "trial %d", trial)
+			seen[fmt.Sprintf("uniform=%t regions=%t runs=%t", uniform, d.CheckpointRegions, twoRuns)] = true
+		}
+	}
+	for _, k := range []string{"uniform=true regions=true runs=false", "uniform=true regions=false runs=false",
+		"uniform=true regions=false runs=true", "uniform=false regions=false runs=false"} {
+		assert.True(t, seen[k], "no trial covered %s", k)
+	}
+}

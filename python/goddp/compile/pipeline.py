@@ -187,9 +187,10 @@ class _DDPGraphCompile:
         return self.plan(exported).plan.block_runs
 
     def body_buckets(self, gm: fx.GraphModule, call: fx.Node, body: fx.GraphModule) -> BodyBuckets | None:
-        """A checkpoint body planned alone, by buckets: ddp mode, no block
-        cuts, this DDP module's bucket cap for every bucket (Note [Uniform
-        caps] in planner/regions.go), its placeholders that stand for DDP's
+        """A checkpoint body planned alone, by buckets: ddp mode, this DDP
+        module's bucket cap for every bucket (Note [Uniform caps] in
+        planner/regions.go, which also says whether its pieces are regions
+        to split it into), its placeholders that stand for DDP's
         parameters counted as those parameters; None when it holds none."""
         exported = export_graph(
             body,
@@ -197,14 +198,14 @@ class _DDPGraphCompile:
             ignored_names=self.settings.ignored_names,
             placeholder_params=body_parameters(gm, call, body),
         )
-        request = dataclasses.replace(
-            self.request(), block_cuts=False, edges="compile", max_pieces=None, uniform_caps=True
-        )
+        request = dataclasses.replace(self.request(), edges="compile", max_pieces=None, uniform_caps=True)
         plan = decode_plan(call_planner(exported, request), exported, request.mode)
         if plan.num_counted_params == 0:
             return None
         pieces = [plan.node_pieces.get(node.name, -1) for node in body.graph.nodes]
-        return BodyBuckets(pieces, sum(b.bytes for b in plan.buckets), plan.caps.bucket_cap_bytes, len(plan.buckets))
+        return BodyBuckets(
+            pieces, sum(b.bytes for b in plan.buckets), plan.caps.bucket_cap_bytes, len(plan.buckets), plan.checkpoint_regions
+        )
 
     def request(self, align: bool = False, num_params: int = 0, facts: AlignmentFacts | None = None) -> PlanRequest:
         """What the planner is told besides the graph: the user's options

@@ -49,11 +49,13 @@ So, for goddp:
   (``GraphPlan.block_runs`` false: fewer than two block runs, or
   find_unused_parameters=True with aligned buckets, whose declaration
   order keeps the byte-driven cuts), the Go planner plans each
-  such body alone in ddp mode without block cuts, each body placeholder
-  counted as the DDP parameter its call hands it (argument i + 1), with
-  DDP's bucket cap for every bucket (Note [Uniform caps] in
-  planner/regions.go: identical bodies are cut alike, so their regions
-  stay identical pieces); its pieces are the regions, rewritten as above.
+  such body alone in ddp mode, each body placeholder counted as the DDP
+  parameter its call hands it (argument i + 1), with DDP's bucket cap for
+  every bucket (Note [Uniform caps] in planner/regions.go: identical
+  bodies are cut alike, so their regions stay identical pieces). Where
+  the planner says so (``GraphPlan.checkpoint_regions``: the body is not
+  cut at block runs and its buckets make two pieces or more), its pieces
+  are the regions, rewritten as above; Python decides neither rule.
   The cost is every value that crosses a cut, not always one activation:
   between layers of a stack it is one, inside a block also the residual
   stream and whatever else is live there (an MLP's wide hidden; README has
@@ -324,14 +326,16 @@ class Region:
 @dataclass(frozen=True)
 class BodyBuckets:
     """A checkpoint body planned alone by buckets (Note [Checkpoint
-    bodies]): per body node its piece (-1: placeholders, the output), and
-    the DDP parameters' bytes it holds, the bucket cap and the buckets
-    they fill."""
+    bodies]): per body node its piece (-1: placeholders, the output), the
+    DDP parameters' bytes it holds, the bucket cap and the buckets they
+    fill, and the planner's word on whether its pieces are regions to
+    split it into (GraphPlan.checkpoint_regions, Note [Uniform caps])."""
 
     node_pieces: list[int]
     param_bytes: int
     cap_bytes: int
     buckets: int
+    regions: bool
 
 
 def _mib(nbytes: int) -> str:
@@ -456,7 +460,7 @@ def plan_split(
     group_of, boundary, buckets = block_of, "block", None
     if blocks < 2 and body_buckets is not None:
         buckets = body_buckets(gm, call, body)
-        if buckets is not None and len({p for p in buckets.node_pieces if p >= 0}) >= 2:
+        if buckets is not None and buckets.regions:
             group_of, boundary = dict(zip(nodes, buckets.node_pieces)), "bucket"
 
     def whole(reason: str) -> Split:

@@ -250,6 +250,9 @@ class GraphPlan:
     block_runs: the pieces begin only at block runs (ddp mode, two block
         runs or more, not declaration order; goddp_plan.block_runs): the
         checkpoint splitter reads it (Note [Checkpoint bodies]).
+    checkpoint_regions: with uniform_caps (one checkpoint body planned
+        alone), split the body into one checkpoint region per piece
+        (goddp_plan.checkpoint_regions, Note [Uniform caps]).
     """
 
     fingerprint: int
@@ -271,6 +274,7 @@ class GraphPlan:
     node_block_ids: list[int] | None = field(default=None, repr=False)
     ddp_bucket_order: str = "ready"
     block_runs: bool = False
+    checkpoint_regions: bool = False
     # Index form of the crossing values, for the cutter (not public API).
     piece_input_indices: list[list[int]] = field(default_factory=list, repr=False)
     piece_output_indices: list[list[int]] = field(default_factory=list, repr=False)
@@ -396,6 +400,7 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str) -> G
         node_block_ids=None if blocks is None else _ints(blocks, "i"),
         ddp_bucket_order=BUCKET_ORDER_NAMES[int(raw["ddp_bucket_order"])],
         block_runs=bool(raw["block_runs"]),
+        checkpoint_regions=bool(raw["checkpoint_regions"]),
     )
 
 

@@ -164,7 +164,7 @@ def test_key_tuples_match_the_builders(ext):
     }
     assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp", "uniform_caps"}
     assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
-    assert len(ext.PLAN_KEYS) == 35
+    assert len(ext.PLAN_KEYS) == 36
 
 
 def test_node_weights_are_checked(ext):
@@ -233,6 +233,19 @@ def test_uniform_caps_cross_the_extension(ext):
     assert ext.plan_graph(graph, {**cfg, "uniform_caps": True})["first_bucket_cap_bytes"] == 25 << 20
     with pytest.raises(ext.PlannerError, match="UniformCaps is not supported in ModeTorch"):
         ext.plan_graph(graph, {**cfg, "uniform_caps": 1, "mode": _native.MODE_TORCH})
+
+
+def test_checkpoint_regions_cross_the_extension(ext):
+    """ABI 9: checkpoint_regions is the planner's (Note [Uniform caps]):
+    with uniform_caps, a body of several pieces and no block runs is to be
+    split; one bucket, or no uniform_caps, is not."""
+    graph = chain_graph(3)
+    split = ext.plan_graph(graph, {**toy_config(), "uniform_caps": True})
+    assert split["num_pieces"] >= 2 and split["block_runs"] is False
+    assert split["checkpoint_regions"] is True
+    assert ext.plan_graph(graph, toy_config())["checkpoint_regions"] is False
+    whole = ext.plan_graph(graph, {**toy_config(bucket_cap_bytes=1 << 30, first_bucket_cap_bytes=1 << 30), "uniform_caps": True})
+    assert whole["num_pieces"] == 1 and whole["checkpoint_regions"] is False
 
 
 def test_decisions_cross_the_extension(ext):
@@ -401,13 +414,13 @@ def test_toy_graph_plan(ext, mode):
     plan = _native.plan_graph(chain_graph(3), toy_config(mode))
     assert set(plan) == set(ext.PLAN_KEYS)
     scalars = ("num_", "fingerprint", "alignment", "merged_cuts", "bucket_cap_bytes", "first_bucket_cap_bytes",
-               "max_pieces", "align_", "bucket_order", "ddp_bucket_order", "block_runs")
+               "max_pieces", "align_", "bucket_order", "ddp_bucket_order", "block_runs", "checkpoint_regions")
     strings = ("align_detail", "alignment_name")
     assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(scalars) and k != "node_block_ids")
     assert all(isinstance(plan[k], str) for k in strings)
     assert all(isinstance(plan[k], int) for k in ext.PLAN_KEYS if k.startswith(scalars) and k not in strings)
     assert plan["node_block_ids"] is None  # no module stacks, no blocks
-    assert plan["block_runs"] is False
+    assert plan["block_runs"] is False and plan["checkpoint_regions"] is False
     assert plan["num_nodes"] == 14
     assert plan["num_pieces"] == 3
     assert plan["num_buckets"] == 3
