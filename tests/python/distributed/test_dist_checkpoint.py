@@ -7,7 +7,8 @@ different batches per rank; losses and final weights must be equal bit for
 bit (aot_eager). A checkpoint around the whole stack, split into one region
 per block, launches its buckets during backward (goddp.trace); so does one
 checkpoint around a stack of dissimilar layers, split into one region per
-bucket.
+bucket; and, under find_unused_parameters=True, per-block checkpoints over
+a bucket, split at their buckets.
 
 A plain pytest run launches this file under torchrun itself.
 """
@@ -19,6 +20,7 @@ import torch
 
 import goddp
 from goddp import tracing
+from _fx_util import CountingCompiler
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
 from checkpoint_models import build, build_one, lm_loss, make_tokens
 
@@ -108,6 +110,45 @@ def test_bucket_split_checkpoint_equals_eager_and_overlaps(group):
     for step in tr.to_dict()["steps"]:
         stats = tracing.step_stats(step)
         assert stats["launched_during_backward"] >= 2, stats
+    for step, (got, want) in enumerate(zip(losses, eager_losses)):
+        assert torch.equal(got, want), f"step {step}: {got.item()!r} != eager {want.item()!r}"
+    want = eager.module.state_dict()
+    for key, value in ddp.module.state_dict().items():
+        assert torch.equal(value, want[key]), key
+
+
+@needs_two_ranks
+def test_find_unused_per_block_checkpoints_split_at_buckets(group):
+    """find_unused_parameters=True (every parameter used): declaration
+    order, so the planner cuts by bytes, not at the blocks, and each
+    per-block checkpoint over a bucket is split at its buckets; DDP's
+    buckets are set to the pieces on both ranks and training is eager
+    DDP's bit for bit."""
+    cap = 0.01  # each TransformerBlock (width 64) holds about 0.13 MiB
+
+    def wrap_unused():
+        model = build("per_block", "transformer")
+        return torch.nn.parallel.DistributedDataParallel(
+            model, process_group=group, bucket_cap_mb=cap, find_unused_parameters=True
+        )
+
+    eager = wrap_unused()
+    eager_losses = train(eager, eager)
+    torch._dynamo.reset()
+    goddp.clear_plans()
+    ddp = wrap_unused()
+    counting = CountingCompiler()
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": counting, "strict": True, "log_plan": False})
+    losses = train(ddp, compiled)
+    (plan,) = goddp.last_plans()
+    assert plan["fallback"] is None and plan["ddp_buckets"]["aligned"], plan
+    assert plan["alignment"].startswith("declaration"), plan["alignment"]
+    calls = sum(
+        1 for gm in counting.graphs for n in gm.graph.nodes if n.target is torch.ops.higher_order.tag_activation_checkpoint
+    )
+    # checkpoint calls compiled: kept whole, the 4 blocks compile as 2 (a
+    # reused block piece); split, their regions make more than 4
+    assert calls > 4, calls
     for step, (got, want) in enumerate(zip(losses, eager_losses)):
         assert torch.equal(got, want), f"step {step}: {got.item()!r} != eager {want.item()!r}"
     want = eager.module.state_dict()
