@@ -88,3 +88,29 @@ def test_cuda_peak_is_the_temporary():
 
     peak = probes.step_peak_bytes(step, device="cuda")
     assert 8 * MIB <= peak.nbytes < 8 * MIB + MIB // 4
+
+
+def test_cuda_path_with_a_stand_in_allocator(monkeypatch):
+    """Without a GPU: the CUDA path resets the peak before the step, reads
+    the level at the start and the peak after a synchronize, with stand-ins
+    for torch.cuda's statistics."""
+    calls = []
+    state = {"allocated": 5 * MIB, "peak": 9 * MIB}
+
+    def reset(dev):
+        calls.append("reset")
+        state["peak"] = state["allocated"]
+
+    def step():
+        calls.append("step")
+        state["peak"] = max(state["peak"], state["allocated"] + 7 * MIB)
+        return "done"
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda dev: state["peak"])
+    peak = probes.step_peak_bytes(step, device="cuda:0")
+    assert (peak.nbytes, peak.result) == (7 * MIB, "done")
+    assert calls == ["sync", "reset", "step", "sync"]
+    assert peak.source == "torch.cuda.max_memory_allocated"
