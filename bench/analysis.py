@@ -270,7 +270,7 @@ def peak_text(s: dict) -> str:
     base = rows.get(variants.BASELINE)
     return ("step peak memory (one step without communication, the allocator's peak above its start): "
             + ", ".join(f"{s['variants'][n]['label']} {m:.1f} MiB"
-                        + (f" ({m / base:.2f}x)" if base and n != variants.BASELINE else "")
+                        + (" (baseline)" if n == variants.BASELINE else f" ({m / base:.2f}x)" if base else "")
                         for n, m in rows.items()))
 
 
