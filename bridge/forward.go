@@ -130,6 +130,12 @@ func forwardPlanToC(p *planner.ForwardPlan) (_ *C.goddp_forward_plan, err error)
 		return nil, err
 	}
 	cp.bucket_bytes = (*C.int64_t)(ptr)
+	ptr, caps, err := cAlloc[int64](nb)
+	if err != nil {
+		return nil, err
+	}
+	cp.ddp_caps = (*C.int64_t)(ptr)
+	copy(caps, p.Caps)
 	ptr, graphs, err := cAlloc[int32](nb)
 	if err != nil {
 		return nil, err
@@ -162,6 +168,7 @@ func freeForwardPlan(cp *C.goddp_forward_plan) {
 		unsafe.Pointer(cp.bucket_sources),
 		unsafe.Pointer(cp.bucket_param_offsets),
 		unsafe.Pointer(cp.bucket_params),
+		unsafe.Pointer(cp.ddp_caps),
 	} {
 		C.free(p)
 	}

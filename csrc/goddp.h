@@ -67,8 +67,12 @@ extern "C" {
  *    Added within 8 (new values, no layout change): GODDP_REASON_NO_PARAMS and
  *    the alignment refusals, GODDP_DDP_NO_PER_BUCKET_CAPS ..
  *    GODDP_DDP_SEVERAL_PARAM_GROUPS with GODDP_REASON_NO_PER_BUCKET_CAPS ..
- *    GODDP_REASON_PARAM_GROUPS. */
-#define GODDP_ABI_VERSION 8
+ *    GODDP_REASON_PARAM_GROUPS.
+ * 9: goddp_agree (the agreement verdict of a DDP module's ranks, JSON text in
+ *    and out; docs/planner.md, "Agreement"); goddp_forward_plan.ddp_caps
+ *    (at the end of the struct). Layout digests name the build,
+ *    so builds of ABI 8 and 9 never agree with each other. */
+#define GODDP_ABI_VERSION 9
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -375,7 +379,7 @@ goddp_status goddp_plan_graph(const goddp_graph *g, const goddp_config *cfg,
                               goddp_plan **out, char **err_msg);
 
 /* What DDP will communicate for one module once goddp has set its buckets
- * (python/goddp/_agreement.py, Note [Agreeing on DDP's layout]): the ranks
+ * (python/goddp/ranks/agreement.py, Note [Agreeing on DDP's layout]): the ranks
  * of a DDP module compare its digest, never their graphs. */
 typedef struct goddp_layout {
     int32_t num_buckets;                /* >= 1, DDP order */
@@ -392,6 +396,28 @@ typedef struct goddp_layout {
  * module could have (no bucket or cap, an empty bucket, a repeated or
  * negative position, a cap below one byte). */
 goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, char **err_msg);
+
+/* The verdict of one agreement round of a DDP module's ranks
+ * (planner/agree.go, Note [The agreement verdict]; ABI 9). request and
+ * *verdict are NUL-terminated JSON text, as Note [Agreement as JSON] in
+ * bridge/agree.go says why (docs/planner.md, "Agreement", gives both shapes):
+ *   request: {"statements": {"<rank>": statement, ...},
+ *             "names": {"<DDP position>": "<parameter name>", ...},
+ *             "may_defer": bool,
+ *             "installed": {"<rank>": {"failed": str|null, "lost": str|null}}}
+ *     statement: {"layout": {"buckets": [[int]], "caps": [int],
+ *                            "order": "ready"|"declaration", "build": str}|null,
+ *                 "digest": hex|null, "reason": str|null, "later": bool,
+ *                 "strict": bool, "lost": str|null, "fingerprint": hex|null,
+ *                 "pieces": int}   (hex: 16 hex digits)
+ *     "installed", when present, makes it the install round.
+ *   verdict: {"error": "peer_failed"|"plan_mismatch"|null, "message": str|null,
+ *             "action": "install"|"keep"|"later"|null, "layout_rank": int|null,
+ *             "reason": str|null, "disagreed": bool, "record": {...}|null}
+ * On GODDP_OK, *verdict is released with goddp_string_free.
+ * GODDP_ERR_INVALID_CONFIG for a request that is not of that shape, has no
+ * statement, or is an install round without agreeing statements. */
+goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);
@@ -419,6 +445,7 @@ typedef struct goddp_forward_plan {
     int32_t *bucket_params;             /* DDP positions */
     int64_t moved;                      /* parameters in several graphs, kept in the earliest only */
     int64_t dropped;                    /* buckets left empty by that */
+    int64_t *ddp_caps;                  /* [num_buckets] ABI 9: the caps to give DDP (bucket_bytes, at least 1) */
 } goddp_forward_plan;
 
 /* Combines the aligned buckets of a forward's graphs into one DDP

@@ -949,6 +949,7 @@ static PyObject *forward_plan_to_dict(const goddp_forward_plan *p) {
     }
     if (set_int(d, "num_buckets", PyLong_FromLongLong(nb)) < 0 ||
         set_bytes(d, "bucket_bytes", p->bucket_bytes, nb, sizeof(int64_t)) < 0 ||
+        set_bytes(d, "ddp_caps", p->ddp_caps, nb, sizeof(int64_t)) < 0 ||
         set_bytes(d, "bucket_graphs", p->bucket_graphs, nb, sizeof(int32_t)) < 0 ||
         set_bytes(d, "bucket_sources", p->bucket_sources, nb, sizeof(int32_t)) < 0 ||
         set_bytes(d, "bucket_param_offsets", p->bucket_param_offsets, nb + 1, sizeof(int64_t)) < 0 ||
@@ -1148,6 +1149,31 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(agree_doc,
+             "agree(request) -> str\n\n"
+             "The verdict of one agreement round of a DDP module's ranks (goddp_agree in\n"
+             "goddp.h): request and the result are JSON text of the shapes goddp.h gives.");
+
+static PyObject *py_agree(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *request;
+    if (!PyArg_ParseTuple(args, "s:agree", &request)) return NULL;
+    if (refuse_in_forked_child() < 0) return NULL;
+    char *verdict = NULL, *msg = NULL;
+    goddp_status status;
+    /* request points into a str that args holds for the whole call. */
+    Py_BEGIN_ALLOW_THREADS
+    status = goddp_agree(request, &verdict, &msg);
+    Py_END_ALLOW_THREADS
+    if (status != GODDP_OK) {
+        raise_planner_error(status, msg);
+        return NULL;
+    }
+    PyObject *result = PyUnicode_FromString(verdict);
+    goddp_string_free(verdict);
+    return result;
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -1177,6 +1203,7 @@ static PyMethodDef goddp_methods[] = {
     {"combine_forward", py_combine_forward, METH_VARARGS, combine_forward_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
     {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
+    {"agree", py_agree, METH_VARARGS, agree_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif

@@ -41,7 +41,7 @@ type ForwardBucket struct {
 // ForwardPlan is the result of CombineForward.
 type ForwardPlan struct {
 	Buckets []ForwardBucket // DDP order: the last graph's buckets first
-	Caps    []int64         // per-bucket caps for DDP, DDP order (the Bytes)
+	Caps    []int64         // per-bucket caps for DDP, DDP order: the Bytes, at least 1
 	// Moved counts parameters found in several graphs and kept only in the
 	// earliest; Dropped counts buckets left without parameters by that.
 	Moved   int
@@ -100,7 +100,9 @@ func CombineForward(graphs []ForwardGraph, paramBytes []int64) (*ForwardPlan, er
 				continue
 			}
 			plan.Buckets = append(plan.Buckets, out)
-			plan.Caps = append(plan.Caps, out.Bytes)
+			// At least 1 byte, as Decide's clampCaps: a cap of 0 would give
+			// each parameter of a zero-byte bucket its own DDP bucket.
+			plan.Caps = append(plan.Caps, max(1, out.Bytes))
 		}
 	}
 	return plan, nil

@@ -195,3 +195,12 @@ func randomCuts(rng *rand.Rand, n, k int) []int {
 	slices.Sort(inner)
 	return append(append([]int{0}, inner...), n)
 }
+
+func TestCombineForwardGivesDDPCapsOfAtLeastOneByte(t *testing.T) {
+	// Parameter 1 holds no bytes (an empty tensor): its bucket's total is 0,
+	// and a cap of 0 would give DDP one bucket per parameter.
+	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}}}, {Buckets: [][]int32{{0}}}}, []int64{8, 0})
+	require.NoError(t, err)
+	assert.Equal(t, []int64{8, 1}, plan.Caps)
+	assert.Equal(t, int64(0), plan.Buckets[1].Bytes, "the byte total stays exact")
+}

@@ -11,7 +11,7 @@ const layoutVersion = 1
 
 // Layout is what DDP will communicate for one module once goddp has set its
 // buckets: the one thing the ranks of a DDP module must agree on before any
-// of them changes DDP's buckets (python/goddp/_agreement.py, Note
+// of them changes DDP's buckets (python/goddp/ranks/agreement.py, Note
 // [Agreeing on DDP's layout]). It says nothing about the graphs it came
 // from: ranks whose graphs differ in shapes or history agree when their
 // layouts do.

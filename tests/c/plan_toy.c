@@ -551,6 +551,40 @@ static void check_decisions(const goddp_graph *base) {
     goddp_string_free(msg);
 }
 
+/* The agreement verdict (goddp_agree): JSON text in, JSON text out. */
+static void check_agree(void) {
+    const char *two_ranks =
+        "{\"may_defer\": true, \"names\": {\"0\": \"w\"}, \"statements\": {"
+        "\"1\": {\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": \"ready\", \"build\": \"b\"},"
+        " \"digest\": \"00000000000000aa\", \"pieces\": 1},"
+        "\"0\": {\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": \"ready\", \"build\": \"b\"},"
+        " \"digest\": \"00000000000000aa\", \"pieces\": 1}}}";
+    char *verdict = NULL, *msg = NULL;
+    goddp_status st = goddp_agree(two_ranks, &verdict, &msg);
+    CHECK(st == GODDP_OK && verdict != NULL && msg == NULL, "agree: status %d, message %s", st, msg ? msg : "(none)");
+    CHECK(verdict != NULL && strstr(verdict, "\"action\":\"install\"") != NULL &&
+              strstr(verdict, "\"layout_rank\":0") != NULL,
+          "agree: verdict %s", verdict ? verdict : "(none)");
+    goddp_string_free(verdict);
+    goddp_string_free(msg);
+
+    verdict = NULL;
+    msg = NULL;
+    st = goddp_agree("{\"statements\": {}}", &verdict, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && verdict == NULL && msg != NULL && strstr(msg, "at least one") != NULL,
+          "agree without statements: status %d, message %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+
+    msg = NULL;
+    st = goddp_agree("not json", &verdict, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && verdict == NULL && msg != NULL && strstr(msg, "not valid JSON") != NULL,
+          "agree on bad JSON: status %d, message %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+
+    st = goddp_agree(NULL, &verdict, NULL);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG, "agree on NULL: status %d", st);
+}
+
 int main(void) {
     CHECK(goddp_abi_version() == GODDP_ABI_VERSION, "library ABI %d, header ABI %d", goddp_abi_version(),
           GODDP_ABI_VERSION);
@@ -565,6 +599,7 @@ int main(void) {
     check_decisions(&g);
     check_errors(&g);
     check_max_procs();
+    check_agree();
     check_threads(&g, fp_ddp);
 
     printf("%d passed, %d failed\n", passed, failed);

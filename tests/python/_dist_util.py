@@ -45,6 +45,22 @@ needs_two_ranks = pytest.mark.skipif(
 )
 
 
+def leave_without_finalizing(code: int) -> None:
+    """Ends a rank's process now, with exit status code, skipping Python's
+    finalization.
+
+    Note [Leaving a gloo rank]: DDP keeps its gloo process group alive past
+    destroy_process_group, and a gloo worker thread that drops its last work
+    while Python finalizes tries to take the GIL, is ended by Python and
+    aborts the process ("terminate called without an active exception"; a
+    torch race, pytorch/pytorch#179291, seen in the elastic test about once
+    in ten runs). A rank that has said all it has to say leaves with
+    os._exit instead."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def short_timeout_group(seconds: float = 60.0):
     """A new gloo group over all ranks whose collectives give up after
     `seconds` instead of the default 30 minutes, so a disagreement between

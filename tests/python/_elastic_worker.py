@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
+from _dist_util import leave_without_finalizing
 
 STEPS = 3
 
@@ -78,14 +79,7 @@ def main(out: str, when: str) -> None:
             "plan_bucket_sizes": [b["bytes"] for b in plan["buckets"]],
         }, f)
     dist.destroy_process_group()
-    # Leave without interpreter finalization: DDP still holds the gloo
-    # group, and a gloo worker thread that drops its last work while Python
-    # finalizes takes the GIL, is ended by Python and aborts the process
-    # ("terminate called without an active exception"; torch's race, seen
-    # here about once in ten runs, pytorch/pytorch#179291).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_without_finalizing(0)  # Note [Leaving a gloo rank]
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))
 
 import goddp  # noqa: E402  (after the path tweaks)
-from _dist_util import under_torchrun  # noqa: E402
+from _dist_util import leave_without_finalizing, under_torchrun  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,21 @@ def dist_group():
     yield DistGroup(dist.get_rank(), dist.get_world_size())
     if created and dist.is_initialized():
         dist.destroy_process_group()
+
+
+_session_status: int | None = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    global _session_status
+    _session_status = int(exitstatus)
+
+
+def pytest_unconfigure(config):
+    """Under torchrun, a rank leaves once pytest has reported (Note [Leaving
+    a gloo rank] in _dist_util)."""
+    if under_torchrun() and _session_status is not None:
+        leave_without_finalizing(_session_status)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -100,6 +100,11 @@ def main(out_dir):
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
+    # Leave without Python's finalization: Note [Leaving a gloo rank] in
+    # tests/python/_dist_util.py (this script runs outside the checkout).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ built without loading Go; tests check them against the extension's own.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import threading
@@ -29,7 +30,7 @@ from typing import Any, Mapping
 EXTENSION_NAME = "goddp._goddp"
 
 # Mirrors of csrc/goddp.h (checked against the extension by the tests).
-ABI_VERSION = 8
+ABI_VERSION = 9
 OP_PLACEHOLDER = 0
 OP_GET_ATTR = 1
 OP_CALL_MODULE = 2
@@ -163,3 +164,9 @@ def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_of
     """One DDP bucket layout for the graphs of a forward; see
     goddp._goddp.combine_forward. Raises PlannerError like plan_graph."""
     return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
+
+
+def agree(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The verdict of one agreement round (goddp_agree in csrc/goddp.h, which
+    gives both JSON shapes). Raises PlannerError like plan_graph."""
+    return json.loads(load().agree(json.dumps(request, sort_keys=True)))

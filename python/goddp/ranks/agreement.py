@@ -51,7 +51,8 @@ from __future__ import annotations
 #    the step's allreduces), at a training call every rank of the module's
 #    group is certain to reach, the proposals go through one bounded store
 #    round (goddp.ranks.store_round) and every rank computes the same Decision
-#    (decide: pure, from the same statements): INSTALL when every rank
+#    (decide: the Go planner's verdict, planner/agree.go, Note [The
+#    agreement verdict]; pure, from the same statements): INSTALL when every rank
 #    proposed the same layout digest; LATER when some rank said later and
 #    no rank has a reason that rules alignment out for good; otherwise KEEP
 #    DDP's own buckets, with one WARNING naming the rank, bucket and
@@ -106,12 +107,11 @@ from goddp.ddp.refusals import rebuild_blocker
 from goddp.ranks.group import Group, group_of, store_for
 from goddp.ranks.plan_check import (
     INSTALL,
-    KEEP,
     LATER,
     Decision,
-    PeerFailedError,
     Statement,
     agreement_key,
+    confirm_install,
     decide,
     exchange,
     model_key,
@@ -334,19 +334,10 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
         said = {r: json.loads(p) for r, p in payloads.items()}
     if lost is not None:
         raise lost  # the others stop too (PeerFailedError), having read why
-    others_lost = {r: s["lost"] for r, s in said.items() if s.get("lost")}
-    if others_lost:
-        raise PeerFailedError(
-            "goddp: DDP's reducer could not be rebuilt on "
-            + ", ".join(f"rank {r} ({why})" for r, why in sorted(others_lost.items()))
-            + "; every rank stops rather than train without gradient allreduces"
-        )
-    failures = {r: s["failed"] for r, s in said.items() if s.get("failed")}
-    if not failures:
-        return decision
-    _put_ddp_buckets_back(ddp)
-    reason = "; ".join(f"rank {r}: {why}" for r, why in sorted(failures.items()))
-    return Decision(KEEP, None, f"the ranks agreed, but {reason}", True, decision.statements)
+    confirmed = confirm_install(decision, said)
+    if confirmed.action != INSTALL:
+        _put_ddp_buckets_back(ddp)
+    return confirmed
 
 
 def _namer(ddp: Any) -> Callable[[int], str]:

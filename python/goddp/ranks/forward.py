@@ -153,7 +153,7 @@ def combine(members: list[Member], param_bytes: list[int]) -> tuple[Layout | Non
     except _native.load().PlannerError as exc:
         text = str(exc).strip().splitlines()
         return None, text[0] if text else type(exc).__name__, info
-    caps = array.array("q", reply["bucket_bytes"]).tolist()
+    caps = array.array("q", reply["ddp_caps"]).tolist()
     offsets = array.array("q", reply["bucket_param_offsets"]).tolist()
     positions = array.array("i", reply["bucket_params"]).tolist()
     buckets = tuple(tuple(positions[offsets[k] : offsets[k + 1]]) for k in range(len(caps)))
@@ -162,4 +162,4 @@ def combine(members: list[Member], param_bytes: list[int]) -> tuple[Layout | Non
         moved=reply["moved"],
         dropped=reply["dropped"],
     )
-    return Layout(buckets=buckets, caps=tuple(max(1, c) for c in caps), order="ready", build=build_id()), None, info
+    return Layout(buckets=buckets, caps=tuple(caps), order="ready", build=build_id()), None, info

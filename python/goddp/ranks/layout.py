@@ -4,14 +4,15 @@ DDP module agree on (goddp.ranks.agreement, Note [Agreeing on DDP's layout]).
 A Layout names DDP's parameters by their position in DDP's own parameter
 list (``ddp_parameters``), which DDP checks at construction to be the same
 on every rank, never by graph node or graph-local index. Its digest comes
-from the Go planner (planner/layout.go).
+from the Go planner (planner/layout.go), and so do the words for how two
+layouts differ (planner/agree.go, LayoutDifference).
 """
 
 from __future__ import annotations
 
 import array
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from goddp import __version__
 from goddp.native import extension as _native
@@ -67,41 +68,6 @@ class Layout:
             order=str(raw["order"]),
             build=str(raw["build"]),
         )
-
-    def difference(
-        self, other: "Layout", name_of: Callable[[int], str], me: str = "this layout", them: str = "the other"
-    ) -> str | None:
-        """What first differs between self (called me) and other (them), in
-        words, naming parameters by name_of(position); None when equal."""
-        if self.build != other.build:
-            return f"{me} was made by {self.build!r}, {them} by {other.build!r}"
-        if self.order != other.order:
-            return f"{me} has bucket order {self.order!r}, {them} {other.order!r}"
-        for k in range(max(len(self.buckets), len(other.buckets))):
-            mine = self.buckets[k] if k < len(self.buckets) else ()
-            theirs = other.buckets[k] if k < len(other.buckets) else ()
-            if mine == theirs:
-                continue
-            if not mine or not theirs:
-                fewer, more = (me, them) if not mine else (them, me)
-                return f"{more} has a bucket {k}, {fewer} has {k} buckets"
-            if set(mine) == set(theirs):
-                return f"bucket {k}: {me} orders its parameters {_names(mine, name_of)}, {them} {_names(theirs, name_of)}"
-            only_mine = [p for p in mine if p not in theirs]
-            only_theirs = [p for p in theirs if p not in mine]
-            return (
-                f"bucket {k}: {me} holds {_names(only_mine, name_of) if only_mine else 'nothing else'} where "
-                f"{them} holds {_names(only_theirs, name_of) if only_theirs else 'nothing else'}"
-            )
-        if self.caps != other.caps:
-            return f"{me} gives DDP caps {list(self.caps)} bytes, {them} {list(other.caps)}"
-        return None
-
-
-def _names(positions: Sequence[int], name_of: Callable[[int], str], shown: int = 3) -> str:
-    names = ", ".join(name_of(p) for p in positions[:shown])
-    more = len(positions) - shown
-    return f"[{names}{f' and {more} more' if more > 0 else ''}]"
 
 
 def layout_of(

@@ -4,8 +4,9 @@ Every rank of a DDP module's process group publishes one ``Statement``: the
 layout it proposes for DDP's buckets (goddp.ranks.layout) with its digest, or
 why it proposes none, or that it will propose later. ``exchange`` passes
 the statements through the default c10d store; ``decide`` turns them into
-one ``Decision``. ``decide`` is a pure function of all statements, and
-every rank reads the same statements, so every rank reaches the same
+one ``Decision``: the Go planner's verdict (planner/agree.go, Note [The
+agreement verdict]), a pure function of all statements; every rank reads
+the same statements, so every rank reaches the same
 decision or raises the same error. The plan's fingerprint travels along for
 the record only: graphs may differ (Note [Agreeing on DDP's layout]).
 
@@ -37,6 +38,7 @@ import json
 import os
 from typing import Any, Callable, Mapping, Sequence
 
+from goddp.native import extension as _native
 from goddp.ranks.group import Group, missing_ranks_message, process_group_timeout_s
 from goddp.ranks.group import timeout_s as group_timeout_s
 from goddp.ranks.layout import Layout
@@ -92,8 +94,10 @@ class Statement:
     def caps(self) -> tuple[int, ...] | None:
         return None if self.layout is None else self.layout.caps
 
-    def to_json(self) -> str:
-        fields = {
+    def to_dict(self) -> dict[str, Any]:
+        """The statement as it crosses the store and goes to the planner
+        (goddp_agree in csrc/goddp.h)."""
+        return {
             "layout": None if self.layout is None else self.layout.to_dict(),
             "digest": None if self.digest is None else f"{self.digest:016x}",
             "reason": self.reason,
@@ -103,7 +107,9 @@ class Statement:
             "fingerprint": None if self.fingerprint is None else f"{self.fingerprint:016x}",
             "pieces": self.pieces,
         }
-        return json.dumps(fields, sort_keys=True)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Statement":
@@ -120,20 +126,10 @@ class Statement:
             pieces=int(fields.get("pieces", 1)),
         )
 
-    def describe(self) -> str:
-        plan = "planning failed" if self.fingerprint is None else f"plan {self.fingerprint:016x}, {self.pieces} pieces"
-        if self.lost is not None:
-            return f"{plan}; lost DDP's reducer: {self.lost}"
-        if self.layout is not None:
-            return f"{plan}; proposes DDP buckets {list(self.layout.caps)} bytes (layout {self.digest or 0:016x})"
-        if self.later:
-            return f"{plan}; will propose at the next training call"
-        return f"{plan}; keeps DDP's buckets: {self.reason}"
-
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """What every rank of the group does.
+    """What every rank of the group does (the planner's verdict).
 
     action: INSTALL (the layout, on every rank), KEEP (DDP's own buckets,
         on every rank) or LATER (decide at the module's next training call).
@@ -141,6 +137,7 @@ class Decision:
     reason: why not INSTALL (naming what each rank said when they differ).
     disagreed: the ranks said different things, which is worth a WARNING.
     statements: what each rank (global rank numbers) said.
+    record: the planner's plan-record view of it (summary()).
     """
 
     action: str
@@ -148,6 +145,7 @@ class Decision:
     reason: str | None
     disagreed: bool
     statements: Mapping[int, Statement]
+    record: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def caps(self) -> tuple[int, ...] | None:
@@ -155,45 +153,11 @@ class Decision:
 
     def summary(self) -> dict[str, Any]:
         """The plan record's view of the decision (JSON-serialisable)."""
-        digest = next((s.digest for s in self.statements.values() if s.layout == self.layout), None)
-        return {
-            "aligned": self.action == INSTALL,
-            "action": self.action,
-            "caps": None if self.caps is None else list(self.caps),
-            "layout_digest": None if self.layout is None or digest is None else f"{digest:016x}",
-            "reason": self.reason,
-            "ranks": [
-                {
-                    "rank": r,
-                    "fingerprint": None if s.fingerprint is None else f"{s.fingerprint:016x}",
-                    "pieces": s.pieces,
-                    "layout_digest": None if s.digest is None else f"{s.digest:016x}",
-                    "caps": None if s.caps is None else list(s.caps),
-                    "reason": s.reason,
-                    "later": s.later,
-                }
-                for r, s in sorted(self.statements.items())
-            ],
-        }
+        return json.loads(json.dumps(self.record))
 
 
-def _listing(statements: Mapping[int, Statement]) -> str:
-    return "; ".join(f"rank {r}: {s.describe()}" for r, s in sorted(statements.items()))
-
-
-def layout_differences(statements: Mapping[int, Statement], name_of: Callable[[int], str]) -> list[str]:
-    """Per rank whose layout differs from the lowest rank's with a layout,
-    what differs ("bucket 0: rank 1 holds [...] where rank 0 holds [...]")."""
-    proposed = sorted((r, s) for r, s in statements.items() if s.layout is not None)
-    if not proposed:
-        return []
-    first_rank, first = proposed[0]
-    out = []
-    for r, s in proposed[1:]:
-        if s.digest != first.digest:
-            what = s.layout.difference(first.layout, name_of, f"rank {r}", f"rank {first_rank}")
-            out.append(what or f"the layout digests of rank {r} and rank {first_rank} differ")
-    return out
+# The Python exception each error the planner's verdict names raises.
+_ERRORS = {"peer_failed": PeerFailedError, "plan_mismatch": PlanMismatchError}
 
 
 def decide(
@@ -201,7 +165,9 @@ def decide(
     name_of: Callable[[int], str] = str,
     may_defer: bool = True,
 ) -> Decision:
-    """The group's decision from every rank's statement (see module doc).
+    """The group's decision from every rank's statement: the planner's
+    verdict (planner/agree.go, Note [The agreement verdict]), naming
+    parameters by name_of(DDP position).
 
     Raises PeerFailedError when a rank lost its reducer, and
     PlanMismatchError when the ranks' layouts differ and some rank runs with
@@ -210,34 +176,28 @@ def decide(
     waits for the next training call when some rank will propose later
     (may_defer: not where that call has come).
     """
-    lost = {r: s.lost for r, s in statements.items() if s.lost is not None}
-    if lost:
-        raise PeerFailedError(
-            "goddp: DDP's reducer could not be rebuilt on "
-            + ", ".join(f"rank {r} ({why})" for r, why in sorted(lost.items()))
-            + "; every rank stops rather than train without gradient allreduces"
-        )
-    differences = layout_differences(statements, name_of)
-    if differences and any(s.strict for s in statements.values()):
-        raise PlanMismatchError(
-            "goddp: the ranks of this DDP module proposed different layouts for DDP's buckets "
-            f"({'; '.join(differences)}): {_listing(statements)}. strict=True makes this an error; "
-            "without it every rank keeps DDP's own buckets and trains on."
-        )
-    if may_defer and any(s.later for s in statements.values()):
-        return Decision(LATER, None, "some rank will propose its layout at the next training call", False, dict(statements))
-    digests = {s.digest for s in statements.values()}
-    if len(digests) == 1 and None not in digests:
-        layout = next(iter(statements.values())).layout
-        return Decision(INSTALL, layout, None, False, dict(statements))
-    said = {(s.digest, s.reason, s.later, s.fingerprint is None) for s in statements.values()}
-    if differences:
-        reason = f"the ranks' layouts differ: {'; '.join(differences)}"
-    elif len(said) == 1:
-        reason = next(iter(statements.values())).reason
-    else:
-        reason = f"the ranks did not all propose the same layout: {_listing(statements)}"
-    return Decision(KEEP, None, reason, len(said) > 1, dict(statements))
+    return _verdict({"may_defer": may_defer}, statements, name_of)
+
+
+def confirm_install(decision: Decision, installed: Mapping[int, Mapping[str, Any]]) -> Decision:
+    """The install round after an INSTALL decision: installed holds what
+    each rank said ({"failed": why or None, "lost": why or None}). Raises
+    PeerFailedError when a rank lost its reducer; KEEP on every rank when
+    some rank failed to install; else the decision stands."""
+    said = {str(r): {"failed": s.get("failed"), "lost": s.get("lost")} for r, s in installed.items()}
+    return _verdict({"installed": said}, decision.statements, str)
+
+
+def _verdict(request: dict[str, Any], statements: Mapping[int, Statement], name_of: Callable[[int], str]) -> Decision:
+    positions = sorted({p for s in statements.values() if s.layout is not None for b in s.layout.buckets for p in b})
+    request["statements"] = {str(r): s.to_dict() for r, s in statements.items()}
+    request["names"] = {str(p): name_of(p) for p in positions}
+    verdict = _native.agree(request)
+    if verdict["error"] is not None:
+        raise _ERRORS[verdict["error"]](verdict["message"])
+    rank = verdict["layout_rank"]
+    layout = None if rank is None else statements[rank].layout
+    return Decision(verdict["action"], layout, verdict["reason"], verdict["disagreed"], dict(statements), verdict["record"])
 
 
 # --------------------------------------------------------------------------

@@ -712,6 +712,7 @@ def test_forked_child_gets_forked_child_error(ext):
                 ext.abi_version,
                 lambda: ext.set_max_procs(0),
                 lambda: _native.plan_graph(chain_graph(1), toy_config()),
+                lambda: ext.agree("{}"),
             ):
                 try:
                     call()
@@ -729,7 +730,7 @@ def test_forked_child_gets_forked_child_error(ext):
     with os.fdopen(r, "rb") as f:
         report = f.read().decode().splitlines()
     assert exit_code == 0
-    assert len(report) == 4
+    assert len(report) == 5
     for line in report:
         assert line.startswith("forked:"), report
         assert "forked after it was loaded" in line and "'spawn'" in line
@@ -860,3 +861,19 @@ def test_bad_gomaxprocs_fails_before_go_loads():
         GODDP_GOMAXPROCS="lots",
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_agree_is_json_in_json_out(ext):
+    """goddp_agree (csrc/goddp.h): the verdict of one agreement round."""
+    layout = {"buckets": [[1], [0]], "caps": [8, 4], "order": "ready", "build": "b"}
+    said = {"layout": layout, "digest": "00000000000000aa", "fingerprint": "0000000000000001", "pieces": 2}
+    verdict = _native.agree({"statements": {"1": said, "0": said}, "names": {}, "may_defer": True})
+    assert verdict["error"] is None and verdict["action"] == "install" and verdict["layout_rank"] == 0
+    assert verdict["record"]["caps"] == [8, 4] and [r["rank"] for r in verdict["record"]["ranks"]] == [0, 1]
+    with pytest.raises(ext.PlannerError, match="not valid JSON") as info:
+        ext.agree("{")
+    assert info.value.code == ext.ERR_INVALID_CONFIG
+    with pytest.raises(ext.PlannerError, match="layout order 'sideways'|layout order \"sideways\""):
+        _native.agree({"statements": {"0": {**said, "layout": {**layout, "order": "sideways"}}}})
+    with pytest.raises(TypeError):
+        ext.agree(b"{}")

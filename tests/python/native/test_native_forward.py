@@ -26,6 +26,13 @@ def test_the_later_graph_comes_first_and_a_tied_parameter_stays_in_the_earliest(
     assert reply["moved"] == 1 and reply["dropped"] == 0
 
 
+def test_ddp_caps_are_the_byte_totals_but_at_least_one_byte(native_module):
+    # Parameter 1 holds no bytes: its bucket totals 0, its cap for DDP is 1.
+    reply = native_module.combine_forward(array("q", [8, 0]), array("q", [0, 1, 2]), array("q", [0, 1, 2]), array("i", [0, 1]))
+    assert _ints("q", reply["bucket_bytes"]) == [0, 8]
+    assert _ints("q", reply["ddp_caps"]) == [1, 8]
+
+
 def test_a_forward_missing_parameters_is_a_planner_error(native_module):
     with pytest.raises(native_module.PlannerError, match="use 1 of DDP's 2 parameters") as caught:
         native_module.combine_forward(array("q", [4, 4]), array("q", [0, 1]), array("q", [0, 1]), array("i", [0]))

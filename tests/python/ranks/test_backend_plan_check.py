@@ -24,6 +24,7 @@ from goddp.ranks.plan_check import (
     PlanMismatchError,
     RanksMissingError,
     Statement,
+    confirm_install,
     decide,
     exchange,
 )
@@ -126,6 +127,24 @@ def test_a_rank_that_will_propose_later_defers_every_rank():
 def test_a_rank_that_lost_its_reducer_stops_everyone():
     with pytest.raises(PeerFailedError, match=r"rank 1 \(injected\)"):
         decide({0: says(), 1: says(layout=None, lost="injected")})
+
+
+def test_the_install_round_keeps_everyone_when_one_rank_failed():
+    decision = decide({0: says(), 1: says()})
+    assert confirm_install(decision, {0: {"failed": None, "lost": None}, 1: {"failed": None}}) == decision
+    kept = confirm_install(decision, {1: {"failed": "no per-bucket caps"}, 0: {"failed": None, "lost": None}})
+    assert kept.action == KEEP and kept.disagreed and kept.caps is None
+    assert kept.reason == "the ranks agreed, but rank 1: no per-bucket caps"
+    assert kept.summary()["aligned"] is False and kept.summary()["reason"] == kept.reason
+    with pytest.raises(PeerFailedError, match=r"rebuilt on rank 0 \(gone\); every rank stops"):
+        confirm_install(decision, {0: {"failed": "x", "lost": "gone"}, 1: {"failed": None}})
+
+
+def test_the_verdict_names_ranks_in_order_whatever_order_they_came_in():
+    forward = decide({0: says(), 1: says(layout=None, reason="r1"), 2: says(layout=OTHER)}, NAMES.__getitem__)
+    backward = decide({2: says(layout=OTHER), 1: says(layout=None, reason="r1"), 0: says()}, NAMES.__getitem__)
+    assert forward.reason == backward.reason and forward.summary() == backward.summary()
+    assert [r["rank"] for r in backward.summary()["ranks"]] == [0, 1, 2]
 
 
 # --------------------------------------------------------------------------

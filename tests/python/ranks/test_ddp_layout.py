@@ -3,6 +3,7 @@ from the Go planner (planner/layout.go pins the same value)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -40,8 +41,6 @@ def test_the_digest_is_the_same_in_another_process(native_module):
     ],
 )
 def test_what_ddp_communicates_changes_the_digest(native_module, change):
-    import dataclasses
-
     assert dataclasses.replace(SAMPLE, **change).digest() != PINNED
 
 
@@ -52,19 +51,37 @@ def test_a_layout_no_ddp_could_have_is_refused(native_module):
         Layout(buckets=((5, 4), (4, 2)), caps=(1, 1), order="ready", build="b").digest()
 
 
-def test_round_trip_and_difference():
+def test_round_trip():
     assert Layout.from_dict(SAMPLE.to_dict()) == SAMPLE
+
+
+def _difference(first, second):
+    """What the planner says differs, rank 1 (second) against rank 0 (first):
+    its words, planner/agree.go's LayoutDifference (testdata/agree_wording.golden
+    has more)."""
+    from goddp.ranks.plan_check import Statement, decide
+
+    said = {0: Statement(first, digest=1, fingerprint=1), 1: Statement(second, digest=2, fingerprint=1)}
     names = {p: f"layers.{p}.weight" for p in range(6)}.__getitem__
-    assert SAMPLE.difference(SAMPLE, names) is None
+    reason = decide(said, names).reason
+    prefix = "the ranks' layouts differ: "
+    assert reason.startswith(prefix), reason
+    return reason[len(prefix):]
+
+
+def test_the_planner_says_what_differs(native_module):
     other = Layout(buckets=((1, 0), (3, 2), (5, 4)), caps=SAMPLE.caps, order="ready", build=SAMPLE.build)
-    said = SAMPLE.difference(other, names, "rank 0", "rank 1")
-    assert said == "bucket 0: rank 0 holds [layers.5.weight, layers.4.weight] where rank 1 holds [layers.1.weight, layers.0.weight]", said
+    said = _difference(other, SAMPLE)
+    assert said == "bucket 0: rank 1 holds [layers.5.weight, layers.4.weight] where rank 0 holds [layers.1.weight, layers.0.weight]", said
     swapped = Layout(((4, 5), (3, 2), (1, 0)), SAMPLE.caps, "ready", SAMPLE.build)
-    assert SAMPLE.difference(swapped, names, "a", "b") == "bucket 0: a orders its parameters [layers.5.weight, layers.4.weight], b [layers.4.weight, layers.5.weight]"
-    assert SAMPLE.difference(Layout(SAMPLE.buckets, (1, 2, 3), "ready", SAMPLE.build), names, "a", "b") == (
-        "a gives DDP caps [4352, 16640, 16900] bytes, b [1, 2, 3]")
+    assert _difference(swapped, SAMPLE) == "bucket 0: rank 1 orders its parameters [layers.5.weight, layers.4.weight], rank 0 [layers.4.weight, layers.5.weight]"
+    assert _difference(Layout(SAMPLE.buckets, (1, 2, 3), "ready", SAMPLE.build), SAMPLE) == (
+        "rank 1 gives DDP caps [4352, 16640, 16900] bytes, rank 0 [1, 2, 3]")
     fewer = Layout(((5, 4), (3, 2, 1, 0)), (1, 2), "ready", SAMPLE.build)
-    assert SAMPLE.difference(fewer, names, "a", "b").startswith("bucket 1: a holds nothing else where b holds [layers.1.weight")
+    assert _difference(fewer, SAMPLE).startswith("bucket 1: rank 1 holds nothing else where rank 0 holds [layers.1.weight")
+    assert _difference(dataclasses.replace(SAMPLE, build="goddp 'x'"), SAMPLE) == (
+        "rank 1 was made by 'goddp 0.1.0 abi 5', rank 0 by \"goddp 'x'\"")
+    assert _difference(SAMPLE, SAMPLE) == "the layout digests of rank 1 and rank 0 differ"
 
 
 def test_layout_of_names_positions():
