@@ -114,3 +114,24 @@ def test_cuda_path_with_a_stand_in_allocator(monkeypatch):
     assert (peak.nbytes, peak.result) == (7 * MIB, "done")
     assert calls == ["sync", "reset", "step", "sync"]
     assert peak.source == "torch.cuda.max_memory_allocated"
+
+
+def test_compile_bench_reports_each_peak_and_its_ratio_to_unsplit():
+    from bench import compile_overhead as co
+
+    def rec(tool, kept, fresh):
+        r = {"tool": tool, "model": "gpt:quick", "layers": 8, "checkpoint": "stack", "compile_s": 10.0,
+             "first_forward_s": 6.0, "first_backward_s": 5.0, "steady_step_s": 1.0, "peak_rss_delta_mib": 300.0,
+             "saved_activations_mib": 9.0}
+        runs = [dict(r, step_peak_mib=k, step_peak_fresh_grads_mib=f) for k, f in zip(kept, fresh)]
+        return co._median_e2e(runs)
+
+    res = {"e2e": [rec("unsplit", [80.0, 80.0, 100.0], [90.0, 90.0, 90.0]),
+                   rec("goddp_ddp", [40.0, 44.0, 40.0], [99.0, 99.0, 99.0])], "repeat": 3}
+    text = co.e2e_report(res)
+    assert "peak MiB, grads None" in text
+    assert "80.0 [80.0-100.0]" in text  # median [min-max] of the repeats
+    # paired per repeat: 40/80, 44/80, 40/100
+    assert "goddp_ddp step peak / unsplit (grads kept) = 0.50 [0.40-0.55] (40.0 / 80.0 MiB)" in text
+    assert "goddp_ddp step peak / unsplit (grads None) = 1.10 [1.10-1.10] (99.0 / 90.0 MiB)" in text
+    assert co.peak_ratio(res["e2e"][1], {"tool": "unsplit"}) is None
