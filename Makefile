@@ -72,12 +72,13 @@ ctest: $(BUILD)/plan_toy $(HOOKDIR)/plan_toy ## Plan a toy graph from C through 
 	$(BUILD)/plan_toy
 	$(HOOKDIR)/plan_toy
 
-gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, Decide)
+gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, the trace figures, Decide)
 	$(GO) vet ./...
 	$(GO) vet -tags goddp_testhooks ./...
 	$(GO) test -race -count=1 -tags goddp_testhooks ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime 10s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzBlockRule$$' -fuzztime 5s ./planner
+	$(GO) test -run '^$$' -fuzz '^FuzzTraceFigures$$' -fuzztime 5s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzDecide$$' -fuzztime 5s ./planner
 
 pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo group)

@@ -221,7 +221,8 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
     if args.checkpoint != "none":
         overrides["checkpoint"] = args.checkpoint
     wl = models.build(name, size, **overrides)
-    ddp = DDP(wl.model)  # default caps, as a user would
+    # default caps, as a user would, unless --bucket-cap-mb says otherwise
+    ddp = DDP(wl.model) if args.bucket_cap_mb is None else DDP(wl.model, bucket_cap_mb=args.bucket_cap_mb)
     plans0 = len(probes.goddp_plans())
     compiled = _compiled(torch, ddp, args.tool, "inductor")
     with torch._dynamo.config.patch(optimize_ddp=args.tool == "torch"), stats.RssSampler() as rss:
@@ -251,7 +252,7 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
             p.grad = None
         peak_fresh = probes.step_peak_bytes(lambda: wl.loss(compiled(*wl.inputs)).backward())
     rec = {"tool": args.tool, "model": args.e2e, "layers": args.layers, "checkpoint": args.checkpoint,
-           "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
+           "bucket_cap_mb": args.bucket_cap_mb, "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
            "steady_step_s": stats.median(steady), "peak_rss_delta_mib": rss.peak_delta_mib,
            "saved_activations_mib": saved.nbytes / 2**20, "step_peak_rss_delta_mib": step_rss.peak_delta_mib,
            "step_peak_mib": peak.nbytes / 2**20, "step_peak_fresh_grads_mib": peak_fresh.nbytes / 2**20,
@@ -299,10 +300,11 @@ def _ckpt_text(checkpoint: str | None) -> str:
 
 def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, timeout: float = 1800,
         core: int | None = 0, log=print, layer_counts: list[int] | None = None, caches: str = "off",
-        checkpoints: list[str] | None = None) -> dict:
+        checkpoints: list[str] | None = None, bucket_cap_mb: float | None = None) -> dict:
     """Every (tool, size) in its own process, `repeat` times with the tools
     interleaved; each record keeps the median of its repeats (and all runs).
-    checkpoints: the --e2e GPT's activation checkpointing variants."""
+    checkpoints: the --e2e GPT's activation checkpointing variants;
+    bucket_cap_mb: the --e2e DDP module's (None: DDP's default)."""
     checkpoints = checkpoints or ["none"]
     runs: dict[tuple, list[dict]] = {}
     jobs = [(rep, n, t) for rep in range(repeat) for n in nodes for t in tools if t not in E2E_TOOLS]
@@ -322,6 +324,7 @@ def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, tim
                 for layers in (layer_counts or [None]) for ckpt in checkpoints for tool in tools]
     for i, (rep, model, layers, ckpt, tool) in enumerate(e2e_jobs):
         extra = ["--e2e", model, "--tool", tool, "--checkpoint", ckpt] + (["--layers", str(layers)] if layers else [])
+        extra += ["--bucket-cap-mb", str(bucket_cap_mb)] if bucket_cap_mb is not None else []
         rec = _run_child(extra, timeout, core, caches)
         rec.setdefault("tool", tool)
         rec.setdefault("model", model)
@@ -501,6 +504,9 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", nargs="*", default=["none"], choices=("none", "block", "stack"),
                     help="--e2e GPT: activation checkpointing per block, around the whole stack, or none "
                          "(several: each is a case of its own)")
+    ap.add_argument("--bucket-cap-mb", type=float, default=None,
+                    help="--e2e: the DDP module's bucket_cap_mb (default: DDP's own); e.g. --layers 1 "
+                         "--checkpoint stack with a cap below a block's parameters: a checkpoint split at buckets")
     ap.add_argument("--out", help="JSON output (parent: all results; child: one record)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     ap.add_argument("--repeat", type=int, default=1, help="runs per (tool, size), interleaved; medians reported")
@@ -516,7 +522,8 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(_child(args)))
         return 0
     res = run(args.nodes, args.tools, args.e2e, args.repeat, args.timeout, core=args.core,
-              layer_counts=args.layers, caches=args.caches, checkpoints=args.checkpoint)
+              layer_counts=args.layers, caches=args.caches, checkpoints=args.checkpoint,
+              bucket_cap_mb=args.bucket_cap_mb)
     print(report(res))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))

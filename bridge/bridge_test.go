@@ -548,3 +548,23 @@ func TestConcurrentCalls(t *testing.T) {
 		assert.Equal(t, results[0], results[i], "worker %d vs worker 0", i)
 	}
 }
+
+// TestUniformCapsThroughC: goddp_config.uniform_caps (ABI 9) crosses the
+// ABI: DDP's default first-bucket cap (1 MiB under the default 25 MiB cap)
+// gives way to the cap, and torch mode refuses it by name.
+func TestUniformCapsThroughC(t *testing.T) {
+	cfg := &rawConfig{Defaults: defaultCap | defaultFirstCap,
+		DDP: &rawDDP{BucketCapBytes: 25 << 20, FirstBucketCapBytes: -1, Flags: ddpCapIsDefault}}
+	g := toyGraph(1000)
+	res := callPlanGraph(g, cfg, false)
+	require.Equal(t, statusOK, res.Status, res.Msg)
+	assert.Equal(t, int64(1<<20), res.Decision.Config.FirstBucketCapBytes, "DDP's rule without uniform_caps")
+	cfg.UniformCaps = 1
+	res = callPlanGraph(g, cfg, false)
+	require.Equal(t, statusOK, res.Status, res.Msg)
+	assert.Equal(t, int64(25<<20), res.Decision.Config.FirstBucketCapBytes, "uniform_caps: the cap for every bucket")
+	cfg.Mode = 1
+	res = callPlanGraph(g, cfg, false)
+	assert.Equal(t, statusInvalidConfig, res.Status)
+	assert.Contains(t, res.Msg, "UniformCaps")
+}

@@ -275,6 +275,7 @@ func settingsFromC(c *C.goddp_config) (planner.Settings, error) {
 		BucketOrder:             planner.BucketOrder(c.bucket_order),
 		BlockCuts:               c.block_cuts != 0,
 		Edges:                   planner.EdgePolicy(c.edges),
+		UniformCaps:             c.uniform_caps != 0,
 	}
 	if s.DDP, err = ddpFromC(c.ddp); err != nil {
 		return planner.Settings{}, err

@@ -76,6 +76,7 @@ type rawConfig struct {
 	BlockCuts           int32
 	Edges               int32
 	DDP                 *rawDDP // nil: NULL
+	UniformCaps         int32
 }
 
 // rawDDP mirrors goddp_ddp.
@@ -172,6 +173,7 @@ func (a *cArena) config(c *rawConfig) *C.goddp_config {
 	cc.defaults = C.uint32_t(c.Defaults)
 	cc.block_cuts = C.int32_t(c.BlockCuts)
 	cc.edges = C.int32_t(c.Edges)
+	cc.uniform_caps = C.int32_t(c.UniformCaps)
 	if d := c.DDP; d != nil {
 		cd := (*C.goddp_ddp)(C.calloc(1, C.sizeof_goddp_ddp))
 		a.ptrs = append(a.ptrs, unsafe.Pointer(cd))

@@ -71,7 +71,10 @@ extern "C" {
  * 9: goddp_agree (the agreement verdict of a DDP module's ranks, JSON text in
  *    and out; docs/planner.md, "Agreement"); goddp_forward_plan.ddp_caps
  *    (at the end of the struct). Layout digests name the build,
- *    so builds of ABI 8 and 9 never agree with each other. */
+ *    so builds of ABI 8 and 9 never agree with each other.
+ *    Also 9: the reports, goddp_plan_table and goddp_trace_report (JSON in,
+ *    text out; see "Reports" below).
+ *    Also 9: goddp_config.uniform_caps (at the end of the struct). */
 #define GODDP_ABI_VERSION 9
 
 /* FX node kinds, as in torch.fx.Node.op. */
@@ -290,6 +293,11 @@ typedef struct goddp_config {
     int32_t block_cuts;                 /* ddp mode: assign blocks from the module stacks */
     int32_t edges;                      /* enum goddp_edges */
     const goddp_ddp *ddp;               /* NULL outside a DDP module */
+    /* ABI 9, ddp mode (nonzero in torch mode is GODDP_ERR_INVALID_CONFIG):
+     * every bucket gets the resolved bucket cap; the first-bucket cap and
+     * per-bucket caps are not applied (Note [Uniform caps] in
+     * planner/regions.go: how the shim cuts one checkpoint's body). */
+    int32_t uniform_caps;
 } goddp_config;
 
 /* One plan. Every array is malloc'd by the library and freed by goddp_plan_free. */
@@ -459,8 +467,42 @@ goddp_status goddp_combine_forward(const goddp_forward *f, goddp_forward_plan **
 /* Releases a goddp_forward_plan. NULL is a no-op. */
 void goddp_forward_plan_free(goddp_forward_plan *plan);
 
-/* Releases an error message. NULL is a no-op. */
+/* Releases an error message, or a report's text. NULL is a no-op. */
 void goddp_string_free(char *s);
+
+/* Reports (ABI 9): pure formatting and arithmetic over what the caller
+ * already holds, so that every rule of what goddp tells its users lives in
+ * the planner (planner/table.go, planner/trace.go). Reports are documents,
+ * not hot paths: the input is a NUL-terminated UTF-8 JSON object under the
+ * names of the Python records (goddp.last_plans(), goddp.trace's
+ * to_dict()); keys a report does not read are ignored, missing ones are
+ * zero, empty or null. On GODDP_OK, *out holds a malloc'd NUL-terminated
+ * UTF-8 string to release with goddp_string_free. Input that is not such a
+ * JSON object is GODDP_ERR_INVALID_CONFIG. */
+
+/* The plan table, as the backend logs it at INFO (option log_plan). The
+ * object: fingerprint (unsigned 64-bit), mode ("ddp" or "torch"),
+ * num_pieces, caps {bucket_cap_bytes, first_bucket_cap_bytes,
+ * bucket_caps_bytes, max_pieces (0 or null: no limit), align_buckets},
+ * buckets [{index, bytes, param_names, piece, extended}] in DDP order,
+ * alignment (goddp_plan.alignment_name), merged_cuts, same_as (per piece,
+ * the piece whose compiled callable it runs; null: not compared) and eager
+ * (the pieces run eagerly). *table: the table's lines, '\n'-separated. */
+goddp_status goddp_plan_table(const char *view_json, char **table, char **err_msg);
+
+/* goddp.trace's figures of one rank's record (planner/trace.go, Note
+ * [Trace figures]). The object: rank, ranks, module, comm_hook,
+ * goddp_plans [{fingerprint, mode, num_pieces, bucket_bytes, fallback,
+ * forward {graphs, aligned, reason, bucket_graphs}}], dropped_steps and
+ * steps [{start_seen, compute_end_s (null: not seen), finalized_s,
+ * buckets [{index, bytes, params, param_names, launch_s, done_s (null:
+ * never completed)}]}], times in seconds from backward start.
+ * *report_json: a JSON object {steps (normalized: a compute end, every
+ * bucket done, buckets in launch order), step_stats [{backward_s,
+ * last_done_s, exposed_s, comm_busy_s, overlapped, buckets,
+ * launched_during_backward, head_start_s}], median_step (an index into
+ * steps, -1 without steps), verdict, summary (the text)}. */
+goddp_status goddp_trace_report(const char *record_json, char **report_json, char **err_msg);
 
 #ifdef GODDP_TESTHOOKS
 /* Test hook, only in libraries built with the goddp_testhooks Go tag (never

@@ -280,6 +280,7 @@ static const char *const config_keys[] = {
     "block_cuts",    /* optional, default 0 (ABI 6) */
     "edges",         /* optional, default 0 = GODDP_EDGES_COMPILE (ABI 6) */
     "ddp",           /* optional dict (ddp_keys) or None: the DDP module's settings (ABI 6) */
+    "uniform_caps",  /* optional, default 0 (ABI 9) */
 };
 #define NUM_CONFIG_KEYS (sizeof config_keys / sizeof config_keys[0])
 #define NUM_REQUIRED_CONFIG_KEYS 5
@@ -704,13 +705,15 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, struct config_s
         cfg->align_buckets = align != 0;
     }
     /* Optional enums and switches; the planner judges their values. */
-    int32_t block_cuts;
+    int32_t block_cuts, uniform_caps;
     if (get_optional_int32(config, "config", "bucket_order", &cfg->bucket_order) < 0 ||
         get_optional_int32(config, "config", "block_cuts", &block_cuts) < 0 ||
-        get_optional_int32(config, "config", "edges", &cfg->edges) < 0) {
+        get_optional_int32(config, "config", "edges", &cfg->edges) < 0 ||
+        get_optional_int32(config, "config", "uniform_caps", &uniform_caps) < 0) {
         return -1;
     }
     cfg->block_cuts = block_cuts != 0;
+    cfg->uniform_caps = uniform_caps != 0;
 
     int64_t n;
     if (read_caps(PyDict_GetItemString(config, "bucket_caps_bytes"), "config['bucket_caps_bytes']", &n, &st->caps) < 0)
@@ -836,7 +839,7 @@ PyDoc_STRVAR(plan_graph_doc,
              "DDP_KEYS, goddp_ddp's fields, or None) are optional, and so are the graph's module\n"
              "stacks (module_string_offsets, module_strings, node_stack_offsets, node_stack_paths,\n"
              "node_stack_types: all or none); ABI 7: graph['node_weights'] is optional (absent or\n"
-             "None: one each). The reply's ABI 6 keys are the decisions: the\n"
+             "None: one each); ABI 9: config['uniform_caps'] is optional (default 0). The reply's ABI 6 keys are the decisions: the\n"
              "settings the plan stands for (bucket_cap_bytes, first_bucket_cap_bytes,\n"
              "bucket_caps_bytes, max_pieces, align_buckets, bucket_order), align_reason and\n"
              "align_detail (str), alignment_name (str), num_counted_params, piece_param_offsets\n"
@@ -1149,6 +1152,55 @@ done:
     return result;
 }
 
+/* A report (goddp.h, "Reports"): one JSON document in, one string out. */
+typedef goddp_status (*report_fn)(const char *, char **, char **);
+
+static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
+    const char *doc;
+    if (!PyArg_ParseTuple(args, format, &doc)) return NULL;
+    if (refuse_in_forked_child() < 0) return NULL;
+    char *text = NULL, *msg = NULL;
+    goddp_status status;
+    /* doc stays valid: args holds the str it points into. */
+    Py_BEGIN_ALLOW_THREADS
+    status = fn(doc, &text, &msg);
+    Py_END_ALLOW_THREADS
+    if (status != GODDP_OK) {
+        goddp_string_free(text);
+        raise_planner_error(status, msg);
+        return NULL;
+    }
+    goddp_string_free(msg);
+    if (text == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "goddp: library returned GODDP_OK without a report");
+        return NULL;
+    }
+    PyObject *result = PyUnicode_FromString(text);
+    goddp_string_free(text);
+    return result;
+}
+
+PyDoc_STRVAR(plan_table_doc,
+             "plan_table(view_json) -> str\n\n"
+             "The plan table of a plan (goddp_plan_table in csrc/goddp.h): view_json is a\n"
+             "JSON object with the plan record's fields, same_as and eager.");
+
+static PyObject *py_plan_table(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:plan_table", goddp_plan_table);
+}
+
+PyDoc_STRVAR(trace_report_doc,
+             "trace_report(record_json) -> str\n\n"
+             "goddp.trace's figures of one rank's record (goddp_trace_report in\n"
+             "csrc/goddp.h), as a JSON object: steps, step_stats, median_step, verdict,\n"
+             "summary.");
+
+static PyObject *py_trace_report(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:trace_report", goddp_trace_report);
+}
+
 PyDoc_STRVAR(agree_doc,
              "agree(request) -> str\n\n"
              "The verdict of one agreement round of a DDP module's ranks (goddp_agree in\n"
@@ -1203,6 +1255,9 @@ static PyMethodDef goddp_methods[] = {
     {"combine_forward", py_combine_forward, METH_VARARGS, combine_forward_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
     {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
+    {"plan_table", py_plan_table, METH_VARARGS, plan_table_doc},
+    {"trace_report", py_trace_report, METH_VARARGS, trace_report_doc},
+
     {"agree", py_agree, METH_VARARGS, agree_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},

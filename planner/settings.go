@@ -74,6 +74,10 @@ type Settings struct {
 	BlockCuts bool
 	Edges     EdgePolicy
 	DDP       *DDPSettings // nil outside a DDP module
+	// UniformCaps (ModeDDP) gives every bucket the resolved bucket cap: the
+	// first-bucket cap and per-bucket caps are not applied
+	// (Note [Uniform caps] in planner/regions.go).
+	UniformCaps bool
 }
 
 // checkSettings rejects settings that no resolution can make sense of, in
@@ -90,6 +94,9 @@ func checkSettings(s *Settings) error {
 	default:
 		return errorf(ErrInvalidConfig, "planner: unknown edge policy %d (valid: %d = compile, %d = auto, %d = eager)",
 			s.Edges, EdgesCompile, EdgesAuto, EdgesEager)
+	}
+	if s.UniformCaps && s.Mode == ModeTorch {
+		return errorf(ErrInvalidConfig, "planner: UniformCaps is not supported in ModeTorch, whose first bucket is torch's DDPOptimizer's; use ModeDDP")
 	}
 	if s.BlockCuts && s.Mode == ModeTorch {
 		return errorf(ErrInvalidConfig, "planner: BlockCuts is not supported in ModeTorch, which reproduces torch's DDPOptimizer exactly; use ModeDDP")
@@ -147,6 +154,9 @@ func (s *Settings) resolve(align bool) Config {
 	cfg.BucketOrder = s.BucketOrder
 	if d != nil && align {
 		cfg.BucketOrder = d.bucketOrder()
+	}
+	if s.UniformCaps {
+		uniformCaps(&cfg)
 	}
 	return cfg
 }

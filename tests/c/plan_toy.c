@@ -551,6 +551,38 @@ static void check_decisions(const goddp_graph *base) {
     goddp_string_free(msg);
 }
 
+/* The reports (ABI 9): a JSON document in, a string out, freed by
+ * goddp_string_free; a bad document is GODDP_ERR_INVALID_CONFIG and hands
+ * nothing out. */
+static void check_reports(void) {
+    char *text = NULL, *msg = NULL;
+    goddp_status st = goddp_plan_table(
+        "{\"fingerprint\": 171, \"mode\": \"ddp\", \"num_pieces\": 1, \"caps\": {\"bucket_cap_bytes\": 1048576,"
+        " \"first_bucket_cap_bytes\": 1048576}, \"buckets\": [{\"index\": 0, \"bytes\": 1048576, \"param_names\": [\"w\"],"
+        " \"piece\": 0}], \"alignment\": \"none\"}",
+        &text, &msg);
+    CHECK(st == GODDP_OK && text != NULL && msg == NULL, "plan table: status %d", st);
+    CHECK(text != NULL && strstr(text, "goddp plan: mode=ddp fingerprint=00000000000000ab pieces=1 buckets=1") == text,
+          "plan table: %s", text ? text : "(none)");
+    CHECK(text != NULL && strstr(text, "\n0       1.000  0      w") != NULL, "plan table rows: %s", text ? text : "(none)");
+    goddp_string_free(text);
+
+    text = NULL;
+    st = goddp_trace_report("{\"steps\": [{\"compute_end_s\": 1.0, \"buckets\": [{\"bytes\": 8, \"launch_s\": 0.5, "
+                            "\"done_s\": 1.25}]}]}",
+                            &text, &msg);
+    CHECK(st == GODDP_OK && text != NULL, "trace report: status %d", st);
+    CHECK(text != NULL && strstr(text, "\"exposed_s\":0.25") != NULL, "trace report: %s", text ? text : "(none)");
+    goddp_string_free(text);
+
+    text = NULL;
+    st = goddp_trace_report("not json", &text, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && text == NULL, "bad trace document: status %d", st);
+    CHECK(msg != NULL && strstr(msg, "not a valid document") != NULL, "bad trace document: message %s",
+          msg ? msg : "(none)");
+    goddp_string_free(msg);
+}
+
 /* The agreement verdict (goddp_agree): JSON text in, JSON text out. */
 static void check_agree(void) {
     const char *two_ranks =
@@ -599,6 +631,7 @@ int main(void) {
     check_decisions(&g);
     check_errors(&g);
     check_max_procs();
+    check_reports();
     check_agree();
     check_threads(&g, fp_ddp);
 

@@ -18,6 +18,9 @@ norm, head) whose blocks are checkpointed according to ``how``:
 
 ``block`` picks the block type: ``transformer`` (tests' TransformerBlock)
 or ``residual`` (pre-norm residual feedforward).
+
+``OneCheckpointLM`` (``build_one``) checkpoints modules that are no
+repeated block, holding more than a bucket's parameters.
 """
 
 from __future__ import annotations
@@ -150,3 +153,51 @@ def saved_activation_bytes(step, params) -> tuple[int, object]:
     out; step's result): bench.probes' measure, which the bench reports."""
     saved = probes.saved_activation_bytes(step, params)
     return saved.nbytes, saved.result
+
+
+BUCKET_BODIES = ("stack", "block", "twins")
+
+
+class OneCheckpointLM(nn.Module):
+    """Embedding, checkpointed modules that are no repeated block, norm and
+    head: the checkpoints that fewer than two blocks but more than a
+    bucket's parameters make (Note [Checkpoint bodies]).
+
+    body: ``stack``, one checkpoint around an nn.Sequential of dissimilar
+    layers; ``block``, one checkpoint around one large TransformerBlock;
+    ``twins``, two blocks of one type (not reached by index, so no
+    repeated block) each in its own checkpoint. dropout adds a random op to
+    the stack.
+    """
+
+    def __init__(self, body: str = "stack", reentrant: bool = False, dropout: float = 0.0) -> None:
+        super().__init__()
+        if body not in BUCKET_BODIES:
+            raise ValueError(body)
+        self.body_kind, self.reentrant = body, reentrant
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        if body == "stack":
+            layers = [nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH), nn.LayerNorm(WIDTH),
+                      nn.Linear(WIDTH, 3 * WIDTH), nn.Tanh(), nn.Linear(3 * WIDTH, WIDTH)]
+            if dropout:
+                layers.insert(2, nn.Dropout(dropout))
+            self.body = nn.Sequential(*layers)
+        elif body == "block":
+            self.body = TransformerBlock(WIDTH, heads=4, mlp_ratio=4)
+        else:
+            self.first = TransformerBlock(WIDTH, heads=4, mlp_ratio=2)
+            self.second = TransformerBlock(WIDTH, heads=4, mlp_ratio=2)
+        self.norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        bodies = [self.first, self.second] if self.body_kind == "twins" else [self.body]
+        for body in bodies:
+            x = cp.checkpoint(body, x, use_reentrant=self.reentrant)
+        return self.head(self.norm(x))
+
+
+def build_one(body: str = "stack", reentrant: bool = False, dropout: float = 0.0, seed: int = 0) -> OneCheckpointLM:
+    torch.manual_seed(seed)
+    return OneCheckpointLM(body, reentrant, dropout)

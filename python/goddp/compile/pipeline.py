@@ -48,9 +48,9 @@ from goddp.ddp.private import active_ddp_module
 from goddp.ddp.refusals import STAND_IN, alignment_facts, stand_in_blocker
 from goddp.ddp.settings import module_of, note_ddp_settings, note_once, read_ddp_settings
 from goddp.graph.blocks import group_pieces, piece_signature
-from goddp.graph.checkpoints import log_splits, split_checkpoints
+from goddp.graph.checkpoints import BodyBuckets, log_splits, split_checkpoints
 from goddp.graph.cut import Piece, cut_graph
-from goddp.graph.export import ExportedGraph, export_graph, with_ddp_positions
+from goddp.graph.export import ExportedGraph, body_parameters, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
 from goddp.native.extension import REASON_PART_OF_FORWARD
@@ -165,15 +165,36 @@ class _DDPGraphCompile:
 
     def export(self) -> ExportedGraph:
         if self.options.cuts_at_blocks:
-            # A checkpoint spanning several blocks (Note [Checkpoint bodies])
-            # becomes one checkpoint per block before planning.
-            self.gm, splits = split_checkpoints(self.gm, _body_block_ids)
+            # A checkpoint spanning several blocks, or holding more than a
+            # bucket's parameters (Note [Checkpoint bodies]), becomes one
+            # checkpoint per block or bucket before planning.
+            self.gm, splits = split_checkpoints(self.gm, _body_block_ids, self.body_buckets)
             log_splits(splits)
         return export_graph(
             self.gm,
             param_name_of=self.settings.param_name_of,
             ignored_names=self.settings.ignored_names,
         )
+
+    def body_buckets(self, gm: fx.GraphModule, call: fx.Node, body: fx.GraphModule) -> BodyBuckets | None:
+        """A checkpoint body planned alone, by buckets: ddp mode, no block
+        cuts, this DDP module's bucket cap for every bucket (Note [Uniform
+        caps] in planner/regions.go), its placeholders that stand for DDP's
+        parameters counted as those parameters; None when it holds none."""
+        exported = export_graph(
+            body,
+            param_name_of=self.settings.param_name_of,
+            ignored_names=self.settings.ignored_names,
+            placeholder_params=body_parameters(gm, call, body),
+        )
+        request = dataclasses.replace(
+            self.request(), block_cuts=False, edges="compile", max_pieces=None, uniform_caps=True
+        )
+        plan = decode_plan(call_planner(exported, request), exported, request.mode)
+        if plan.num_counted_params == 0:
+            return None
+        pieces = [plan.node_pieces.get(node.name, -1) for node in body.graph.nodes]
+        return BodyBuckets(pieces, sum(b.bytes for b in plan.buckets), plan.caps.bucket_cap_bytes, len(plan.buckets))
 
     def request(self, align: bool = False, num_params: int = 0, facts: AlignmentFacts | None = None) -> PlanRequest:
         """What the planner is told besides the graph: the user's options

@@ -1,5 +1,5 @@
 """Activation checkpoints in Dynamo graphs: seeing through their bodies,
-comparing them, and splitting one that spans several blocks.
+comparing them, and splitting one that spans several blocks or buckets.
 
 Note [Checkpoint bodies]
 ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -41,15 +41,43 @@ So, for goddp:
   any other. The cost is what each region's inputs keep alive: one boundary
   activation per cut (README, "Activation checkpointing", has the figures).
   Forward values are unchanged; backward runs the same ops per region.
+- Splitting at buckets: a checkpoint whose body holds fewer than two
+  blocks (around an nn.Sequential of dissimilar layers, or one large
+  block) but more than a bucket's parameters is atomic too. Where no
+  checkpoint is split at blocks and the outer graph holds fewer than two
+  blocks, so that the planner cuts it by bytes, the Go planner plans each
+  such body alone in ddp mode without block cuts, each body placeholder
+  counted as the DDP parameter its call hands it (argument i + 1), with
+  DDP's bucket cap for every bucket (Note [Uniform caps] in
+  planner/regions.go: identical bodies are cut alike, so their regions
+  stay identical pieces); its pieces are the regions, rewritten as above.
+  The cost is every value that crosses a cut, not always one activation:
+  between layers of a stack it is one, inside a block also the residual
+  stream and whatever else is live there (an MLP's wide hidden; README has
+  the figures). The cuts are the body's bucket boundaries, not the
+  cheapest crossings near them.
+  A graph cut at blocks is not split at buckets: its pieces begin only at
+  block runs (planner/blocks.go), so regions inside a block or the tail
+  would land in one piece and only cost memory; a block over a bucket is
+  one piece there, checkpointed or not. Block splits come first.
 - Kept whole (one INFO line says why): a selective policy given as a
   function (it may count or remember across the checkpoint's ops; a list of
   ops to save carries over to each region unchanged), random ops (where
   their RNG state is saved and replayed would move), grad-mode or autocast
   changes inside (state crossing the cut), a mutation of a value from an
   earlier region, a non-tensor crossing a cut, nested higher-order ops, a
-  result used other than by indexing.
-torch's DDPOptimizer treats every checkpoint as atomic; so does goddp's
-torch mode, and ddp mode with block_cuts=False.
+  result used other than by indexing. The same blockers hold for either
+  split; the INFO line says which boundaries were tried, and for buckets
+  the parameter bytes against the cap. A checkpoint with fewer than two
+  blocks whose parameters fit in one bucket has nothing to split and gets
+  no line.
+- Options: both splits run exactly where the planner cuts at blocks
+  (Options.cuts_at_blocks: mode "ddp" with block_cuts on, the default), the
+  one switch under which goddp rewrites the user's graph before planning
+  and shares identical pieces. torch's DDPOptimizer treats every
+  checkpoint as atomic; so does goddp's torch mode (it reproduces
+  DDPOptimizer), and ddp mode with block_cuts=False (plain bucket cuts,
+  the graph as Dynamo captured it).
 """
 
 from __future__ import annotations
@@ -214,7 +242,7 @@ def node_entries(
 
 
 # --------------------------------------------------------------------------
-# Splitting a checkpoint at the block boundaries of its body
+# Splitting a checkpoint at the block or bucket boundaries of its body
 
 _RANDOM_FUNCTIONS = frozenset(
     {
@@ -290,24 +318,59 @@ class Region:
     outputs: list[fx.Node] = field(default_factory=list)  # its values read after it
 
 
+@dataclass(frozen=True)
+class BodyBuckets:
+    """A checkpoint body planned alone by buckets (Note [Checkpoint
+    bodies]): per body node its piece (-1: placeholders, the output), and
+    the DDP parameters' bytes it holds, the bucket cap and the buckets
+    they fill."""
+
+    node_pieces: list[int]
+    param_bytes: int
+    cap_bytes: int
+    buckets: int
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.3g} MiB"
+
+
 @dataclass
 class Split:
     """What goddp does with one checkpoint call: regions to split it into,
-    or None and the reason it stays whole."""
+    or None and the reason it stays whole. boundary says which cuts were
+    tried: "block" (its body holds several blocks), "bucket" (its
+    parameters fill several buckets; buckets says what was planned), or
+    "" (neither: nothing to split, nothing to say)."""
 
     call: fx.Node
     blocks: int  # block instances its body holds
     regions: list[Region] | None
     reason: str
+    boundary: str = "block"
+    buckets: BodyBuckets | None = None
 
     def describe(self) -> str:
+        name = self.call.name
+        if self.boundary == "bucket":
+            b = self.buckets
+            holds = (
+                f"goddp: the checkpoint {name!r} holds {_mib(b.param_bytes)} of DDP's parameters, "
+                f"{b.buckets} buckets under the {_mib(b.cap_bytes)} bucket cap"
+            )
+            if self.regions is not None:
+                return (
+                    f"{holds}: split into {len(self.regions)} checkpoint regions at bucket boundaries "
+                    "(the values crossing each cut are saved)"
+                )
+            return f"{holds}, but is kept whole, so its buckets cannot overlap: {self.reason}"
         if self.regions is not None:
             return (
-                f"goddp: the checkpoint {self.call.name!r} spans {self.blocks} blocks: split into "
+                f"goddp: the checkpoint {name!r} spans {self.blocks} blocks: split into "
                 f"{len(self.regions)} checkpoint regions at block boundaries (one saved activation per cut)"
             )
         return (
-            f"goddp: the checkpoint {self.call.name!r} spans {self.blocks} blocks but is kept whole, "
+            f"goddp: the checkpoint {name!r} spans {self.blocks} blocks but is kept whole, "
             f"so its blocks' buckets cannot overlap: {self.reason}"
         )
 
@@ -340,18 +403,19 @@ def _node_blocker(body: fx.GraphModule, node: fx.Node) -> str | None:
     return None
 
 
-def _regions(compute: Sequence[fx.Node], block_of: dict[fx.Node, int]) -> list[Region]:
-    """A region starts at the first node of every block run; nodes of no
-    block join the run before them (those before the first block, the
-    first run), as the planner groups pieces (planner/blocks.go). A get_attr
-    goes to the region of its first user."""
+def _regions(compute: Sequence[fx.Node], group_of: dict[fx.Node, int]) -> list[Region]:
+    """A region starts at the first node of every run of one group (a
+    block, or a piece of the body's bucket plan); nodes of no group (-1)
+    join the run before them (those before the first group, the first run),
+    as the planner groups pieces (planner/blocks.go). A get_attr goes to the
+    region of its first user."""
     position = {n: i for i, n in enumerate(compute)}
     regions = [Region()]
     current = None
     for node in compute:
         if node.op == "get_attr":
             continue
-        block = block_of.get(node, -1)
+        block = group_of.get(node, -1)
         if block >= 0 and block != current:
             if current is not None:
                 regions.append(Region())
@@ -369,19 +433,35 @@ def _regions(compute: Sequence[fx.Node], block_of: dict[fx.Node, int]) -> list[R
     return regions
 
 
-def plan_split(gm: fx.GraphModule, call: fx.Node, body_blocks: Callable[[fx.GraphModule], list[int]]) -> Split:
+BodyPlanner = Callable[[fx.GraphModule, fx.Node, fx.GraphModule], "BodyBuckets | None"]
+
+
+def plan_split(
+    gm: fx.GraphModule,
+    call: fx.Node,
+    body_blocks: Callable[[fx.GraphModule], list[int]],
+    body_buckets: BodyPlanner | None = None,
+) -> Split:
     """How to split one checkpoint call (see Note [Checkpoint bodies]).
-    body_blocks gives, per node of a body graph, its block (-1 for none)."""
+    body_blocks gives, per node of a body graph, its block (-1 for none);
+    body_buckets, given, plans a body with fewer than two blocks by buckets
+    (gm, the call, its body; None when it holds no DDP parameter)."""
     body = body_of(gm, call)
     nodes = list(body.graph.nodes)
     block_of = dict(zip(nodes, body_blocks(body)))
     blocks = len({b for b in block_of.values() if b >= 0})
+    group_of, boundary, buckets = block_of, "block", None
+    if blocks < 2 and body_buckets is not None:
+        buckets = body_buckets(gm, call, body)
+        if buckets is not None and len({p for p in buckets.node_pieces if p >= 0}) >= 2:
+            group_of, boundary = dict(zip(nodes, buckets.node_pieces)), "bucket"
 
     def whole(reason: str) -> Split:
-        return Split(call, blocks, None, reason)
+        return Split(call, blocks, None, reason, boundary if boundary == "bucket" or blocks >= 2 else "", buckets)
 
-    if blocks < 2:
-        return whole("its body holds fewer than two blocks")
+    if blocks < 2 and boundary != "bucket":
+        fits = "" if body_buckets is None else " and its parameters fit in one bucket"
+        return whole(f"its body holds fewer than two blocks{fits}")
     if any(u.op != "call_function" or u.target is not operator.getitem for u in call.users):
         return whole("its result is used other than by indexing")
     reason = _policy_blocker(body)
@@ -392,7 +472,7 @@ def plan_split(gm: fx.GraphModule, call: fx.Node, body_blocks: Callable[[fx.Grap
         reason = _node_blocker(body, node)
         if reason is not None:
             return whole(reason)
-    regions = _regions(compute, block_of)
+    regions = _regions(compute, group_of)
     where = {n: k for k, r in enumerate(regions) for n in r.nodes}
     returned = set(nodes[-1].all_input_nodes)
     for k, region in enumerate(regions):
@@ -401,6 +481,8 @@ def plan_split(gm: fx.GraphModule, call: fx.Node, body_blocks: Callable[[fx.Grap
             for value in node.all_input_nodes:
                 if value in members or value in region.inputs:
                     continue
+                if where.get(value, -1) > k:
+                    return whole("a value is read before the region that makes it")
                 if value.op == "get_attr":
                     return whole("a body attribute is read on both sides of a cut")
                 if value.op != "placeholder" and not _carries(_example(value)):
@@ -413,7 +495,7 @@ def plan_split(gm: fx.GraphModule, call: fx.Node, body_blocks: Callable[[fx.Grap
                 region.outputs.append(node)
         if not region.outputs:
             return whole(f"its region {k} hands nothing on")
-    return Split(call, blocks, regions, "")
+    return Split(call, blocks, regions, "", boundary, buckets)
 
 
 def _region_body(body: fx.GraphModule, region: Region) -> fx.GraphModule:
@@ -462,13 +544,28 @@ def _rewrite(graph: fx.Graph, attrs: dict[str, Any], call: fx.Node, regions: Seq
 
 
 def split_checkpoints(
-    gm: fx.GraphModule, body_blocks: Callable[[fx.GraphModule], list[int]]
+    gm: fx.GraphModule,
+    body_blocks: Callable[[fx.GraphModule], list[int]],
+    body_buckets: BodyPlanner | None = None,
 ) -> tuple[fx.GraphModule, list[Split]]:
     """gm with every checkpoint call whose body holds several blocks split
-    into one checkpoint per region (gm itself when there is none to split),
-    and what was decided for each such call. gm is not modified."""
-    splits = [plan_split(gm, n, body_blocks) for n in gm.graph.nodes if is_checkpoint(gm, n)]
-    splits = [s for s in splits if s.blocks >= 2]
+    into one checkpoint per block region, or, where no call is split at
+    blocks and gm itself holds fewer than two blocks (so the planner cuts
+    it by bytes), every call whose parameters fill several buckets split
+    into one checkpoint per bucket region (Note [Checkpoint bodies]); gm
+    itself when there is none to split, and what was decided for each call
+    that holds several blocks or buckets. gm is not modified."""
+    calls = [n for n in gm.graph.nodes if is_checkpoint(gm, n)]
+    if not calls:
+        return gm, []
+    splits = [plan_split(gm, n, body_blocks) for n in calls]
+    if (
+        body_buckets is not None
+        and not any(s.regions is not None for s in splits)
+        and len({b for b in body_blocks(gm) if b >= 0}) < 2
+    ):
+        splits = [s if s.blocks >= 2 else plan_split(gm, s.call, body_blocks, body_buckets) for s in splits]
+    splits = [s for s in splits if s.boundary]
     if not any(s.regions is not None for s in splits):
         return gm, splits
     graph = fx.Graph()

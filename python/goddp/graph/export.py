@@ -13,7 +13,7 @@ import dataclasses
 import re
 from array import array
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import fx, nn
@@ -163,8 +163,10 @@ class _Exporter:
         gm: fx.GraphModule,
         param_name_of: Callable[[torch.Tensor], str | None] | None,
         ignored_names: Iterable[str],
+        placeholder_params: Mapping[fx.Node, tuple[torch.Tensor, str]] | None = None,
     ) -> None:
         self.gm = gm
+        self.given_placeholder_params = placeholder_params
         self.nodes = list(gm.graph.nodes)
         self.node_index = {node: i for i, node in enumerate(self.nodes)}
         self.param_name_of = param_name_of
@@ -207,8 +209,14 @@ class _Exporter:
     def find_placeholder_params(self) -> None:
         """Parameters held by placeholders (Dynamo with
         inline_inbuilt_nn_modules) enter the table first, in graph order."""
+        given = self.given_placeholder_params
         for node in self.nodes:
             if node.op != "placeholder":
+                continue
+            if given is not None:
+                if node in given:
+                    param, fallback = given[node]
+                    self.placeholder_param[node] = self.param_index(param, fallback)
                 continue
             param = placeholder_parameter(node)
             if param is None:
@@ -406,6 +414,7 @@ def export_graph(
     *,
     param_name_of: Callable[[torch.Tensor], str | None] | None = None,
     ignored_names: Iterable[str] = (),
+    placeholder_params: Mapping[fx.Node, tuple[torch.Tensor, str]] | None = None,
 ) -> ExportedGraph:
     """Flattens gm into the planner's arrays.
 
@@ -414,9 +423,39 @@ def export_graph(
     Dynamo's source, then from the graph. ignored_names are FQNs DDP ignores
     (besides parameters marked ``_ddp_ignored``). Each node's module stack
     goes along, from which the planner finds repeated blocks when asked to
-    cut at them.
+    cut at them. placeholder_params, given, says which placeholders stand
+    for which parameter (and its fallback name) instead of Dynamo's
+    metadata: a checkpoint body's placeholders are the parameters its call
+    is handed (body_parameters).
     """
-    return _Exporter(gm, param_name_of, ignored_names).run()
+    return _Exporter(gm, param_name_of, ignored_names, placeholder_params).run()
+
+
+def body_parameters(gm: fx.GraphModule, call: fx.Node, body: fx.GraphModule) -> dict[fx.Node, tuple[torch.Tensor, str]]:
+    """Per placeholder of a higher-order-op call's body, the parameter it
+    stands for and its fallback name: body placeholder i is the call's
+    argument i + 1, a placeholder of gm holding a parameter (or a get_attr
+    of one). Placeholders that stand for no parameter are left out."""
+    out: dict[fx.Node, tuple[torch.Tensor, str]] = {}
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    for inner, outer in zip(placeholders, call.args[1:]):
+        if not isinstance(outer, fx.Node):
+            continue
+        if outer.op == "placeholder":
+            param = placeholder_parameter(outer)
+            if param is None:
+                continue
+            source_name = _placeholder_source_name(outer)
+            out[inner] = (param, (name_from_dynamo_source(source_name) if source_name else None) or str(outer.target))
+        elif outer.op == "get_attr":
+            try:
+                value = resolve_attr(gm, str(outer.target))
+            except AttributeError:
+                continue
+            if isinstance(value, nn.Parameter):
+                flat = gm.meta.get("dynamo_flat_name_to_original_fqn", {}) if hasattr(gm, "meta") else {}
+                out[inner] = (value, flat.get(str(outer.target), str(outer.target)))
+    return out
 
 
 def with_ddp_positions(exported: ExportedGraph, names: Sequence[str]) -> ExportedGraph:

@@ -170,3 +170,14 @@ def agree(request: Mapping[str, Any]) -> dict[str, Any]:
     """The verdict of one agreement round (goddp_agree in csrc/goddp.h, which
     gives both JSON shapes). Raises PlannerError like plan_graph."""
     return json.loads(load().agree(json.dumps(request, sort_keys=True)))
+
+
+def plan_table(view: Mapping[str, Any]) -> str:
+    """The plan table of a plan view (goddp_plan_table in csrc/goddp.h)."""
+    return load().plan_table(json.dumps(view, allow_nan=False))
+
+
+def trace_report(record: Mapping[str, Any]) -> dict[str, Any]:
+    """goddp.trace's figures of a record (goddp_trace_report in
+    csrc/goddp.h): steps, step_stats, median_step, verdict, summary."""
+    return json.loads(load().trace_report(json.dumps(record, allow_nan=False)))

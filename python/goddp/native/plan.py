@@ -112,6 +112,9 @@ class PlanRequest:
     block_cuts: bool = False
     edges: str = "compile"
     ddp: DDPRequest | None = None
+    # Every bucket under the bucket cap (Note [Uniform caps] in
+    # planner/regions.go): one checkpoint body planned alone.
+    uniform_caps: bool = False
 
     def to_native(self) -> dict[str, Any]:
         """The goddp_config fields for extension.plan_graph."""
@@ -126,6 +129,7 @@ class PlanRequest:
             "block_cuts": int(self.block_cuts),
             "edges": EDGE_CODES[self.edges],
             "ddp": None if self.ddp is None else self.ddp.to_native(),
+            "uniform_caps": int(self.uniform_caps),
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """goddp.trace: when does each DDP bucket's allreduce run, relative to backward?
 
 (This package is goddp.tracing; ``goddp.trace`` is its ``trace`` function.
-Its modules: ``recorder``, what is recorded and its figures; ``install``,
+Its modules: ``recorder``, what is recorded; ``figures``, what the planner
+derives from it, the summary text included (planner/trace.go); ``install``,
 the hooks on DDP; ``session``, the ``Trace`` object and its agreement
-across ranks; ``summary``, the text and the picture.)
+across ranks; ``summary``, the picture.)
 
     with goddp.trace(ddp_model) as tr:      # every rank of the DDP group
         for batch in batches:               # a few ordinary training steps
@@ -34,13 +35,9 @@ What is recorded, per step (one backward pass that reduced gradients):
 - on a CUDA device every time is a CUDA event on the current stream, not the
   host's clock (Note [Trace clocks on CUDA] in goddp.tracing.recorder).
 
-Exposed communication is the time from the compute end to the last
-allreduce's completion; the overlapped fraction is the share of the time
-during which some allreduce was in flight that lies before the compute end.
-A bucket counts as launched during backward when backward still had at least
-``DURING_BACKWARD_MARGIN`` of its duration left: the last bucket is always
-launched just before the end (an unsplit compiled graph launches none before
-its single backward node has finished).
+What the figures mean (exposed communication, the overlapped share, a
+bucket launched during backward, the median step) is Note [Trace figures]
+in planner/trace.go, which computes them.
 
 How it hooks DDP (goddp.tracing.install): DDP's C++ reducer takes one comm
 hook, once, and cannot forget it. Entering the trace registers a timing hook
@@ -71,8 +68,9 @@ for ranks that have not left yet, then showing the ranks it has): calling
 them on one rank only, or on every rank, never deadlocks.
 """
 
-from goddp.tracing.recorder import TraceError, median_step, step_stats, verdict
+from goddp.tracing.figures import format_summary, median_step, step_stats, verdict
+from goddp.tracing.recorder import TraceError
 from goddp.tracing.session import Trace, trace
-from goddp.tracing.summary import draw_launch_rows, format_summary, plot_steps
+from goddp.tracing.summary import draw_launch_rows, plot_steps
 
 __all__ = ["trace", "Trace", "TraceError", "step_stats", "verdict", "median_step", "plot_steps", "draw_launch_rows", "format_summary"]

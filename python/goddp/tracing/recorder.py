@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
-# A bucket launched with less than this share of backward left counts as
-# launched at the end (see goddp.tracing).
-DURING_BACKWARD_MARGIN = 0.05
+from goddp.tracing.figures import normalized
 
 
 class TraceError(RuntimeError):
@@ -83,95 +80,39 @@ class StepRecord:
     buckets: list[BucketEvent] = field(default_factory=list)
     cuda: bool = False  # timed with CUDA events (Note [Trace clocks on CUDA])
 
-    def to_dict(self, names: dict[int, str]) -> dict[str, Any]:
-        """Times in seconds from backward start (from the first launch when
-        the start was not seen); `names`: parameter id -> name."""
+    def raw(self, names: dict[int, str]) -> dict[str, Any]:
+        """The recorded times in seconds from backward start (from the first
+        launch when the start was not seen; None where nothing was
+        recorded), buckets as appended; `names`: parameter id -> name."""
         if self.start is not None:
             origin = self.start
         else:  # the earliest launch; events are ordered on the device, not here
             origin = self.buckets[0].launch if self.cuda else min(b.launch for b in self.buckets)
 
         def at(stamp):
-            return _seconds(stamp, origin)
+            return None if stamp is None else _seconds(stamp, origin)
 
-        launches = [at(b.launch) for b in self.buckets]
-        last_launch = max(launches)
-        compute_end = at(self.compute_end) if self.compute_end is not None else last_launch
-        buckets = [
-            {
-                "index": b.index,
-                "bytes": b.bytes,
-                "params": b.params,
-                "param_names": [names.get(i, "?") for i in b.param_ids],
-                "launch_s": launch,
-                "done_s": at(b.done) if b.done is not None else compute_end,
-            }
-            for launch, b in sorted(zip(launches, self.buckets), key=lambda pair: (pair[0], pair[1].index))
-        ]
         return {
             "start_seen": self.start is not None,
-            "compute_end_s": max(compute_end, last_launch),
-            "finalized_s": at(self.finalized) if self.finalized is not None else None,
-            "buckets": buckets,
+            "compute_end_s": at(self.compute_end),
+            "finalized_s": at(self.finalized),
+            "buckets": [
+                {
+                    "index": b.index,
+                    "bytes": b.bytes,
+                    "params": b.params,
+                    "param_names": [names.get(i, "?") for i in b.param_ids],
+                    "launch_s": at(b.launch),
+                    "done_s": at(b.done),
+                }
+                for b in self.buckets
+            ],
         }
 
-
-def step_stats(step: dict[str, Any]) -> dict[str, Any]:
-    """Figures of one step dict (``StepRecord.to_dict``): backward time, last
-    completion, exposed communication, overlapped fraction, buckets launched
-    during backward. Pure arithmetic on the dict; the bench uses it too."""
-    end = step["compute_end_s"]
-    buckets = step["buckets"]
-    last_done = max((b["done_s"] for b in buckets), default=end)
-    busy = _union([(b["launch_s"], b["done_s"]) for b in buckets])
-    busy_total = sum(e - s for s, e in busy)
-    busy_before = sum(max(0.0, min(e, end) - s) for s, e in busy)
-    margin = DURING_BACKWARD_MARGIN * end
-    total_bytes = sum(b["bytes"] for b in buckets)
-    return {
-        "backward_s": end,
-        "last_done_s": last_done,
-        "exposed_s": max(0.0, last_done - end),
-        "comm_busy_s": busy_total,
-        "overlapped": (busy_before / busy_total) if busy_total > 0 else 1.0,
-        "buckets": len(buckets),
-        "launched_during_backward": sum(1 for b in buckets if b["launch_s"] <= end - margin),
-        # Byte-weighted mean of how long before the compute end each byte's
-        # allreduce started: no threshold; about 0 for an unsplit graph.
-        "head_start_s": (sum(b["bytes"] * (end - b["launch_s"]) for b in buckets) / total_bytes)
-        if total_bytes else 0.0,
-    }
-
-
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for s, e in sorted(intervals):
-        if merged and s <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
-        else:
-            merged.append((s, e))
-    return merged
-
-
-def median_step(steps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The step with the median backward time (the upper one of two)."""
-    if not steps:
-        return None
-    return sorted(steps, key=lambda s: s["compute_end_s"])[len(steps) // 2]
-
-
-def verdict(steps: Sequence[dict[str, Any]]) -> str:
-    """One line: buckets launched during backward (median step) and the
-    median share of communication left exposed."""
-    step = median_step(steps)
-    if step is None:
-        return "no step with a DDP allreduce was recorded"
-    stats = step_stats(step)
-    exposed = statistics.median(1.0 - step_stats(s)["overlapped"] for s in steps)
-    return (
-        f"{stats['launched_during_backward']} of {stats['buckets']} buckets launched before backward ended; "
-        f"{exposed:.0%} of communication exposed"
-    )
+    def to_dict(self, names: dict[int, str]) -> dict[str, Any]:
+        """The step dict: raw(), normalized by the planner (a compute end,
+        every bucket done, buckets in launch order; goddp.tracing.figures)."""
+        return normalized([self.raw(names)])[0]
 
 
 # --------------------------------------------------------------------------

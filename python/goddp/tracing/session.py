@@ -17,9 +17,10 @@ from goddp.graph.export import parameter_names
 from goddp.ranks.group import group_of, missing_ranks_message, store_for, timeout_s
 from goddp.ranks.store_round import agree, gather, publish
 from goddp.reports.records import last_plans
+from goddp.tracing.figures import format_summary, median_step, normalized, report, verdict
 from goddp.tracing.install import Installation, unwrap_ddp
-from goddp.tracing.recorder import TraceError, Recorder, median_step, step_stats, verdict
-from goddp.tracing.summary import format_summary, plot_steps
+from goddp.tracing.recorder import TraceError, Recorder
+from goddp.tracing.summary import plot_steps
 
 logger = logging.getLogger("goddp")
 
@@ -200,24 +201,35 @@ class Trace:
     @property
     def steps(self) -> list[dict[str, Any]]:
         """The recorded steps (``StepRecord.to_dict``), oldest first."""
+        return normalized(self._raw_steps())
+
+    def _raw_steps(self) -> list[dict[str, Any]]:
         if self._recorder is None:
             return []
-        return [s.to_dict(self._recorder.names) for s in list(self._recorder.steps)]
+        return [s.raw(self._recorder.names) for s in list(self._recorder.steps)]
 
     def _record(self) -> dict[str, Any]:
         rounds = self._rounds
-        steps = self.steps
-        return {
+        record = {
             "rank": dist.get_rank() if dist.is_initialized() else 0,
             "ranks": list(rounds.group.ranks) if rounds else [],
             "module": type(self._ddp.module).__name__,
             "comm_hook": self._hook_name,
             "goddp_plans": self._plans or _attributed_plans(self._ddp),
-            "steps": steps,
-            "step_stats": [step_stats(s) for s in steps],
+            "steps": self._raw_steps(),
+            "step_stats": [],
             "dropped_steps": self._recorder.dropped if self._recorder else 0,
-            "verdict": verdict(steps),
+            "verdict": "",
         }
+        try:
+            figures = report(record)
+        except Exception as exc:
+            # The record is still published: the other ranks gather it.
+            logger.warning("goddp.trace: the figures of this rank's steps failed: %s", exc)
+            record["verdict"] = f"no figures: {exc}"
+            return record
+        record.update(steps=figures["steps"], step_stats=figures["step_stats"], verdict=figures["verdict"])
+        return record
 
     def to_dict(self, gather: bool = False) -> dict[str, Any]:
         """This rank's record (JSON-serialisable); with gather=True, a dict

@@ -8,6 +8,10 @@
 - A checkpoint spanning several blocks is split at the block boundaries
   into consecutive checkpoint regions; where that is not safe it stays
   whole and goddp says why at INFO.
+- A checkpoint with fewer than two blocks but more than a bucket's
+  parameters, in a graph cut by bytes, is split at the buckets of its body
+  (either wrapping order, reentrant or not); per-block checkpoints of
+  repeated blocks keep the block cuts.
 - Training equals eager DDP with the same checkpointing, bit for bit
   (aot_eager), and recomputation still happens (saved activations).
 
@@ -291,3 +295,189 @@ class TestCheckpointsKeptWhole:
         kept = [r.getMessage() for r in caplog.records if "kept whole" in r.getMessage()]
         assert len(kept) == 1 and "policy" in kept[0], kept
         assert_same_training(eager, ddp, eager_losses, losses)
+
+
+def run_ordered(make_model, order, cap_mb=CAP_MB, steps=2, **options):
+    """run_pair in either wrapping order: "compile_ddp" compiles the DDP
+    module (compile(DDP(m))), "ddp_compile" wraps the compiled model in DDP
+    (DDP(compile(m)))."""
+    eager = DDP(make_model(), bucket_cap_mb=cap_mb)
+    eager_losses = train(eager, steps)
+    torch._dynamo.reset()
+    goddp.clear_plans()
+    counting = CountingCompiler()
+    opts = {"inner": counting, "strict": True, "log_plan": False, **options}
+    if order == "compile_ddp":
+        ddp = DDP(make_model(), bucket_cap_mb=cap_mb)
+        forward = torch.compile(ddp, backend="goddp", options=opts)
+    else:
+        ddp = forward = DDP(torch.compile(make_model(), backend="goddp", options=opts), bucket_cap_mb=cap_mb)
+    losses = train(forward, steps)
+    plans = [p for p in goddp.last_plans() if p["buckets"]]
+    assert len(plans) == 1, goddp.last_plans()
+    return eager, ddp, eager_losses, losses, plans[0], counting
+
+
+def checkpoint_calls(graphs):
+    """Per compiled graph, its checkpoint calls."""
+    return [
+        sum(1 for n in gm.graph.nodes if n.target is torch.ops.higher_order.tag_activation_checkpoint) for gm in graphs
+    ]
+
+
+def checkpoints_run(plan, graphs):
+    """Checkpoint calls that the pieces run, a reused piece counting its
+    leader's (graphs: one per compiled piece, in piece order)."""
+    leaders = [p["index"] for p in plan["pieces"] if p["same_as"] == p["index"] and not p["eager"]]
+    assert len(leaders) == len(graphs)
+    calls = dict(zip(leaders, checkpoint_calls(graphs)))
+    return sum(calls[p["same_as"]] for p in plan["pieces"] if not p["eager"])
+
+
+def messages(caplog, text):
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+ORDERS = ["compile_ddp", "ddp_compile"]
+
+
+@pytest.fixture(scope="module")
+def whole_pieces(dist_group):
+    """Pieces per (body, reentrant) with the checkpoints kept whole
+    (block_cuts=False: goddp does not rewrite the graph)."""
+    from checkpoint_models import build_one
+
+    cache = {}
+
+    def pieces(body, reentrant):
+        if (body, reentrant) not in cache:
+            *_, plan, counting = run_ordered(
+                lambda: build_one(body, reentrant), "compile_ddp", steps=1, block_cuts=False
+            )
+            assert sum(checkpoint_calls(counting.graphs)) == (2 if body == "twins" else 1)
+            cache[body, reentrant] = plan["num_pieces"]
+        return cache[body, reentrant]
+
+    return pieces
+
+
+class TestBucketSplitCheckpoints:
+    """A checkpoint whose body holds fewer than two blocks but more than a
+    bucket's parameters, in a graph the planner cuts by bytes, becomes one
+    checkpoint region per bucket of its body (planned alone, every bucket
+    under DDP's cap): more pieces than the checkpoint kept whole, DDP's
+    buckets set to them, eager DDP's gradients bit for bit."""
+
+    BODIES = [("stack", 1), ("block", 1), ("twins", 2)]
+
+    @pytest.mark.parametrize("order", ORDERS)
+    @pytest.mark.parametrize("reentrant", [False, True], ids=["nonreentrant", "reentrant"])
+    @pytest.mark.parametrize(("body", "calls"), BODIES, ids=[b for b, _ in BODIES])
+    def test_split_at_buckets(self, dist_group, caplog, whole_pieces, body, calls, reentrant, order):
+        from checkpoint_models import build_one
+
+        with caplog.at_level(logging.INFO, logger="goddp"):
+            eager, ddp, eager_losses, losses, plan, counting = run_ordered(lambda: build_one(body, reentrant), order)
+        assert plan["fallback"] is None
+        assert plan["ddp_buckets"]["aligned"], plan["ddp_buckets"]
+        splits = messages(caplog, "at bucket boundaries")
+        assert len(splits) == calls, messages(caplog, "checkpoint")
+        regions = []
+        for line in splits:
+            assert "of DDP's parameters" in line and f"under the {CAP_MB:.3g} MiB bucket cap" in line, line
+            regions.append(int(line.split("split into ")[1].split()[0]))
+        assert all(r >= 2 for r in regions), splits
+        # identical bodies are cut identically (every bucket under the cap)
+        assert len({line.split(" holds ")[1] for line in splits}) == 1, splits
+        # every region is a checkpoint of its own, recomputed in a piece
+        assert checkpoints_run(plan, counting.graphs) == sum(regions)
+        assert plan["num_pieces"] > whole_pieces(body, reentrant), plan["pieces"]
+        assert not messages(caplog, "kept whole")
+        assert_same_training(eager, ddp, eager_losses, losses)
+
+    @pytest.mark.parametrize("order", ORDERS)
+    def test_random_op_keeps_it_whole(self, dist_group, caplog, order):
+        from checkpoint_models import build_one
+
+        with caplog.at_level(logging.INFO, logger="goddp"):
+            *_, ddp, _, _, plan, counting = run_ordered(lambda: build_one("stack", dropout=0.1), order, steps=1)
+        (kept,) = messages(caplog, "kept whole")
+        assert "random op" in kept and "of DDP's parameters" in kept and "bucket cap" in kept, kept
+        assert not messages(caplog, "checkpoint regions")
+        # one piece holds the one checkpoint, whole
+        assert checkpoints_run(plan, counting.graphs) == 1
+        assert plan["fallback"] is None
+        for p in ddp.module.parameters():
+            assert p.grad is not None
+
+    def test_a_checkpoint_within_one_bucket_is_left_alone(self, dist_group, caplog):
+        from checkpoint_models import build_one
+
+        with caplog.at_level(logging.INFO, logger="goddp"):
+            eager, ddp, eager_losses, losses, plan, counting = run_ordered(lambda: build_one("stack"), ORDERS[0], cap_mb=25)
+        assert not messages(caplog, "checkpoint '"), messages(caplog, "checkpoint")
+        assert sum(checkpoint_calls(counting.graphs)) == 1
+        assert_same_training(eager, ddp, eager_losses, losses)
+
+    @pytest.mark.parametrize("options", [{"mode": "torch"}, {"block_cuts": False}], ids=["torch", "no_block_cuts"])
+    def test_torch_mode_and_no_block_cuts_keep_it_whole(self, dist_group, caplog, options):
+        from checkpoint_models import build_one
+
+        with caplog.at_level(logging.INFO, logger="goddp"):
+            eager, ddp, eager_losses, losses, plan, counting = run_ordered(lambda: build_one("stack"), ORDERS[0], **options)
+        assert not messages(caplog, "checkpoint regions")
+        assert sum(checkpoint_calls(counting.graphs)) == 1
+        assert_same_training(eager, ddp, eager_losses, losses)
+
+    @pytest.mark.parametrize("order", ORDERS)
+    def test_per_block_checkpoints_over_a_bucket_keep_block_cuts(self, dist_group, caplog, order):
+        """Repeated blocks each over a bucket: the planner cuts at the blocks
+        (a block is one piece, checkpointed or not), so per-block
+        checkpoints stay one per block, and the blocks compile once."""
+        cap = 0.01  # each TransformerBlock (width 64) holds about 0.13 MiB
+        *_, reference, _ = run_ordered(lambda: build("none", "transformer"), order, cap_mb=cap, steps=1)
+        with caplog.at_level(logging.INFO, logger="goddp"):
+            eager, ddp, eager_losses, losses, plan, counting = run_ordered(
+                lambda: build("per_block", "transformer"), order, cap_mb=cap
+            )
+        assert not messages(caplog, "checkpoint '"), messages(caplog, "checkpoint")
+        assert piece_shape(plan) == piece_shape(reference)
+        assert plan["distinct_pieces"] - plan["eager_pieces"] == 1 == len(counting.graphs)
+        assert plan["ddp_buckets"]["aligned"]
+        assert_same_training(eager, ddp, eager_losses, losses)
+
+    def test_each_cut_saves_what_crosses_it(self, dist_group):
+        """Between the layers of a stack a cut keeps one boundary
+        activation; inside a block it keeps more (the residual stream and
+        the value at the cut); recomputation still happens."""
+        from checkpoint_models import OneCheckpointLM, build_one
+
+        tokens = make_tokens(0)
+        boundary = tokens.numel() * 64 * 4  # one (batch, seq, width) float activation
+
+        def saved(make, **options):
+            torch._dynamo.reset()
+            goddp.clear_plans()
+            ddp = DDP(make(), bucket_cap_mb=CAP_MB)
+            compiled = torch.compile(ddp, backend=goddp.backend(inner="aot_eager", **options))
+            lm_loss(compiled(tokens)).backward()  # compile
+            nbytes, out = saved_activation_bytes(lambda: compiled(tokens), ddp.parameters())
+            lm_loss(out).backward()
+            (plan,) = [p for p in goddp.last_plans() if p["buckets"]]
+            return nbytes, plan["num_pieces"]
+
+        class Unchecked(OneCheckpointLM):
+            def forward(self, tokens):
+                return self.head(self.norm(self.body(self.embed(tokens))))
+
+        for body in ("stack", "block"):
+            whole, whole_pieces = saved(lambda: build_one(body), block_cuts=False)
+            split, pieces = saved(lambda: build_one(body))
+            plain, _ = saved(lambda: (torch.manual_seed(0), Unchecked(body))[1])
+            cuts = pieces - whole_pieces
+            assert cuts >= 1
+            assert split < plain, (body, split, plain)
+            if body == "stack":
+                assert split - whole == cuts * boundary, (split, whole, cuts)
+            else:
+                assert split - whole > cuts * boundary, (split, whole, cuts)

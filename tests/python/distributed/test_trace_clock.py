@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from goddp.tracing.recorder import BucketEvent, Stamp, StepRecord, now, step_stats
+from goddp.tracing.figures import step_stats
+from goddp.tracing.recorder import BucketEvent, Stamp, StepRecord, now
 
 
 class FakeEvent:

@@ -14,7 +14,7 @@ from torch import fx
 from goddp.graph.blocks import piece_signature
 from goddp.graph.export import module_stack
 from goddp.native.plan import plan_graph_module
-from goddp.graph.checkpoints import plan_split, policy_key, split_checkpoints, stacks_through_bodies
+from goddp.graph.checkpoints import BodyBuckets, plan_split, policy_key, split_checkpoints, stacks_through_bodies
 from checkpoint_models import SAVED_OPS, build, make_tokens, sac_context
 from test_blocks import dynamo_graph
 
@@ -158,3 +158,52 @@ class TestSplitDecisions:
         size.meta["example_value"] = torch.Size([2])
         split = plan_split(gm, hop, blocks)
         assert split.regions is None and "Size value would cross" in split.reason, split.reason
+
+
+class TestBucketSplitDecisions:
+    """Splitting at the pieces of the body's own bucket plan (BodyBuckets,
+    the planner's in the backend), only where the outer graph holds fewer
+    than two blocks (Note [Checkpoint bodies])."""
+
+    OPS = [("f", torch.relu, (0,)), ("f", torch.neg, (1,)), ("f", torch.sin, (2,))]
+
+    @staticmethod
+    def no_blocks(g):
+        return [-1] * len(g.graph.nodes)
+
+    @staticmethod
+    def buckets(pieces):
+        return lambda gm, call, body: BodyBuckets(list(pieces), 3 << 20, 1 << 20, 3)
+
+    def test_split_at_the_body_pieces(self):
+        gm, hop, _ = _hand_made(self.OPS, [])
+        new, splits = split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 1, 1, -1]))
+        (split,) = splits
+        assert split.boundary == "bucket" and [len(r.nodes) for r in split.regions] == [1, 2]
+        assert "holds 3 MiB of DDP's parameters, 3 buckets under the 1 MiB bucket cap" in split.describe()
+        assert "split into 2 checkpoint regions at bucket boundaries" in split.describe()
+        assert len([n for n in new.graph.nodes if n.target is CHECKPOINT]) == 2
+        x = torch.randn(2)
+        assert torch.equal(new(x)[0], gm.body(x)[0])
+
+    def test_one_piece_is_left_alone_unmentioned(self):
+        gm, hop, _ = _hand_made(self.OPS, [])
+        new, splits = split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 0, 0, -1]))
+        assert new is gm and splits == []
+
+    def test_outer_blocks_keep_block_cuts(self):
+        gm, hop, _ = _hand_made(self.OPS, [])
+
+        def blocks(g):  # the outer graph holds two blocks, the body none
+            return [-1, 0, 1, 1] if g is gm else [-1] * len(g.graph.nodes)
+
+        new, splits = split_checkpoints(gm, blocks, self.buckets([-1, 0, 1, 1, -1]))
+        assert new is gm and splits == []
+
+    def test_kept_whole_says_bytes_cap_and_reason(self):
+        ops = [("f", torch.relu, (0,)), ("f", torch.nn.functional.dropout, (1,)), ("f", torch.neg, (2,))]
+        gm, hop, _ = _hand_made(ops, [])
+        new, (split,) = split_checkpoints(gm, self.no_blocks, self.buckets([-1, 0, 1, 1, -1]))
+        assert new is gm and split.regions is None
+        text = split.describe()
+        assert "holds 3 MiB of DDP's parameters" in text and "kept whole" in text and "random op" in text, text

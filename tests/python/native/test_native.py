@@ -162,7 +162,7 @@ def test_key_tuples_match_the_builders(ext):
     assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"} | set(STACK_KEYS) | {
         "node_weights"
     }
-    assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp"}
+    assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp", "uniform_caps"}
     assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
     assert len(ext.PLAN_KEYS) == 34
 
@@ -223,6 +223,18 @@ def with_stacks(graph: dict, layers: int) -> dict:
             "node_stack_paths": paths, "node_stack_types": types}
 
 
+def test_uniform_caps_cross_the_extension(ext):
+    """ABI 9: config['uniform_caps'] gives every bucket the cap (Note
+    [Uniform caps]): DDP's default 1 MiB first-bucket cap gives way."""
+    graph = chain_graph(3)
+    ddp = {"bucket_cap_bytes": 25 << 20, "first_bucket_cap_bytes": None, "flags": _native.DDP_CAP_IS_DEFAULT}
+    cfg = toy_config(bucket_cap_bytes=None, first_bucket_cap_bytes=None, ddp=ddp)
+    assert ext.plan_graph(graph, cfg)["first_bucket_cap_bytes"] == 1 << 20
+    assert ext.plan_graph(graph, {**cfg, "uniform_caps": True})["first_bucket_cap_bytes"] == 25 << 20
+    with pytest.raises(ext.PlannerError, match="UniformCaps is not supported in ModeTorch"):
+        ext.plan_graph(graph, {**cfg, "uniform_caps": 1, "mode": _native.MODE_TORCH})
+
+
 def test_decisions_cross_the_extension(ext):
     """ABI 6: caps left to the planner (None) inside a DDP module, module
     stacks, and the decisions in the reply: DDP's caps, a piece per block,
@@ -276,6 +288,31 @@ def test_decisions_cross_the_extension(ext):
     with pytest.raises(ext.PlannerError, match="path string 99 out of range") as info:
         ext.plan_graph(bad, cfg)
     assert info.value.code == _native.ERR_INVALID_GRAPH
+
+
+def test_reports_cross_the_extension(ext):
+    # The plan table and the trace figures: a JSON document in, text out
+    # (goddp_plan_table, goddp_trace_report); a bad document is the
+    # planner's invalid-config error, a NUL in it a ValueError.
+    table = ext.plan_table(
+        '{"fingerprint": 18446744073709551615, "mode": "torch", "num_pieces": 1, "alignment": "none",'
+        ' "caps": {"bucket_cap_bytes": 1048576, "first_bucket_cap_bytes": 1048576},'
+        ' "buckets": [{"index": 0, "bytes": 3, "param_names": ["w"], "piece": 0}]}'
+    )
+    assert table.splitlines()[0].startswith("goddp plan: mode=torch fingerprint=ffffffffffffffff pieces=1 buckets=1")
+    assert table.splitlines()[-1].split() == ["0", "0.000", "0", "w"]
+    step = {"compute_end_s": 1.0, "buckets": [{"index": 0, "bytes": 8, "params": 1, "launch_s": 0.5, "done_s": None}]}
+    report = _native.trace_report({"steps": [step]})
+    assert report["steps"][0]["buckets"][0]["done_s"] == 1.0 and report["median_step"] == 0
+    assert report["step_stats"][0]["comm_busy_s"] == 0.5 and report["step_stats"][0]["exposed_s"] == 0.0
+    for call in (ext.plan_table, ext.trace_report):
+        with pytest.raises(ext.PlannerError, match="not a valid document") as info:
+            call("[1]")
+        assert info.value.code == _native.ERR_INVALID_CONFIG
+        with pytest.raises(ValueError):
+            call("{\0}")
+    with pytest.raises(ValueError):  # JSON has no NaN: refused before Go
+        _native.trace_report({"steps": [dict(step, compute_end_s=float("nan"))]})
 
 
 def test_exceptions_are_runtime_errors(ext):
@@ -712,6 +749,8 @@ def test_forked_child_gets_forked_child_error(ext):
                 ext.abi_version,
                 lambda: ext.set_max_procs(0),
                 lambda: _native.plan_graph(chain_graph(1), toy_config()),
+                lambda: ext.plan_table("{}"),
+                lambda: _native.trace_report({"steps": []}),
                 lambda: ext.agree("{}"),
             ):
                 try:
@@ -730,7 +769,7 @@ def test_forked_child_gets_forked_child_error(ext):
     with os.fdopen(r, "rb") as f:
         report = f.read().decode().splitlines()
     assert exit_code == 0
-    assert len(report) == 5
+    assert len(report) == 7
     for line in report:
         assert line.startswith("forked:"), report
         assert "forked after it was loaded" in line and "'spawn'" in line

@@ -1,0 +1,66 @@
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../csrc
+#include <stdlib.h>
+#include "goddp.h"
+
+// See exports.go: cgo cannot spell const in an export's signature.
+typedef const char goddp_text_in;
+*/
+import "C"
+
+import (
+	"encoding/json"
+
+	"github.com/goddp/goddp/planner"
+)
+
+// The reports (goddp.h, "Reports"): a JSON document in, text out. Each
+// export decodes, makes one call into the planner and hands the text back
+// as a malloc'd C string.
+
+//export goddp_plan_table
+func goddp_plan_table(viewJSON *C.goddp_text_in, table **C.char, errMsg **C.char) (status C.goddp_status) {
+	defer recoverAsStatus(&status, errMsg)
+	return report("goddp_plan_table", viewJSON, table, errMsg, func(v *planner.TableView) (string, error) {
+		return v.Table(), nil
+	})
+}
+
+//export goddp_trace_report
+func goddp_trace_report(recordJSON *C.goddp_text_in, reportJSON **C.char, errMsg **C.char) (status C.goddp_status) {
+	defer recoverAsStatus(&status, errMsg)
+	return report("goddp_trace_report", recordJSON, reportJSON, errMsg, func(rec *planner.TraceRecord) (string, error) {
+		out, err := json.Marshal(planner.AnalyzeTrace(rec))
+		if err != nil { // a time that is not finite: JSON has no word for it
+			return "", invalidConfig("goddp: goddp_trace_report: %v", err)
+		}
+		return string(out), nil
+	})
+}
+
+// report clears the outputs, decodes in into a T, calls render and hands
+// its text to *out.
+func report[T any](name string, in *C.goddp_text_in, out, errMsg **C.char, render func(*T) (string, error)) C.goddp_status {
+	if errMsg != nil {
+		*errMsg = nil
+	}
+	if out == nil || in == nil {
+		setErrMsg(errMsg, "goddp: "+name+": input or output is NULL")
+		return C.GODDP_ERR_INVALID_CONFIG
+	}
+	*out = nil
+	var doc T
+	if err := json.Unmarshal([]byte(C.GoString((*C.char)(in))), &doc); err != nil {
+		setErrMsg(errMsg, "goddp: "+name+": not a valid document: "+err.Error())
+		return C.GODDP_ERR_INVALID_CONFIG
+	}
+	text, err := render(&doc)
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	*out = C.CString(text)
+	return C.GODDP_OK
+}

@@ -1,0 +1,53 @@
+package main
+
+// Helpers for reports_test.go (test files cannot use cgo; see
+// testsupport.go): each calls one report export as C would.
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../csrc
+#include <stdlib.h>
+#include "goddp.h"
+
+typedef const char goddp_text_in;
+*/
+import "C"
+
+import "unsafe"
+
+// reportCall is what a report export returned.
+type reportCall struct {
+	status    int
+	text, msg string
+	textSet   bool // *out was non-NULL
+}
+
+// callReport calls goddp_plan_table (table) or goddp_trace_report with
+// doc; nullIn and nullOut pass NULL for the input or the output.
+func callReport(table bool, doc string, nullIn, nullOut bool) reportCall {
+	var in *C.char
+	if !nullIn {
+		in = C.CString(doc)
+		defer C.free(unsafe.Pointer(in))
+	}
+	var out, msg *C.char
+	outp := &out
+	if nullOut {
+		outp = nil
+	}
+	var status C.goddp_status
+	if table {
+		status = goddp_plan_table((*C.goddp_text_in)(in), outp, &msg)
+	} else {
+		status = goddp_trace_report((*C.goddp_text_in)(in), outp, &msg)
+	}
+	r := reportCall{status: int(status), textSet: out != nil}
+	if out != nil {
+		r.text = C.GoString(out)
+		goddp_string_free(out)
+	}
+	if msg != nil {
+		r.msg = C.GoString(msg)
+		goddp_string_free(msg)
+	}
+	return r
+}
