@@ -121,6 +121,9 @@ def summarize_job(ranks: list[dict]) -> dict:
             "ddp_buckets": r0["variants"][n].get("ddp_buckets_end") or info[0].get("ddp_buckets"),
             "pieces": _pieces(info[0]),
             "launch": r0["variants"][n].get("launch"),
+            # The larger rank's; absent in results from before the measure.
+            "step_peak_mib": max((r["variants"][n]["step_peak_mib"] for r in ranks
+                                  if "step_peak_mib" in r["variants"][n]), default=None),
         }
         rows[n]["compute"] = rows[n]["fwd"] + rows[n]["bwd"] + rows[n]["opt"]
 
@@ -253,7 +256,22 @@ def job_table(s: dict) -> str:
         lines.append("peak RSS per rank: " + ", ".join(f"{m / 1024:.1f} GiB" for m in s["peak_rss_mib"])
                      + f" ({len(s['variants'])} model copies each)")
     lines.append(alignment_text(s))
+    peak = peak_text(s)
+    if peak:
+        lines.append(peak)
     return "\n".join(lines)
+
+
+def peak_text(s: dict) -> str:
+    """Each variant's step peak memory, and its ratio to the baseline's."""
+    rows = {n: r["step_peak_mib"] for n, r in s["variants"].items() if r.get("step_peak_mib") is not None}
+    if not rows:
+        return ""
+    base = rows.get(variants.BASELINE)
+    return ("step peak memory (one step without communication, the allocator's peak above its start): "
+            + ", ".join(f"{s['variants'][n]['label']} {m:.1f} MiB"
+                        + (" (baseline)" if n == variants.BASELINE else f" ({m / base:.2f}x)" if base else "")
+                        for n, m in rows.items()))
 
 
 def link_check_text(s: dict) -> str:

@@ -29,7 +29,14 @@ Tools:
 activation checkpointing per block or around the whole stack; each record
 then also has the activations autograd saves in a steady forward
 ("saved act. MiB", parameters left out: what recomputation trims) and the
-RSS growth over that step. The checkpointed depth rows of the README:
+RSS growth over that step. Every --e2e record also has the peak memory of
+two more steady steps, forward and backward (the allocator's peak above
+the step's start, bench.probes.step_peak_bytes, Note [Step peak memory]):
+"peak MiB" with the gradients of the last step kept (backward adds into
+them), "peak MiB, grads None" with them set to None first, as a training
+loop's zero_grad(set_to_none=True) leaves them (backward then allocates
+every gradient); the report gives goddp's and regional's over unsplit's.
+The checkpointed depth rows of the README:
 
     .venv/bin/python -m bench.compile_overhead --nodes --e2e gpt:quick \
         --layers 4 8 16 --checkpoint block --tools unsplit regional goddp_ddp \
@@ -71,6 +78,10 @@ TOOLS = ("unsplit", "torch", "goddp_torch", "goddp_ddp")
 # goddp_compile_edges with its edge pieces compiled.
 E2E_TOOLS = ("regional", "goddp_bytes", "goddp_compile_edges", "goddp_each", "goddp_canon")
 TRIVIAL = "bench_trivial"
+# The two step peaks of an --e2e record: gradients kept from the last step
+# (backward adds into them), and set to None first, as a training loop's
+# optimizer.zero_grad(set_to_none=True) leaves them.
+PEAKS = {"step_peak_mib": "grads kept", "step_peak_fresh_grads_mib": "grads None"}
 LAYER_WIDTH = 192  # 148 KiB per layer: 8 layers fill DDPOptimizer's 1 MiB minimum cap
 
 
@@ -233,10 +244,19 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
         with stats.RssSampler() as step_rss:
             saved = probes.saved_activation_bytes(lambda: wl.loss(compiled(*wl.inputs)), wl.model.parameters())
             saved.result.backward()
+        # Two more steady steps, unhooked, for the allocator's peak (Note [Step peak memory]):
+        # gradients kept from the last step (backward adds into them), then set to None
+        # first, as optimizer.zero_grad(set_to_none=True) leaves them in a training loop.
+        peak = probes.step_peak_bytes(lambda: wl.loss(compiled(*wl.inputs)).backward())
+        for p in wl.model.parameters():
+            p.grad = None
+        peak_fresh = probes.step_peak_bytes(lambda: wl.loss(compiled(*wl.inputs)).backward())
     rec = {"tool": args.tool, "model": args.e2e, "layers": args.layers, "checkpoint": args.checkpoint,
            "bucket_cap_mb": args.bucket_cap_mb, "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
            "steady_step_s": stats.median(steady), "peak_rss_delta_mib": rss.peak_delta_mib,
-           "saved_activations_mib": saved.nbytes / 2**20, "step_peak_rss_delta_mib": step_rss.peak_delta_mib}
+           "saved_activations_mib": saved.nbytes / 2**20, "step_peak_rss_delta_mib": step_rss.peak_delta_mib,
+           "step_peak_mib": peak.nbytes / 2**20, "step_peak_fresh_grads_mib": peak_fresh.nbytes / 2**20,
+           "step_peak_source": peak.source}
     rec["compile_s"] = rec["first_forward_s"] + rec["first_backward_s"] - rec["steady_step_s"]
     # CPU seconds (this process and the compilers it ran): on a shared
     # machine far less noisy than wall time, which waits for other jobs.
@@ -318,7 +338,9 @@ def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, tim
                f"(fwd {rec['first_forward_s']:.1f}s, "
                f"bwd {rec['first_backward_s']:.1f}s), steady step {rec['steady_step_s'] * 1e3:.0f}ms, "
                f"pieces {rec.get('pieces')} ({rec.get('distinct_pieces')} distinct, "
-               f"{rec.get('eager_pieces') or 0} eager), saved activations {rec['saved_activations_mib']:.1f} MiB"))
+               f"{rec.get('eager_pieces') or 0} eager), saved activations {rec['saved_activations_mib']:.1f} MiB, "
+               f"step peak {rec.get('step_peak_mib', float('nan')):.1f} MiB "
+               f"({rec.get('step_peak_fresh_grads_mib', float('nan')):.1f} MiB from grads None)"))
     end_to_end = [_median_e2e(recs) for recs in e2e_runs.values()]
     return {"synthetic": synthetic, "e2e": end_to_end, "repeat": repeat, "caches": caches}
 
@@ -329,9 +351,11 @@ def _median_e2e(recs: list[dict]) -> dict:
         return recs[-1]
     out = dict(ok[0])
     for key in ("compile_s", "compile_cpu_s", "first_forward_s", "first_backward_s", "steady_step_s",
-                "peak_rss_delta_mib", "saved_activations_mib", "step_peak_rss_delta_mib"):
+                "peak_rss_delta_mib", "saved_activations_mib", "step_peak_rss_delta_mib", *PEAKS):
         if all(key in r for r in ok):
             out[key] = stats.median(r[key] for r in ok)
+    for key in PEAKS:
+        out[_runs_key(key)] = [r[key] for r in ok if key in r]
     out["compile_runs_s"] = [r["compile_s"] for r in ok]
     out["compile_cpu_runs_s"] = [r["compile_cpu_s"] for r in ok if "compile_cpu_s" in r]
     out["failed_runs"] = len(recs) - len(ok)
@@ -392,7 +416,7 @@ def e2e_report(res: dict) -> str:
         where = (f"{r['tool']} {r.get('model')}" + (f" {r['layers']}L" if r.get("layers") else "")
                  + _ckpt_text(r.get("checkpoint")))
         if "error" in r:
-            rows.append([where, "FAILED: " + r["error"].splitlines()[-1][:60], "", "", "", "", "", "", ""])
+            rows.append([where, "FAILED: " + r["error"].splitlines()[-1][:60], "", "", "", "", "", "", "", "", ""])
             continue
         runs = r.get("compile_runs_s") or []
         spread = f" [{stats.fmt_s(min(runs))}-{stats.fmt_s(max(runs))}]" if len(runs) > 1 else ""
@@ -406,9 +430,10 @@ def e2e_report(res: dict) -> str:
                      "-" if pieces is None else
                      f"{pieces} ({r.get('distinct_pieces') or '?'} distinct, {r.get('eager_pieces') or 0} eager)",
                      f"{r['peak_rss_delta_mib']:.0f}",
-                     f"{r['saved_activations_mib']:.1f}" if "saved_activations_mib" in r else "-"])
+                     f"{r['saved_activations_mib']:.1f}" if "saved_activations_mib" in r else "-",
+                     *(_peak_text(r, key) for key in PEAKS)])
     out = [stats.table(["tool model depth", "compile (wall)", "compile (CPU)", "1st fwd", "1st bwd", "steady step", "pieces", "RSS+ MiB",
-                        "saved act. MiB"],
+                        "saved act. MiB", "peak MiB", "peak MiB, grads None"],
                        rows, title=f"== end-to-end inductor compile (1 rank, {caches}, {res.get('repeat', 1)} runs each) ==")]
     by_case: dict[tuple, dict] = {}
     for r in res["e2e"]:
@@ -428,7 +453,39 @@ def e2e_report(res: dict) -> str:
         if "goddp_ddp" in tools and "unsplit" in tools and tools["unsplit"].get("saved_activations_mib"):
             q = tools["goddp_ddp"]["saved_activations_mib"] / tools["unsplit"]["saved_activations_mib"]
             out.append(f"{where}: goddp_ddp saved activations / unsplit = {q:.2f}")
+        for key, what in PEAKS.items():
+            for g in ("goddp_ddp", "regional"):
+                q = peak_ratio(tools.get(g), tools.get("unsplit"), key)
+                if q is not None:
+                    out.append(f"{where}: {g} step peak / unsplit ({what}) = {q['median']:.2f}"
+                               + (f" [{q['min']:.2f}-{q['max']:.2f}]" if q["n"] > 1 else "")
+                               + f" ({tools[g][key]:.1f} / {tools['unsplit'][key]:.1f} MiB)")
     return "\n".join(out)
+
+
+def _runs_key(key: str) -> str:
+    return key.replace("_mib", "_runs_mib")
+
+
+def _peak_text(r: dict, key: str) -> str:
+    if key not in r:
+        return "-"
+    runs = r.get(_runs_key(key)) or []
+    return f"{r[key]:.1f}" + (f" [{min(runs):.1f}-{max(runs):.1f}]" if len(runs) > 1 else "")
+
+
+def peak_ratio(tool: dict | None, base: dict | None, key: str = "step_peak_mib") -> dict | None:
+    """tool's step peak (key: one of PEAKS) over base's, per repeat where
+    both have it (repeats are interleaved, so repeat i of each ran side by
+    side), summarized; None where either lacks that peak."""
+    if not tool or not base or not base.get(key) or key not in tool:
+        return None
+    num, den = tool.get(_runs_key(key)) or [], base.get(_runs_key(key)) or []
+    if len(num) != len(den) or not num:
+        num, den = [tool[key]], [base[key]]
+    out = stats.summarize(a / b for a, b in zip(num, den) if b > 0)
+    out["median_of_medians"] = tool[key] / base[key]
+    return out
 
 
 def _runs_text(r: dict) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from bench import models, stats, variants
+from bench import models, probes, stats, variants
 
 # Note [What two CPU ranks show]
 # Both ranks and all of gloo's work share the machine's cores: an allreduce
@@ -255,6 +255,12 @@ def run(setup: Setup) -> dict:
             k = setup.steps_per_round
             per_round[n] = {r: stats.median(steps[n][r * k:(r + 1) * k]) for r in range(setup.rounds)}
         log(f"  {setup.rounds} interleaved rounds of {setup.steps_per_round} steps per variant done")
+        # On a GPU, each variant's peak memory over one more step (Note [Step peak memory]).
+        peaks: dict[str, float] = {}
+        if device.type == "cuda":
+            for name, v in built.items():
+                dist.barrier()
+                peaks[name] = probes.step_peak_bytes(lambda: v.step(wl), device).nbytes / 2**20
 
         launches = {}
         for name, v in built.items():
@@ -291,9 +297,9 @@ def run(setup: Setup) -> dict:
     plans = goddp.last_plans()
     return {"setup": setup, "description": wl.description, "first": first, "steps": steps,
             "per_round": per_round, "launches": launches, "numerics": numerics, "update": update,
-            "steps_taken": setup.warmup + setup.rounds * setup.steps_per_round + setup.trace_steps,
+            "steps_taken": setup.warmup + setup.rounds * setup.steps_per_round + setup.trace_steps + bool(peaks),
             "graphs": {n: v.compiled_graphs() for n, v in built.items()},
-            "goddp_log": list(goddp_lines), "plans": plans}
+            "goddp_log": list(goddp_lines), "plans": plans, "step_peak_mib": peaks}
 
 
 def compile_order(names) -> list[str]:

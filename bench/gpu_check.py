@@ -6,7 +6,8 @@ Two jobs, each in processes of its own (bench/demo.py does the training):
   single  1 rank, NCCL, CUDA tensors, Inductor: the bench's GPT under eager
           DDP, torch.compile(DDP) unsplit, torch's DDPOptimizer, regional
           compilation and goddp: first step (fresh Inductor cache each),
-          steady step, goddp.trace (CUDA-timed), parameters against eager
+          steady step, peak memory of one step (CUDA's allocator, only on
+          a GPU), goddp.trace (CUDA-timed), parameters against eager
           DDP's; then a bf16 autocast run of eager DDP, unsplit (on a GPU)
           and goddp.
   pair    2 ranks on the one GPU, Inductor: NCCL first; NCCL refuses two
@@ -82,6 +83,7 @@ def _worker(args) -> int:
                 "failures": demo.failures(res),
                 "first": res["first"],
                 "steady_median_s": {n: _median(t) for n, t in res["steps"].items()},
+                "step_peak_mib": res.get("step_peak_mib") or {},
                 "numerics": res["numerics"],
                 "trace": {n: {k: t.get(k) for k in ("exposed_median_s", "exposed_share_median")}
                           | ({"launched": t["stats"]["launched_during_backward"], "buckets": t["stats"]["buckets"],
@@ -238,6 +240,12 @@ def main(argv=None) -> int:
         rows += new
         failed += [f"{label}: {r[1]}" for r in new if r[3] == "FAIL"]
         failed += [f"{label}: {f}" for f in part["failures"] if "parameters" not in f]
+        peaks = part.get("step_peak_mib") or {}
+        if peaks:
+            base = peaks.get("compiled")
+            rows.append([label, "step peak memory", ", ".join(
+                f"{demo.LABELS[n]} {m:.0f} MiB" + (f" ({m / base:.2f}x unsplit)" if base and n != "compiled" else "")
+                for n, m in peaks.items()), "recorded"])
         tr = part["trace"].get("goddp", {})
         if "launched" in tr:
             rows.append([label, "goddp.trace of goddp",

@@ -210,3 +210,87 @@ def saved_activation_bytes(forward, params) -> SavedActivations:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         result = forward()
     return SavedActivations(sum(seen.values()), result)
+
+
+class StepPeak:
+    """What step_peak_bytes returns: the peak bytes above the step's start,
+    where they were counted, and the step's result."""
+
+    def __init__(self, nbytes: int, source: str, result) -> None:
+        self.nbytes = nbytes
+        self.source = source
+        self.result = result
+
+
+def step_peak_bytes(step, device=None) -> StepPeak:
+    """Peak bytes the allocator holds above its level at the start while
+    step() runs (a training step: forward and backward). See
+    Note [Step peak memory].
+
+    device: a CUDA device measures with the caching allocator's own peak
+    statistics; None or the CPU with the CPU allocator's accounting as torch's
+    profiler reports it."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        return _cuda_step_peak(step, dev)
+    if dev.type != "cpu":
+        raise ValueError(f"step_peak_bytes: device {dev} is neither cpu nor cuda")
+    return _cpu_step_peak(step)
+
+
+def _cuda_step_peak(step, dev) -> StepPeak:
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev)
+    result = step()
+    torch.cuda.synchronize(dev)
+    return StepPeak(max(0, torch.cuda.max_memory_allocated(dev) - base), "torch.cuda.max_memory_allocated", result)
+
+
+def _cpu_step_peak(step) -> StepPeak:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = step()
+    with tempfile.TemporaryDirectory(prefix="goddp-peak-") as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    cpu = sorted((e for e in events if e.get("name") == "[memory]"
+                  and (e.get("args") or {}).get("Device Type") == _CPU_DEVICE_TYPE),
+                 key=lambda e: e["ts"])
+    if not cpu:
+        return StepPeak(0, "profiler [memory] events (none)", result)
+    first = cpu[0]["args"]
+    base = first["Total Allocated"] - first["Bytes"]
+    peak = max(e["args"]["Total Allocated"] for e in cpu)
+    return StepPeak(max(0, peak - base), "torch.profiler [memory] Total Allocated", result)
+
+
+# The "Device Type" of a [memory] event in a chrome trace: c10's DeviceType
+# numbering, in which the CPU is 0.
+_CPU_DEVICE_TYPE = 0
+
+# Note [Step peak memory]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# saved_activation_bytes counts what autograd keeps from forward to backward;
+# a step's peak also holds what backward recomputes, the gradients it is
+# building and the temporaries of either pass, so the bench measures it too.
+# Each count is the allocator's own: on CUDA the caching allocator's peak
+# statistics (reset before the step; the peak minus the bytes allocated at the
+# start). On the CPU, torch's profiler with profile_memory=True records one
+# "[memory]" event per allocation and free, each carrying "Total Allocated",
+# the bytes c10's CPU allocator counts as live (torch.profiler.profile's public
+# export_chrome_trace writes them; the events' objects do not expose that
+# total). The allocator counts only blocks allocated while profiling is on, so
+# the level before the first event (its total less its own bytes) is the
+# baseline, and the peak is the largest total above it: the step's own
+# allocations at their fullest. Unlike the CUDA figure, a block allocated
+# before the step and freed during it does not lower the CPU figure (torch
+# does not know its size), and allocations on threads the profiler does not
+# follow are not seen (the bench runs with one intra-op thread; CPU backward
+# runs on the calling thread).

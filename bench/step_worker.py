@@ -240,6 +240,16 @@ def run(job: dict, out_dir: Path) -> dict:
     log(rank, name, "head start of the average gradient byte's allreduce before backward compute ended: "
         + ", ".join(f"{n} {stats.fmt_s(t['head_start_s'])}" for n, t in launches.items() if "head_start_s" in t))
 
+    # Each variant's peak memory over one step without communication
+    # (bench.probes.step_peak_bytes, Note [Step peak memory]).
+    peaks = {}
+    for v in built:
+        dist.barrier()
+        device = next(v.ddp.module.parameters()).device
+        peaks[v.name] = probes.step_peak_bytes(lambda: v.step(workload, no_sync=True), device).nbytes / MiB
+    log(rank, name, "step peak memory (one step without communication): "
+        + ", ".join(f"{n} {m:.1f} MiB" for n, m in peaks.items()))
+
     for v in built:
         graphs_now = v.compiled_graphs()
         result["variants"][v.name] = {
@@ -250,6 +260,7 @@ def run(job: dict, out_dir: Path) -> dict:
             "ddp_buckets_end": variants.ddp_buckets(v.ddp),
             "launch": launches[v.name],
             "graphs_at_end": graphs_now,
+            "step_peak_mib": peaks[v.name],
         }
     result["max_rss_mib"] = stats.max_rss_mib()
     return result

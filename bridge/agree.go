@@ -144,15 +144,15 @@ func agreeRequestFromJSON(text string) (*planner.AgreeRequest, error) {
 	req := &planner.AgreeRequest{MayDefer: w.MayDefer, Names: make(map[int32]string, len(w.Names))}
 	for key, name := range w.Names {
 		p, err := strconv.ParseInt(key, 10, 32)
-		if err != nil {
-			return nil, invalidConfig("goddp: goddp_agree: names key %q is not a DDP position", key)
+		if err != nil || strconv.FormatInt(p, 10) != key {
+			return nil, invalidConfig("goddp: goddp_agree: names key %q is not a DDP position in decimal", key)
 		}
 		req.Names[int32(p)] = name
 	}
 	for key, ws := range w.Statements {
-		rank, err := strconv.Atoi(key)
+		rank, err := rankKey("statements", key)
 		if err != nil {
-			return nil, invalidConfig("goddp: goddp_agree: statements key %q is not a rank", key)
+			return nil, err
 		}
 		s, err := statementFromWire(rank, &ws)
 		if err != nil {
@@ -163,14 +163,25 @@ func agreeRequestFromJSON(text string) (*planner.AgreeRequest, error) {
 	if w.Installed != nil {
 		req.Installed = make(map[int]planner.InstallReport, len(w.Installed))
 		for key, wi := range w.Installed {
-			rank, err := strconv.Atoi(key)
+			rank, err := rankKey("installed", key)
 			if err != nil {
-				return nil, invalidConfig("goddp: goddp_agree: installed key %q is not a rank", key)
+				return nil, err
 			}
 			req.Installed[rank] = planner.InstallReport{Failed: deref(wi.Failed), Lost: deref(wi.Lost)}
 		}
 	}
 	return req, nil
+}
+
+// rankKey is the rank a key names, written as strconv.Itoa writes it: "00"
+// or "+1" would name a rank twice in one JSON object, and which one won
+// would then depend on Go's map order. (Agree refuses negative ranks.)
+func rankKey(field, key string) (int, error) {
+	rank, err := strconv.Atoi(key)
+	if err != nil || strconv.Itoa(rank) != key {
+		return 0, invalidConfig("goddp: goddp_agree: %s key %q is not a rank in decimal", field, key)
+	}
+	return rank, nil
 }
 
 func statementFromWire(rank int, w *wireStatement) (planner.Statement, error) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -72,4 +73,15 @@ func TestReportsRejectBadInput(t *testing.T) {
 	assert.Equal(t, statusInvalidConfig, got.status)
 	assert.Contains(t, got.msg, "goddp_trace_report")
 	assert.False(t, got.textSet)
+}
+
+// TestPlanTableKeepsNamesWithNUL: a NUL in a parameter name does not cut
+// the table short on its way through C (the planner writes it \x00).
+func TestPlanTableKeepsNamesWithNUL(t *testing.T) {
+	doc := `{"fingerprint": 1, "mode": "ddp", "num_pieces": 1, "caps": {},
+		"buckets": [{"index": 0, "bytes": 1, "param_names": ["c\u0000d", "after"], "piece": 0}], "alignment": "none"}`
+	got := callReport(true, doc, false, false)
+	require.Equal(t, statusOK, got.status, got.msg)
+	assert.Contains(t, got.text, `c\x00d`)
+	assert.True(t, strings.HasSuffix(got.text, "after"), got.text)
 }

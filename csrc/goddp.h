@@ -421,8 +421,8 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
 
 /* The verdict of one agreement round of a DDP module's ranks
  * (planner/agree.go, Note [The agreement verdict]; ABI 9). request and
- * *verdict are NUL-terminated JSON text, as Note [Agreement as JSON] in
- * bridge/agree.go says why (docs/planner.md, "Agreement", gives both shapes):
+ * *verdict are NUL-terminated JSON text (Note [Agreement as JSON] in
+ * bridge/agree.go says why; docs/planner.md, "Agreement", gives both shapes):
  *   request: {"statements": {"<rank>": statement, ...},
  *             "names": {"<DDP position>": "<parameter name>", ...},
  *             "may_defer": bool,
@@ -436,9 +436,15 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
  *   verdict: {"error": "peer_failed"|"plan_mismatch"|null, "message": str|null,
  *             "action": "install"|"keep"|"later"|null, "layout_rank": int|null,
  *             "reason": str|null, "disagreed": bool, "record": {...}|null}
- * On GODDP_OK, *verdict is released with goddp_string_free.
- * GODDP_ERR_INVALID_CONFIG for a request that is not of that shape, has no
- * statement, or is an install round without agreeing statements. */
+ * Keys are ranks and positions in decimal as written by Python's str()
+ * ("0", never "00" or "+0").
+ * On GODDP_OK, *verdict is released with goddp_string_free; on error it
+ * stays NULL. GODDP_ERR_INVALID_CONFIG (Note [What Agree refuses] in
+ * planner/agree.go) for a request that is not of that shape, has no
+ * statement, a repeated or negative rank, a digest without its layout or
+ * a layout without its digest, a digest that is not the layout's, a layout
+ * no DDP module could have, or is an install round without agreeing
+ * statements or without a report from exactly the ranks that made them. */
 goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */

@@ -1156,7 +1156,8 @@ done:
     return result;
 }
 
-/* A report (goddp.h, "Reports"): one JSON document in, one string out. */
+/* A report (goddp.h, "Reports") or goddp_agree: one JSON document in, one
+ * string out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
 static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
@@ -1212,22 +1213,7 @@ PyDoc_STRVAR(agree_doc,
 
 static PyObject *py_agree(PyObject *self, PyObject *args) {
     (void)self;
-    const char *request;
-    if (!PyArg_ParseTuple(args, "s:agree", &request)) return NULL;
-    if (refuse_in_forked_child() < 0) return NULL;
-    char *verdict = NULL, *msg = NULL;
-    goddp_status status;
-    /* request points into a str that args holds for the whole call. */
-    Py_BEGIN_ALLOW_THREADS
-    status = goddp_agree(request, &verdict, &msg);
-    Py_END_ALLOW_THREADS
-    if (status != GODDP_OK) {
-        raise_planner_error(status, msg);
-        return NULL;
-    }
-    PyObject *result = PyUnicode_FromString(verdict);
-    goddp_string_free(verdict);
-    return result;
+    return call_report(args, "s:agree", goddp_agree);
 }
 
 #ifdef GODDP_TESTHOOKS

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strconv"
@@ -172,15 +173,21 @@ type RankRecord struct {
 }
 
 // Agree decides one agreement round (Note [The agreement verdict]). It
-// fails with ErrInvalidConfig for no statements, a repeated rank, or an
-// install round whose statements do not make an Install verdict.
+// fails with ErrInvalidConfig for a round no ranks of goddp could have
+// made (Note [What Agree refuses]).
 func Agree(req *AgreeRequest) (*Verdict, error) {
 	a := &agreement{names: req.Names}
 	if err := a.sortStatements(req.Statements); err != nil {
 		return nil, err
 	}
+	if err := a.check(); err != nil {
+		return nil, err
+	}
 	if req.Installed == nil {
 		return a.propose(req.MayDefer), nil
+	}
+	if err := a.checkInstalled(req.Installed); err != nil {
+		return nil, err
 	}
 	v := a.propose(false)
 	if v.Error != ErrorNone || v.Action != ActionInstall {
@@ -188,6 +195,22 @@ func Agree(req *AgreeRequest) (*Verdict, error) {
 	}
 	return a.confirm(v, req.Installed), nil
 }
+
+// Note [What Agree refuses]
+//
+// Agree is the one validator of an agreement round; the bridge only
+// converts. A verdict is only as good as the statements, so Agree refuses
+// (ErrInvalidConfig, the same error on every rank, since every rank reads
+// the same statements) rather than decide on:
+//   - no statement, a repeated rank, or a negative rank (-1 is the verdict's
+//     "no layout");
+//   - a layout without its digest, or a digest without a layout;
+//   - a digest that is not LayoutDigest of its layout (Agree recomputes it:
+//     equal digests must mean equal layouts, or two ranks could install
+//     different caps), or a layout no DDP module could have;
+//   - a name for a negative DDP position;
+//   - at an install round, reports that are not from exactly the ranks
+//     that made statements.
 
 // agreement is one round's statements in rank order.
 type agreement struct {
@@ -200,10 +223,58 @@ func (a *agreement) sortStatements(in []Statement) error {
 		return errorf(ErrInvalidConfig, "planner: an agreement needs at least one statement")
 	}
 	a.st = slices.Clone(in)
-	slices.SortFunc(a.st, func(x, y Statement) int { return x.Rank - y.Rank })
+	slices.SortFunc(a.st, func(x, y Statement) int { return cmp.Compare(x.Rank, y.Rank) })
+	if r := a.st[0].Rank; r < 0 {
+		return errorf(ErrInvalidConfig, "planner: rank %d is not a rank (ranks are 0 or more)", r)
+	}
 	for i := 1; i < len(a.st); i++ {
 		if a.st[i].Rank == a.st[i-1].Rank {
 			return errorf(ErrInvalidConfig, "planner: rank %d made two statements", a.st[i].Rank)
+		}
+	}
+	return nil
+}
+
+// check refuses statements no rank could have made (Note [What Agree
+// refuses]); a.st is sorted.
+func (a *agreement) check() error {
+	for i := range a.st {
+		s := &a.st[i]
+		switch {
+		case s.Layout == nil && s.Digest != nil:
+			return errorf(ErrInvalidConfig, "planner: rank %d gave a layout digest without a layout", s.Rank)
+		case s.Layout != nil && s.Digest == nil:
+			return errorf(ErrInvalidConfig, "planner: rank %d gave a layout without its digest", s.Rank)
+		case s.Layout == nil:
+			continue
+		}
+		d, err := LayoutDigest(s.Layout)
+		if err != nil {
+			return errorf(ErrInvalidConfig, "planner: rank %d proposed a layout no DDP module could have: %v", s.Rank, err)
+		}
+		if d != *s.Digest {
+			return errorf(ErrInvalidConfig, "planner: rank %d gave layout digest %016x for a layout whose digest is %016x", s.Rank, *s.Digest, d)
+		}
+	}
+	for _, p := range sortedKeys(a.names) {
+		if p < 0 {
+			return errorf(ErrInvalidConfig, "planner: a name for DDP position %d (positions are 0 or more)", p)
+		}
+	}
+	return nil
+}
+
+// checkInstalled: the install round hears from exactly the ranks that made
+// statements.
+func (a *agreement) checkInstalled(installed map[int]InstallReport) error {
+	for _, s := range a.st {
+		if _, ok := installed[s.Rank]; !ok {
+			return errorf(ErrInvalidConfig, "planner: the install round has no report from rank %d", s.Rank)
+		}
+	}
+	for _, r := range sortedKeys(installed) {
+		if !slices.ContainsFunc(a.st, func(s Statement) bool { return s.Rank == r }) {
+			return errorf(ErrInvalidConfig, "planner: the install round has a report from rank %d, which made no statement", r)
 		}
 	}
 	return nil
@@ -562,8 +633,8 @@ func orNone(s *string) string {
 
 func ptr[T any](v T) *T { return &v }
 
-func sortedKeys[V any](m map[int]V) []int {
-	keys := make([]int, 0, len(m))
+func sortedKeys[K cmp.Ordered, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
 	}

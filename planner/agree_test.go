@@ -1,8 +1,10 @@
 package planner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -158,13 +160,60 @@ func TestAgreeInstallRound(t *testing.T) {
 	assert.Equal(t, ErrInvalidConfig, perr.Code)
 }
 
+// TestAgreeRefusesMalformedRounds: statements no rank of goddp could have
+// made are ErrInvalidConfig, never a verdict (Agree is the one validator).
 func TestAgreeRefusesMalformedRounds(t *testing.T) {
-	for _, st := range [][]Statement{nil, {keeps(1, "a"), keeps(1, "a")}} {
-		_, err := Agree(&AgreeRequest{Statements: st})
-		var perr *Error
-		require.True(t, errors.As(err, &perr), "%v", err)
-		assert.Equal(t, ErrInvalidConfig, perr.Code)
+	good := func(rank int) Statement { return proposes(t, rank, agreeA) }
+	withDigest := func(s Statement, d uint64) Statement { s.Digest = &d; return s }
+	noLayout := func(s Statement) Statement { s.Layout = nil; return s }
+	noDigest := func(s Statement) Statement { s.Digest = nil; return s }
+	aDigest, err := LayoutDigest(agreeA)
+	require.NoError(t, err)
+	otherCaps := agreeLayout([]int64{1, 2, 3}, []int32{5, 4}, []int32{3, 2}, []int32{1, 0})
+	badCaps := agreeLayout([]int64{-5, 3, 1}, []int32{5, 4}, []int32{3, 2}, []int32{1, 0})
+	twoRanks := []Statement{good(0), good(1)}
+	for _, tc := range []struct {
+		name      string
+		st        []Statement
+		names     map[int32]string
+		installed map[int]InstallReport
+		want      string
+	}{
+		{"no statement", nil, nil, nil, "at least one statement"},
+		{"a repeated rank", []Statement{keeps(1, "a"), keeps(1, "a")}, nil, nil, "rank 1 made two statements"},
+		{"a negative rank", []Statement{good(-1), good(1)}, nil, nil, "rank -1"},
+		{"the lowest rank negative", []Statement{good(math.MinInt), good(0)}, nil, nil, "is not a rank"},
+		{"a digest without a layout everywhere", []Statement{noLayout(good(0)), noLayout(good(1))}, nil, nil, "rank 0 gave a layout digest without a layout"},
+		{"a layout without a digest", []Statement{good(0), noDigest(good(1))}, nil, nil, "rank 1 gave a layout without its digest"},
+		{"a digest that is not the layout's", []Statement{good(0), withDigest(proposes(t, 1, otherCaps), aDigest)}, nil, nil, "rank 1 gave layout digest"},
+		{"a digest off by one", []Statement{withDigest(good(0), aDigest+1)}, nil, nil, "rank 0 gave layout digest"},
+		{"a layout no DDP module could have", []Statement{withDigest(proposes(t, 0, agreeA), aDigest), {Rank: 1, Layout: badCaps, Digest: &aDigest}}, nil, nil, "rank 1"},
+		{"a negative position's name", twoRanks, map[int32]string{-1: "w"}, nil, "DDP position -1"},
+		{"an install report from a rank without a statement", twoRanks, nil, map[int]InstallReport{0: {}, 1: {}, 7: {Failed: "x"}}, "rank 7"},
+		{"an install report missing", twoRanks, nil, map[int]InstallReport{0: {}}, "rank 1"},
+		{"no install report at all", twoRanks, nil, map[int]InstallReport{}, "rank 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := Agree(&AgreeRequest{Statements: tc.st, Names: tc.names, Installed: tc.installed, MayDefer: true})
+			var perr *Error
+			require.True(t, errors.As(err, &perr), "no error; verdict %+v", v)
+			assert.Equal(t, ErrInvalidConfig, perr.Code)
+			assert.Contains(t, perr.Error(), tc.want)
+			assert.Nil(t, v)
+		})
 	}
+}
+
+// TestAgreeSortsExtremeRanks: ranks far apart still sort in rank order
+// (a comparator that subtracts would overflow).
+func TestAgreeSortsExtremeRanks(t *testing.T) {
+	v := agree(t, true, proposes(t, math.MaxInt, agreeA), proposes(t, 0, agreeA), proposes(t, math.MaxInt-1, agreeA), proposes(t, 5, agreeA))
+	var ranks []int
+	for _, r := range v.Record.Ranks {
+		ranks = append(ranks, r.Rank)
+	}
+	assert.Equal(t, []int{0, 5, math.MaxInt - 1, math.MaxInt}, ranks)
+	assert.Equal(t, 0, v.LayoutRank)
 }
 
 // TestAgreeIgnoresTheOrderOfStatements: every rank hands the statements in
@@ -344,7 +393,7 @@ func FuzzAgree(f *testing.F) {
 		}
 		require.Equal(t, wantAction, v.Action)
 		if v.Action == ActionInstall {
-			require.Equal(t, slices.MinFunc(st, func(a, b Statement) int { return a.Rank - b.Rank }).Rank, v.LayoutRank)
+			require.Equal(t, slices.MinFunc(st, func(a, b Statement) int { return cmp.Compare(a.Rank, b.Rank) }).Rank, v.LayoutRank)
 		}
 		// Every rank that says something the others do not is named.
 		if v.Action == ActionKeep && v.Disagreed && v.Reason != nil && strings.HasPrefix(*v.Reason, "the ranks did not") {

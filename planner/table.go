@@ -93,7 +93,9 @@ func ViewOf(g *Graph, d *Decision) TableView {
 // caps in MiB, the alignment, and with SameAs the distinct and reused
 // pieces), a line naming the reused pieces, a line naming the eager ones,
 // then one row per parameter with its bucket's index, size (MiB) and piece
-// on the bucket's first row.
+// on the bucket's first row. A NUL in a name or word is written \x00: the
+// table crosses the C ABI as a NUL-terminated string, which a NUL would
+// cut short.
 func (v *TableView) Table() string {
 	lines := []string{v.head()}
 	if reused := v.reused(); len(reused) > 0 {
@@ -102,7 +104,7 @@ func (v *TableView) Table() string {
 	if len(v.Eager) > 0 {
 		lines = append(lines, "eager pieces (edges outside the repeated blocks, not compiled; option edges): "+joinInts(v.Eager, " "))
 	}
-	return strings.Join(append(lines, v.rows()...), "\n")
+	return strings.ReplaceAll(strings.Join(append(lines, v.rows()...), "\n"), "\x00", `\x00`)
 }
 
 // mibText is bytes in MiB with the given decimals.

@@ -587,14 +587,25 @@ static void check_reports(void) {
 
 /* The agreement verdict (goddp_agree): JSON text in, JSON text out. */
 static void check_agree(void) {
-    const char *two_ranks =
-        "{\"may_defer\": true, \"names\": {\"0\": \"w\"}, \"statements\": {"
-        "\"1\": {\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": \"ready\", \"build\": \"b\"},"
-        " \"digest\": \"00000000000000aa\", \"pieces\": 1},"
-        "\"0\": {\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": \"ready\", \"build\": \"b\"},"
-        " \"digest\": \"00000000000000aa\", \"pieces\": 1}}}";
-    char *verdict = NULL, *msg = NULL;
-    goddp_status st = goddp_agree(two_ranks, &verdict, &msg);
+    /* Each statement carries its layout's real digest: goddp_agree
+     * recomputes it and refuses one that differs. */
+    const int64_t offsets[] = {0, 1}, caps[] = {4};
+    const int32_t positions[] = {0};
+    goddp_layout layout = {1, offsets, positions, GODDP_ORDER_READY, "b", 1, caps};
+    uint64_t digest = 0;
+    char *msg = NULL;
+    goddp_status st = goddp_layout_digest(&layout, &digest, &msg);
+    CHECK(st == GODDP_OK, "agree: layout digest: status %d, message %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+    const char *statement = "{\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": \"ready\", \"build\": \"b\"},"
+                            " \"digest\": \"%016llx\", \"pieces\": 1}";
+    char one[256], two_ranks[600];
+    snprintf(one, sizeof one, statement, (unsigned long long)digest);
+    snprintf(two_ranks, sizeof two_ranks,
+             "{\"may_defer\": true, \"names\": {\"0\": \"w\"}, \"statements\": {\"1\": %s, \"0\": %s}}", one, one);
+    char *verdict = NULL;
+    msg = NULL;
+    st = goddp_agree(two_ranks, &verdict, &msg);
     CHECK(st == GODDP_OK && verdict != NULL && msg == NULL, "agree: status %d, message %s", st, msg ? msg : "(none)");
     CHECK(verdict != NULL && strstr(verdict, "\"action\":\"install\"") != NULL &&
               strstr(verdict, "\"layout_rank\":0") != NULL,
@@ -613,6 +624,17 @@ static void check_agree(void) {
     st = goddp_agree("not json", &verdict, &msg);
     CHECK(st == GODDP_ERR_INVALID_CONFIG && verdict == NULL && msg != NULL && strstr(msg, "not valid JSON") != NULL,
           "agree on bad JSON: status %d, message %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+
+    /* A digest that is not the layout's: refused, nothing handed out. */
+    snprintf(two_ranks, sizeof two_ranks,
+             "{\"statements\": {\"0\": %s, \"1\": {\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": "
+             "\"ready\", \"build\": \"b\"}, \"digest\": \"%016llx\"}}}",
+             one, (unsigned long long)(digest ^ 1));
+    msg = NULL;
+    st = goddp_agree(two_ranks, &verdict, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && verdict == NULL && msg != NULL && strstr(msg, "rank 1 gave layout digest") != NULL,
+          "agree on a forged digest: status %d, message %s", st, msg ? msg : "(none)");
     goddp_string_free(msg);
 
     st = goddp_agree(NULL, &verdict, NULL);

@@ -71,14 +71,16 @@ def dist_group():
 _session_status: int | None = None
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     global _session_status
-    _session_status = int(exitstatus)
+    _session_status = int(session.exitstatus)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    """Under torchrun, a rank leaves once pytest has reported (Note [Leaving
-    a gloo rank] in _dist_util)."""
+    """Under torchrun, a rank leaves once pytest and its plugins have
+    reported (Note [Leaving a gloo rank] in _dist_util)."""
     if under_torchrun() and _session_status is not None:
         leave_without_finalizing(_session_status)
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 #    (decide: the Go planner's verdict, planner/agree.go, Note [The
 #    agreement verdict]; pure, from the same statements): INSTALL when every rank
 #    proposed the same layout digest; LATER when some rank said later and
-#    no rank has a reason that rules alignment out for good; otherwise KEEP
+#    the round may still wait for it (may_defer); otherwise KEEP
 #    DDP's own buckets, with one WARNING naming the rank, bucket and
 #    parameter that differ when layouts differ (PlanMismatchError instead,
 #    only where some rank runs with strict=True).
@@ -69,7 +69,8 @@ from __future__ import annotations
 # Where every rank is certain to arrive: the module's first training call;
 # and, after a LATER decision, the module's next training call (every rank
 # read the same statements, so every rank knows that round is due:
-# round_due(ddp); it is held with may_defer=False, so it decides for good). Nothing that one rank alone saw (a recompile, an
+# round_due(ddp); it is held with may_defer=False, so it decides for
+# good). Nothing that one rank alone saw (a recompile, an
 # evaluation graph, a graph that shows up later) ever starts a round.
 #
 # Why aligning after DDP rebuilt its buckets is safe now: the old refusal

@@ -919,7 +919,10 @@ def test_bad_gomaxprocs_fails_before_go_loads():
 def test_agree_is_json_in_json_out(ext):
     """goddp_agree (csrc/goddp.h): the verdict of one agreement round."""
     layout = {"buckets": [[1], [0]], "caps": [8, 4], "order": "ready", "build": "b"}
-    said = {"layout": layout, "digest": "00000000000000aa", "fingerprint": "0000000000000001", "pieces": 2}
+    from goddp.ranks.layout import Layout
+
+    digest = f"{Layout.from_dict(layout).digest():016x}"
+    said = {"layout": layout, "digest": digest, "fingerprint": "0000000000000001", "pieces": 2}
     verdict = _native.agree({"statements": {"1": said, "0": said}, "names": {}, "may_defer": True})
     assert verdict["error"] is None and verdict["action"] == "install" and verdict["layout_rank"] == 0
     assert verdict["record"]["caps"] == [8, 4] and [r["rank"] for r in verdict["record"]["ranks"]] == [0, 1]
@@ -930,3 +933,7 @@ def test_agree_is_json_in_json_out(ext):
         _native.agree({"statements": {"0": {**said, "layout": {**layout, "order": "sideways"}}}})
     with pytest.raises(TypeError):
         ext.agree(b"{}")
+    # the planner recomputes each digest (Note [What Agree refuses] in planner/agree.go)
+    with pytest.raises(ext.PlannerError, match="rank 1 gave layout digest 00000000000000aa") as info:
+        _native.agree({"statements": {"0": said, "1": {**said, "digest": "00000000000000aa"}}})
+    assert info.value.code == ext.ERR_INVALID_CONFIG

@@ -121,3 +121,20 @@ def test_on_a_gpu_nccl_is_tried_first_and_gloo_runs_when_it_refuses_two_ranks(mo
     assert "NCCL refused two ranks on one device" in out and "Duplicate GPU detected" in out
     assert "2 ranks, gloo, CUDA" in out and gpu_check.SKIP_MESSAGE not in out
     assert "every check passed" in out
+
+
+def test_on_a_gpu_each_runs_step_peak_memory_is_a_row(monkeypatch, capsys, tmp_path):
+    import torch
+
+    from bench import gpu_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    single = _passing(("fp32", "bf16"), "nccl")
+    single["jobs"] = {**single["jobs"], "fp32": {**single["jobs"]["fp32"],
+                                                  "step_peak_mib": {"compiled": 200.0, "goddp": 150.0}}}
+    _fake_jobs(monkeypatch, {("single", "nccl"): single, ("pair", "nccl"): _passing(("pair",), "nccl")})
+    assert gpu_check.main(["--out", str(tmp_path)]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if "step peak memory" in r]
+    assert len(rows) == 1 and rows[0].startswith("1 rank, nccl, CUDA, fp32"), rows
+    assert "torch.compile(DDP), unsplit 200 MiB" in rows[0] and "150 MiB (0.75x unsplit)" in rows[0]

@@ -61,7 +61,8 @@ def _difference(first, second):
     has more)."""
     from goddp.ranks.plan_check import Statement, decide
 
-    said = {0: Statement(first, digest=1, fingerprint=1), 1: Statement(second, digest=2, fingerprint=1)}
+    said = {0: Statement(first, digest=first.digest(), fingerprint=1),
+            1: Statement(second, digest=second.digest(), fingerprint=1)}
     names = {p: f"layers.{p}.weight" for p in range(6)}.__getitem__
     reason = decide(said, names).reason
     prefix = "the ranks' layouts differ: "
@@ -81,7 +82,24 @@ def test_the_planner_says_what_differs(native_module):
     assert _difference(fewer, SAMPLE).startswith("bucket 1: rank 1 holds nothing else where rank 0 holds [layers.1.weight")
     assert _difference(dataclasses.replace(SAMPLE, build="goddp 'x'"), SAMPLE) == (
         "rank 1 was made by 'goddp 0.1.0 abi 5', rank 0 by \"goddp 'x'\"")
-    assert _difference(SAMPLE, SAMPLE) == "the layout digests of rank 1 and rank 0 differ"
+    from goddp.ranks.plan_check import INSTALL, Statement, decide
+
+    same = {r: Statement(SAMPLE, digest=SAMPLE.digest(), fingerprint=1) for r in (0, 1)}
+    assert decide(same).action == INSTALL
+
+
+def test_a_digest_that_is_not_the_layouts_is_refused(native_module):
+    """Equal digests must mean equal layouts: the planner recomputes each
+    rank's digest (Note [What Agree refuses] in planner/agree.go)."""
+    from goddp.native.extension import load
+    from goddp.ranks.plan_check import Statement, decide
+
+    other = dataclasses.replace(SAMPLE, caps=(1, 2, 3))
+    said = {0: Statement(SAMPLE, digest=SAMPLE.digest()), 1: Statement(other, digest=SAMPLE.digest())}
+    with pytest.raises(load().PlannerError, match="rank 1 gave layout digest"):
+        decide(said)
+    with pytest.raises(load().PlannerError, match="rank 0 gave a layout digest without a layout"):
+        decide({0: Statement(None, digest=1), 1: Statement(None, digest=1)})
 
 
 def test_layout_of_names_positions():
