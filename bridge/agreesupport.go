@@ -20,15 +20,5 @@ func callAgree(request string) reportCall {
 	in := C.CString(request)
 	defer C.free(unsafe.Pointer(in))
 	var out, msg *C.char
-	status := goddp_agree((*C.goddp_text_in)(in), &out, &msg)
-	r := reportCall{status: int(status), textSet: out != nil}
-	if out != nil {
-		r.text = C.GoString(out)
-		goddp_string_free(out)
-	}
-	if msg != nil {
-		r.msg = C.GoString(msg)
-		goddp_string_free(msg)
-	}
-	return r
+	return collectReport(goddp_agree((*C.goddp_text_in)(in), &out, &msg), out, msg)
 }

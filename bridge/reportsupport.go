@@ -40,6 +40,12 @@ func callReport(table bool, doc string, nullIn, nullOut bool) reportCall {
 	} else {
 		status = goddp_trace_report((*C.goddp_text_in)(in), outp, &msg)
 	}
+	return collectReport(status, out, msg)
+}
+
+// collectReport turns what an export returned into a reportCall and frees
+// the returned strings, as a C caller must.
+func collectReport(status C.goddp_status, out, msg *C.char) reportCall {
 	r := reportCall{status: int(status), textSet: out != nil}
 	if out != nil {
 		r.text = C.GoString(out)

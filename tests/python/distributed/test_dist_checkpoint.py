@@ -50,6 +50,16 @@ def wrap(group, how, block):
     return torch.nn.parallel.DistributedDataParallel(build(how, block), process_group=group, bucket_cap_mb=CAP_MB)
 
 
+
+def assert_trained_as_eager(losses, eager_losses, ddp, eager) -> None:
+    """Every step's loss and every final weight bitwise equal to eager DDP's."""
+    for step, (got, want) in enumerate(zip(losses, eager_losses)):
+        assert torch.equal(got, want), f"step {step}: {got.item()!r} != eager {want.item()!r}"
+    want = eager.module.state_dict()
+    for key, value in ddp.module.state_dict().items():
+        assert torch.equal(value, want[key]), key
+
+
 @needs_two_ranks
 @pytest.mark.parametrize(("how", "block"), CASES, ids=[f"{h}-{b}" for h, b in CASES])
 def test_checkpointed_training_equals_eager_ddp(group, how, block):
@@ -64,11 +74,7 @@ def test_checkpointed_training_equals_eager_ddp(group, how, block):
     assert plan["fallback"] is None and plan["ddp_buckets"]["aligned"], plan
     # embedding, 4 blocks, head; the blocks compiled once
     assert (plan["num_pieces"], plan["distinct_pieces"], plan["eager_pieces"]) == (6, 3, 2), plan["pieces"]
-    for step, (got, want) in enumerate(zip(losses, eager_losses)):
-        assert torch.equal(got, want), f"step {step}: {got.item()!r} != eager {want.item()!r}"
-    want = eager.module.state_dict()
-    for key, value in ddp.module.state_dict().items():
-        assert torch.equal(value, want[key]), key
+    assert_trained_as_eager(losses, eager_losses, ddp, eager)
 
 
 @needs_two_ranks
@@ -110,11 +116,7 @@ def test_bucket_split_checkpoint_equals_eager_and_overlaps(group):
     for step in tr.to_dict()["steps"]:
         stats = tracing.step_stats(step)
         assert stats["launched_during_backward"] >= 2, stats
-    for step, (got, want) in enumerate(zip(losses, eager_losses)):
-        assert torch.equal(got, want), f"step {step}: {got.item()!r} != eager {want.item()!r}"
-    want = eager.module.state_dict()
-    for key, value in ddp.module.state_dict().items():
-        assert torch.equal(value, want[key]), key
+    assert_trained_as_eager(losses, eager_losses, ddp, eager)
 
 
 @needs_two_ranks
@@ -149,11 +151,7 @@ def test_find_unused_per_block_checkpoints_split_at_buckets(group):
     # checkpoint calls compiled: kept whole, the 4 blocks compile as 2 (a
     # reused block piece); split, their regions make more than 4
     assert calls > 4, calls
-    for step, (got, want) in enumerate(zip(losses, eager_losses)):
-        assert torch.equal(got, want), f"step {step}: {got.item()!r} != eager {want.item()!r}"
-    want = eager.module.state_dict()
-    for key, value in ddp.module.state_dict().items():
-        assert torch.equal(value, want[key]), key
+    assert_trained_as_eager(losses, eager_losses, ddp, eager)
 
 
 @pytest.mark.single_process
