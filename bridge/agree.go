@@ -54,6 +54,12 @@ type wireRequest struct {
 	Names      map[string]string        `json:"names"`
 	MayDefer   bool                     `json:"may_defer"`
 	Installed  map[string]wireInstalled `json:"installed"`
+	Unsettled  *wireUnsettled           `json:"unsettled"`
+}
+
+type wireUnsettled struct {
+	StoppedBy int   `json:"stopped_by"`
+	Missing   []int `json:"missing"`
 }
 
 type wireRank struct {
@@ -159,6 +165,9 @@ func agreeRequestFromJSON(text string) (*planner.AgreeRequest, error) {
 			return nil, err
 		}
 		req.Statements = append(req.Statements, s)
+	}
+	if w.Unsettled != nil {
+		req.Unsettled = &planner.Unsettled{StoppedBy: w.Unsettled.StoppedBy, Missing: w.Unsettled.Missing}
 	}
 	if w.Installed != nil {
 		req.Installed = make(map[int]planner.InstallReport, len(w.Installed))

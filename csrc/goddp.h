@@ -426,13 +426,16 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
  *   request: {"statements": {"<rank>": statement, ...},
  *             "names": {"<DDP position>": "<parameter name>", ...},
  *             "may_defer": bool,
- *             "installed": {"<rank>": {"failed": str|null, "lost": str|null}}}
+ *             "installed": {"<rank>": {"failed": str|null, "lost": str|null}},
+ *             "unsettled": {"stopped_by": int, "missing": [int]}}
  *     statement: {"layout": {"buckets": [[int]], "caps": [int],
  *                            "order": "ready"|"declaration", "build": str}|null,
  *                 "digest": hex|null, "reason": str|null, "later": bool,
  *                 "strict": bool, "lost": str|null, "fingerprint": hex|null,
  *                 "pieces": int}   (hex: 16 hex digits)
- *     "installed", when present, makes it the install round.
+ *     "installed", when present, makes it the install round; "unsettled",
+ *     a round given up (statements: those this rank saw), which is "keep"
+ *     on every rank (Note [A round given up] in planner/agree.go).
  *   verdict: {"error": "peer_failed"|"plan_mismatch"|null, "message": str|null,
  *             "action": "install"|"keep"|"later"|null, "layout_rank": int|null,
  *             "reason": str|null, "disagreed": bool, "record": {...}|null}
@@ -444,7 +447,9 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
  * statement, a repeated or negative rank, a digest without its layout or
  * a layout without its digest, a digest that is not the layout's, a layout
  * no DDP module could have, or is an install round without agreeing
- * statements or without a report from exactly the ranks that made them. */
+ * statements or without a report from exactly the ranks that made them, or
+ * a given-up round with a negative rank, a missing rank it heard from, or
+ * "installed". */
 goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */

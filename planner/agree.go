@@ -127,7 +127,32 @@ type AgreeRequest struct {
 	// Installed, when not nil, makes this the install round: what each rank
 	// said after installing the Install verdict of these statements.
 	Installed map[int]InstallReport
+	// Unsettled, when not nil, says the round was given up (Note [A round
+	// given up]): Statements are then only those this rank saw.
+	Unsettled *Unsettled
 }
+
+// Unsettled is how a given-up round ended, as one rank saw it.
+type Unsettled struct {
+	// StoppedBy is the rank whose bounded wait ran out first.
+	StoppedBy int
+	// Missing are the ranks whose statements this rank never saw (none for
+	// a rank that came after the others had stopped waiting).
+	Missing []int
+}
+
+// Note [A round given up]
+//
+// A rank may not come to a round in time: it still compiles, it crashed,
+// or Dynamo ran the frame eagerly there and it never comes at all. The
+// first rank whose bounded wait runs out settles the round as given up,
+// and every rank follows that one outcome (goddp.ranks.store_round), so
+// the verdict is Keep on every rank, whatever each saw: nobody has
+// installed anything yet, so all of them train on with DDP's own buckets
+// and pair in DDP's allreduces, the latecomer too. It is never an error:
+// a rank that crashed is reported by DDP's first collective, as in eager
+// DDP. Only the install round, which every rank that decided Install
+// reaches at the same call, still fails when a rank does not come.
 
 // Verdict is what every rank of the group does.
 type Verdict struct {
@@ -182,6 +207,12 @@ func Agree(req *AgreeRequest) (*Verdict, error) {
 	}
 	if err := a.check(); err != nil {
 		return nil, err
+	}
+	if req.Unsettled != nil {
+		if req.Installed != nil {
+			return nil, errorf(ErrInvalidConfig, "planner: an install round cannot be given up")
+		}
+		return a.givenUp(req.Unsettled)
 	}
 	if req.Installed == nil {
 		return a.propose(req.MayDefer), nil
@@ -307,6 +338,28 @@ func (a *agreement) propose(mayDefer bool) *Verdict {
 		reason = ptr("the ranks did not all propose the same layout: " + a.listing())
 	}
 	return a.verdict(ActionKeep, -1, reason, said > 1)
+}
+
+// givenUp is the verdict of a round given up (Note [A round given up]).
+func (a *agreement) givenUp(u *Unsettled) (*Verdict, error) {
+	missing := slices.Clone(u.Missing)
+	slices.Sort(missing)
+	if u.StoppedBy < 0 || slices.ContainsFunc(missing, func(r int) bool { return r < 0 }) {
+		return nil, errorf(ErrInvalidConfig, "planner: a given-up round names a negative rank")
+	}
+	for _, s := range a.st {
+		if slices.Contains(missing, s.Rank) {
+			return nil, errorf(ErrInvalidConfig, "planner: rank %d is both missing and heard from", s.Rank)
+		}
+	}
+	var why string
+	if len(missing) > 0 {
+		why = fmt.Sprintf("rank(s) %v did not come to the agreement within the bounded wait (rank %d stopped waiting first)",
+			missing, u.StoppedBy)
+	} else {
+		why = fmt.Sprintf("this rank came to the agreement after rank %d had stopped waiting for it", u.StoppedBy)
+	}
+	return a.verdict(ActionKeep, -1, ptr(why+"; every rank keeps DDP's own buckets and trains on"), true), nil
 }
 
 // confirm is the install round after the Install verdict v.

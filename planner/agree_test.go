@@ -425,3 +425,46 @@ func TestPyRepr(t *testing.T) {
 	assert.Equal(t, `'both \' and "'`, pyRepr(`both ' and "`))
 	assert.Equal(t, `'a\\b\n'`, pyRepr("a\\b\n"))
 }
+
+func TestAgreeGivenUpRoundKeepsEverywhere(t *testing.T) {
+	// The early rank saw only itself; the latecomer saw everyone, but the
+	// round was settled as given up: both keep (Note [A round given up]).
+	early, err := Agree(&AgreeRequest{
+		Statements: []Statement{proposes(t, 0, agreeA)}, Names: agreeNames(), MayDefer: true,
+		Unsettled: &Unsettled{StoppedBy: 0, Missing: []int{2, 1}},
+	})
+	require.NoError(t, err)
+	late, err := Agree(&AgreeRequest{
+		Statements: []Statement{proposes(t, 0, agreeA), proposes(t, 1, agreeA), proposes(t, 2, agreeA)},
+		Names:      agreeNames(), MayDefer: true, Unsettled: &Unsettled{StoppedBy: 0},
+	})
+	require.NoError(t, err)
+	for _, v := range []*Verdict{early, late} {
+		assert.Equal(t, ErrorNone, v.Error)
+		assert.Equal(t, ActionKeep, v.Action)
+		assert.Equal(t, -1, v.LayoutRank)
+		assert.False(t, v.Record.Aligned)
+		require.NotNil(t, v.Reason)
+		assert.Contains(t, *v.Reason, "every rank keeps DDP's own buckets and trains on")
+	}
+	assert.Contains(t, *early.Reason, "rank(s) [1 2] did not come to the agreement within the bounded wait (rank 0 stopped waiting first)")
+	assert.Contains(t, *late.Reason, "this rank came to the agreement after rank 0 had stopped waiting for it")
+	// Without Unsettled the latecomer's statements would install.
+	assert.Equal(t, ActionInstall, agree(t, true, proposes(t, 0, agreeA), proposes(t, 1, agreeA), proposes(t, 2, agreeA)).Action)
+}
+
+func TestAgreeRefusesMalformedGivenUpRounds(t *testing.T) {
+	for name, req := range map[string]*AgreeRequest{
+		"negative stopper": {Statements: []Statement{proposes(t, 0, agreeA)}, Unsettled: &Unsettled{StoppedBy: -1}},
+		"negative missing": {Statements: []Statement{proposes(t, 0, agreeA)}, Unsettled: &Unsettled{Missing: []int{-2}}},
+		"missing and heard": {Statements: []Statement{proposes(t, 0, agreeA), proposes(t, 1, agreeA)},
+			Unsettled: &Unsettled{Missing: []int{1}}},
+		"install round": {Statements: []Statement{proposes(t, 0, agreeA)}, Unsettled: &Unsettled{},
+			Installed: map[int]InstallReport{0: {}}},
+	} {
+		v, err := Agree(req)
+		var perr *Error
+		require.True(t, errors.As(err, &perr), "%s: no error; verdict %+v", name, v)
+		assert.Equal(t, ErrInvalidConfig, perr.Code, name)
+	}
+}

@@ -109,12 +109,15 @@ from goddp.ranks.group import Group, group_of, store_for
 from goddp.ranks.plan_check import (
     INSTALL,
     LATER,
+    TIMEOUT_ENV,
     Decision,
+    RanksMissingError,
     Statement,
     agreement_key,
     confirm_install,
     decide,
     exchange,
+    first_round_timeout_s,
     model_key,
     timeout_s,
 )
@@ -300,10 +303,19 @@ def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, G
     key = agreement_key(group.name, _model_key(ddp))
     statements = {group.rank: statement}
     store = store_for(group)
+    unsettled = None
     if store is not None:
-        payloads = exchange(store, key, group, statement.to_json())
+        first = dataclasses.replace(group, timeout_s=first_round_timeout_s(group))
+        try:
+            payloads = exchange(store, key, first, statement.to_json(), then=(
+                "Every rank keeps DDP's own buckets and trains on (Note [A round given up] in planner/agree.go); "
+                f"{TIMEOUT_ENV}=<seconds> sets how long the ranks wait for each other here."
+            ))
+        except RanksMissingError as exc:
+            logger.warning("%s", exc)
+            payloads, unsettled = exc.seen, exc.unsettled
         statements = {r: Statement.from_json(p) for r, p in payloads.items()}
-    decision = decide(statements, _namer(ddp), may_defer)
+    decision = decide(statements, _namer(ddp), may_defer, unsettled)
     if decision.action == INSTALL:
         decision = _install(ddp, decision, group, key)
     _log(decision, group)

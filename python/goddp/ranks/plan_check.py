@@ -39,10 +39,10 @@ import os
 from typing import Any, Callable, Mapping, Sequence
 
 from goddp.native import extension as _native
-from goddp.ranks.group import Group, missing_ranks_message, process_group_timeout_s
+from goddp.ranks.group import Group, env_seconds, missing_ranks_message, process_group_timeout_s
 from goddp.ranks.group import timeout_s as group_timeout_s
 from goddp.ranks.layout import Layout
-from goddp.ranks.store_round import settle
+from goddp.ranks.store_round import GAVE_UP, settle
 
 TIMEOUT_ENV = "GODDP_PLAN_CHECK_TIMEOUT"
 
@@ -58,7 +58,16 @@ class PlanMismatchError(RuntimeError):
 
 
 class RanksMissingError(RuntimeError):
-    """Some ranks of a DDP module's group never reached the agreement."""
+    """Some ranks of a DDP module's group never reached the agreement.
+
+    unsettled: how the given-up round ended, as the planner reads it
+    ({"stopped_by": rank, "missing": [ranks]}); seen: the payloads this rank
+    read (rank -> text)."""
+
+    def __init__(self, message: str, unsettled: dict[str, Any] | None = None, seen: Mapping[int, str] | None = None):
+        super().__init__(message)
+        self.unsettled = unsettled
+        self.seen = dict(seen or {})
 
 
 class PeerFailedError(RuntimeError):
@@ -164,6 +173,7 @@ def decide(
     statements: Mapping[int, Statement],
     name_of: Callable[[int], str] = str,
     may_defer: bool = True,
+    unsettled: Mapping[str, Any] | None = None,
 ) -> Decision:
     """The group's decision from every rank's statement: the planner's
     verdict (planner/agree.go, Note [The agreement verdict]), naming
@@ -174,9 +184,15 @@ def decide(
     strict=True. Otherwise DDP's buckets follow the layout if and only if
     every rank proposes the very same one (equal digests); the decision
     waits for the next training call when some rank will propose later
-    (may_defer: not where that call has come).
+    (may_defer: not where that call has come). unsettled (a
+    RanksMissingError's): the round was given up, and statements are the
+    ones this rank saw; KEEP on every rank (Note [A round given up] in
+    planner/agree.go).
     """
-    return _verdict({"may_defer": may_defer}, statements, name_of)
+    request: dict[str, Any] = {"may_defer": may_defer}
+    if unsettled is not None:
+        request["unsettled"] = dict(unsettled)
+    return _verdict(request, statements, name_of)
 
 
 def confirm_install(decision: Decision, installed: Mapping[int, Mapping[str, Any]]) -> Decision:
@@ -204,6 +220,15 @@ def _verdict(request: dict[str, Any], statements: Mapping[int, Statement], name_
 # The exchange
 
 
+def first_round_timeout_s(group: Group) -> float:
+    """How long a module's agreement (not its install round) waits:
+    GODDP_PLAN_CHECK_TIMEOUT, else half the group's timeout, so that ranks
+    that give up (Note [A round given up] in planner/agree.go) still meet a
+    rank that never came in DDP's first allreduce before that collective's
+    own timeout ends it."""
+    return env_seconds(TIMEOUT_ENV) or group.timeout_s / 2
+
+
 def timeout_s(process_group: Any = None) -> float:
     """GODDP_PLAN_CHECK_TIMEOUT, else the process group's own timeout: a
     rank may still be compiling (an evaluation graph, say) while the others
@@ -218,27 +243,34 @@ def exchange(
     payload: str,
     event: str = "the first training step",
     waiting_for: str = "reach the first training step (they may still be compiling)",
+    then: str | None = None,
 ) -> dict[int, str]:
     """Publishes payload under key for this rank and returns every rank's
     payload of the same round (see module doc). Waits at most
     group.timeout_s for the others, then raises RanksMissingError naming
     the ranks that did not come; a rank that comes after the others gave
-    up on it raises it too."""
+    up on it raises it too. then: what the message says happens next
+    (default: the rank stops)."""
     arrival = int(store.add(f"{key}/arrivals", 1))
     base = f"{key}/{(arrival - 1) // len(group.ranks)}"
     ended = settle(store, base, group, payload, lambda _: "go", waiting_for)
     if not ended.gave_up:
         return dict(ended.statements)
+    unsettled = {"stopped_by": int(ended.outcome[len(GAVE_UP):]), "missing": ended.missing(group)}
     raise RanksMissingError(
         missing_ranks_message(
             "goddp",
             group,
             event,
             ended,
-            f"Every rank of a DDP module must run its first training step within {group.timeout_s:.0f} s of the "
-            f"first; a rank that crashed, or one still compiling then, stops here (raise the limit with "
-            f"{TIMEOUT_ENV}=<seconds> or the process group's timeout).",
-        )
+            then or (
+                f"Every rank of a DDP module must run its first training step within {group.timeout_s:.0f} s of the "
+                f"first; a rank that crashed, or one still compiling then, stops here (raise the limit with "
+                f"{TIMEOUT_ENV}=<seconds> or the process group's timeout)."
+            ),
+        ),
+        unsettled,
+        ended.statements,
     )
 
 
