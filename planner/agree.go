@@ -147,7 +147,8 @@ type Unsettled struct {
 // or Dynamo ran the frame eagerly there and it never comes at all. The
 // first rank whose bounded wait runs out settles the round as given up,
 // and every rank follows that one outcome (goddp.ranks.store_round), so
-// the verdict is Keep on every rank, whatever each saw: nobody has
+// the verdict is Keep on every rank, whatever each saw (the reason says
+// what this rank saw, and so may differ between ranks; the action never): nobody has
 // installed anything yet, so all of them train on with DDP's own buckets
 // and pair in DDP's allreduces, the latecomer too. It is never an error:
 // a rank that crashed is reported by DDP's first collective, as in eager
@@ -357,7 +358,7 @@ func (a *agreement) givenUp(u *Unsettled) (*Verdict, error) {
 		why = fmt.Sprintf("rank(s) %v did not come to the agreement within the bounded wait (rank %d stopped waiting first)",
 			missing, u.StoppedBy)
 	} else {
-		why = fmt.Sprintf("this rank came to the agreement after rank %d had stopped waiting for it", u.StoppedBy)
+		why = fmt.Sprintf("rank %d stopped waiting before this rank had seen every rank's statement", u.StoppedBy)
 	}
 	return a.verdict(ActionKeep, -1, ptr(why+"; every rank keeps DDP's own buckets and trains on"), true), nil
 }

@@ -448,7 +448,7 @@ func TestAgreeGivenUpRoundKeepsEverywhere(t *testing.T) {
 		assert.Contains(t, *v.Reason, "every rank keeps DDP's own buckets and trains on")
 	}
 	assert.Contains(t, *early.Reason, "rank(s) [1 2] did not come to the agreement within the bounded wait (rank 0 stopped waiting first)")
-	assert.Contains(t, *late.Reason, "this rank came to the agreement after rank 0 had stopped waiting for it")
+	assert.Contains(t, *late.Reason, "rank 0 stopped waiting before this rank had seen every rank's statement")
 	// Without Unsettled the latecomer's statements would install.
 	assert.Equal(t, ActionInstall, agree(t, true, proposes(t, 0, agreeA), proposes(t, 1, agreeA), proposes(t, 2, agreeA)).Action)
 }

@@ -107,19 +107,20 @@ def process_group_timeout_s(process_group: Any) -> float:
 # Ranks that did not come
 
 
-def missing_ranks_message(who: str, group: Group, event: str, ended: Any, rule: str) -> str:
+def missing_ranks_message(
+    who: str, group: Group, event: str, ended: Any, rule: str, late: str = "it stops too rather than go on alone"
+) -> str:
     """What a rank says when a round (goddp.ranks.store_round.Round `ended`)
     was given up: either it waited for ranks that never arrived, or it came
     after the others had given up on it. who: "goddp" or "goddp.trace";
     event: where the ranks were to meet ("the first training step",
     "entering the trace"); rule: the sentence that says what every rank must
-    do."""
+    do; late: what a rank that came after the others gave up does."""
     where = group.where()
     if ended.complete:
         return (
             f"{who}: rank {group.rank} reached {event} of {where} after the others had stopped waiting for "
-            f"it ({ended.outcome}), {group.timeout_s:g} s after the first arrival; it stops too rather than go "
-            f"on alone. {rule}"
+            f"it ({ended.outcome}), {group.timeout_s:g} s after the first arrival; {late}. {rule}"
         )
     return (
         f"{who}: rank {group.rank} waited {ended.waited_s:.0f} s at {event} of {where} for rank(s) "

@@ -192,7 +192,11 @@ def decide(
     request: dict[str, Any] = {"may_defer": may_defer}
     if unsettled is not None:
         request["unsettled"] = dict(unsettled)
-    return _verdict(request, statements, name_of)
+    decision = _verdict(request, statements, name_of)
+    if unsettled is not None and decision.action != KEEP:
+        # a planner that does not read "unsettled" (an older build)
+        raise RuntimeError(f"goddp: the planner decided {decision.action!r} for a round given up; expected 'keep'")
+    return decision
 
 
 def confirm_install(decision: Decision, installed: Mapping[int, Mapping[str, Any]]) -> Decision:
@@ -250,7 +254,8 @@ def exchange(
     group.timeout_s for the others, then raises RanksMissingError naming
     the ranks that did not come; a rank that comes after the others gave
     up on it raises it too. then: what the message says happens next
-    (default: the rank stops)."""
+    (default: the rank stops; given, the rank keeps DDP's buckets, Note [A
+    round given up])."""
     arrival = int(store.add(f"{key}/arrivals", 1))
     base = f"{key}/{(arrival - 1) // len(group.ranks)}"
     ended = settle(store, base, group, payload, lambda _: "go", waiting_for)
@@ -268,6 +273,7 @@ def exchange(
                 f"first; a rank that crashed, or one still compiling then, stops here (raise the limit with "
                 f"{TIMEOUT_ENV}=<seconds> or the process group's timeout)."
             ),
+            *(() if then is None else ("it keeps DDP's own buckets, as they do",)),
         ),
         unsettled,
         ended.statements,

@@ -34,6 +34,7 @@ logger = logging.getLogger("goddp")
 
 # A rank that waits longer than this says so at INFO, then again each time.
 PROGRESS_EVERY_S = 30.0
+POLL_S = 1.0  # how often a waiting rank looks whether the round was settled
 GAVE_UP = "gave up: rank "
 
 
@@ -79,7 +80,7 @@ def settle(
     store.set(f"{base}/{group.rank}", statement)
     keys = {r: f"{base}/{r}" for r in group.ranks}
     started = time.monotonic()
-    complete = _wait(store, keys, group, waiting_for)
+    complete = _wait(store, keys, group, waiting_for, f"{base}/outcome")
     waited = time.monotonic() - started
     mine = verdict(_read(store, keys)) if complete else f"{GAVE_UP}{group.rank}"
     outcome = _compare_set(store, f"{base}/outcome", mine)
@@ -126,26 +127,33 @@ def _compare_set(store: Any, key: str, mine: str) -> str:
         return mine
 
 
-def _wait(store: Any, keys: Mapping[int, str], group: Group, waiting_for: str) -> bool:
-    """Whether every key appeared within group.timeout_s."""
+def _wait(store: Any, keys: Mapping[int, str], group: Group, waiting_for: str, outcome: str) -> bool:
+    """Whether every key appeared within group.timeout_s. Stops early, with
+    False, once another rank has settled the round (its outcome key is set):
+    a rank that gave up settles it for everyone, and a latecomer must not
+    spend its own wait on a round already given up."""
     started = time.monotonic()
     deadline = started + group.timeout_s
+    next_progress = started + PROGRESS_EVERY_S
     while True:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        step = min(POLL_S, deadline - now, next_progress - now)
         try:
-            store.wait(list(keys.values()), timedelta(seconds=max(0.001, min(PROGRESS_EVERY_S, left))))
+            store.wait(list(keys.values()), timedelta(seconds=max(0.001, step)))
             return True
         except RuntimeError:  # the store's timeout (DistStoreError is one)
             pass
         missing = [r for r, k in sorted(keys.items()) if not store.check([k])]
         if not missing:
             return True
-        if time.monotonic() >= deadline:
+        if store.check([outcome]) or time.monotonic() >= deadline:
             return False
-        logger.info(
-            "goddp: rank %d has waited %.0f s for rank(s) %s to %s; giving up after %.0f s",
-            group.rank, time.monotonic() - started, missing, waiting_for, group.timeout_s,
-        )
+        if time.monotonic() >= next_progress:
+            next_progress += PROGRESS_EVERY_S
+            logger.info(
+                "goddp: rank %d has waited %.0f s for rank(s) %s to %s; giving up after %.0f s",
+                group.rank, time.monotonic() - started, missing, waiting_for, group.timeout_s,
+            )
 
 
 # --------------------------------------------------------------------------

@@ -211,10 +211,27 @@ def test_a_rank_that_never_comes_is_named_after_the_bounded_wait():
     assert elapsed < 20
 
 
-def test_a_rank_that_comes_after_the_others_gave_up_stops_too():
-    """Without the round's outcome the late rank would find every statement,
-    decide alone, and then wait in DDP's first allreduce for ranks that had
-    left."""
+def test_a_latecomer_does_not_wait_on_a_round_already_given_up():
+    """Three ranks: rank 0 gives up on ranks 1 and 2; rank 1 comes late
+    and must not spend its own (long) wait on rank 2, who never comes: in
+    the rank-that-never-comes case, rank 2 already waits in DDP's first
+    allreduce, whose timeout runs from before rank 1's wait."""
+    store = dist.HashStore()
+    early = _play(store, "k", (0, 1, 2), {0: "x", 1: "y", 2: "z"}, timeout=0.5, arrive=(0,))
+    assert isinstance(early[0], RanksMissingError)
+    assert early[0].unsettled == {"stopped_by": 0, "missing": [1, 2]}
+    started = time.monotonic()
+    late = _play(store, "k", (0, 1, 2), {0: "x", 1: "y", 2: "z"}, timeout=60.0, arrive=(1,))
+    assert time.monotonic() - started < 10
+    assert isinstance(late[1], RanksMissingError), late[1]
+    assert late[1].unsettled == {"stopped_by": 0, "missing": [2]}
+    assert set(late[1].seen) == {0, 1}
+
+
+def test_a_rank_that_comes_after_the_others_gave_up_is_told_so():
+    """Without the round's outcome the late rank would find every statement
+    and decide alone (what the agreement then does: Note [A round given up]
+    in planner/agree.go)."""
     store = dist.HashStore()
     early = _play(store, "k", (0, 1), {0: "x", 1: "y"}, timeout=0.5, arrive=(0,))
     assert isinstance(early[0], RanksMissingError) and "for rank(s) [1]" in str(early[0])
