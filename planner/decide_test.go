@@ -492,13 +492,18 @@ func renderDecision(g *Graph, names []string, dec *Decision) string {
 	return s.String()
 }
 
-func TestDecideGolden(t *testing.T) {
-	cases := []struct {
-		name     string
-		build    func() (*graphBuilder, *ModuleStacks)
-		settings func(g *Graph) Settings
-	}{
-		{"decide_gpt_stacks_aligned", func() (*graphBuilder, *ModuleStacks) {
+// goldenDecision is one case of the decision goldens: a model and the
+// settings it is decided under. The plan-table goldens render the same
+// decisions (TestPlanTableGolden).
+type goldenDecision struct {
+	name     string
+	build    func() (*graphBuilder, *ModuleStacks)
+	settings func(g *Graph) Settings
+}
+
+func goldenDecisions() []goldenDecision {
+	return []goldenDecision{
+		{"gpt_stacks_aligned", func() (*graphBuilder, *ModuleStacks) {
 			b, blocks := gptModel(4, 8)
 			return b, gptStacks(blocks)
 		}, func(g *Graph) Settings {
@@ -507,7 +512,7 @@ func TestDecideGolden(t *testing.T) {
 			s.BlockCuts, s.Edges = true, EdgesAuto
 			return s
 		}},
-		{"decide_gpt_stacks_find_unused", func() (*graphBuilder, *ModuleStacks) {
+		{"gpt_stacks_find_unused", func() (*graphBuilder, *ModuleStacks) {
 			b, blocks := gptModel(3, 8)
 			return b, gptStacks(blocks)
 		}, func(g *Graph) Settings {
@@ -516,12 +521,16 @@ func TestDecideGolden(t *testing.T) {
 			s.BlockCuts, s.Edges = true, EdgesEager
 			return s
 		}},
-		{"decide_mlp_not_covered", func() (*graphBuilder, *ModuleStacks) { return mlpModel(), nil },
+		{"mlp_not_covered", func() (*graphBuilder, *ModuleStacks) { return mlpModel(), nil },
 			func(g *Graph) Settings { return alignedDDP(g, 2, nil) }},
-		{"decide_toy_torch_defaults", func() (*graphBuilder, *ModuleStacks) { return toyModel(), nil },
+		{"toy_torch_defaults", func() (*graphBuilder, *ModuleStacks) { return toyModel(), nil },
 			func(g *Graph) Settings { return Settings{Mode: ModeTorch, DDP: defaultDDP()} }},
 	}
-	for _, tc := range cases {
+}
+
+func TestDecideGolden(t *testing.T) {
+	for _, tc := range goldenDecisions() {
+		tc.name = "decide_" + tc.name
 		t.Run(tc.name, func(t *testing.T) {
 			b, st := tc.build()
 			g := b.graph()

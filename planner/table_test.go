@@ -55,40 +55,25 @@ func TestPlanTableByHand(t *testing.T) {
 // golden cases), as the backend would log them before and after the pieces
 // are compared.
 func TestPlanTableGolden(t *testing.T) {
-	cases := []struct {
-		name     string
-		build    func() (*graphBuilder, *ModuleStacks)
-		settings func(g *Graph) Settings
-		sameAs   func(v *TableView) []int
-	}{
-		{"table_gpt_blocks_aligned", func() (*graphBuilder, *ModuleStacks) {
-			b, blocks := gptModel(4, 8)
-			return b, gptStacks(blocks)
-		}, func(g *Graph) Settings {
-			s := alignedDDP(g, 0, nil)
-			s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 7000, 100
-			s.BlockCuts, s.Edges = true, EdgesAuto
-			return s
-		}, blockReuse},
-		{"table_gpt_find_unused", func() (*graphBuilder, *ModuleStacks) {
-			b, blocks := gptModel(3, 8)
-			return b, gptStacks(blocks)
-		}, func(g *Graph) Settings {
-			s := alignedDDP(g, 0, func(d *DDPSettings) { d.FindUnusedParameters = true })
-			s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 7000, 100
-			s.BlockCuts, s.Edges = true, EdgesEager
-			return s
-		}, nil},
-		{"table_mlp_not_covered", func() (*graphBuilder, *ModuleStacks) { return mlpModel(), nil },
-			func(g *Graph) Settings { return alignedDDP(g, 2, nil) }, nil},
-		{"table_toy_torch_defaults", func() (*graphBuilder, *ModuleStacks) { return toyModel(), nil },
-			func(g *Graph) Settings { return Settings{Mode: ModeTorch, DDP: defaultDDP()} }, nil},
-		{"table_mlp_per_bucket_caps", func() (*graphBuilder, *ModuleStacks) { return mlpModel(), nil },
-			func(g *Graph) Settings {
-				return Settings{Mode: ModeDDP, UserBucketCapBytes: 300, UserBucketCapGiven: true, UserFirstBucketCapBytes: 100,
-					UserFirstBucketCapGiven: true, UserBucketCapsBytes: []int64{120, 500}, MaxPieces: 3}
-			}, nil},
+	type tableCase struct {
+		goldenDecision
+		sameAs func(v *TableView) []int
 	}
+	var cases []tableCase
+	for _, d := range goldenDecisions() {
+		d.name = "table_" + d.name
+		var sameAs func(v *TableView) []int
+		if d.name == "table_gpt_stacks_aligned" {
+			sameAs = blockReuse
+		}
+		cases = append(cases, tableCase{d, sameAs})
+	}
+	cases = append(cases, tableCase{goldenDecision{"table_mlp_per_bucket_caps",
+		func() (*graphBuilder, *ModuleStacks) { return mlpModel(), nil },
+		func(g *Graph) Settings {
+			return Settings{Mode: ModeDDP, UserBucketCapBytes: 300, UserBucketCapGiven: true, UserFirstBucketCapBytes: 100,
+				UserFirstBucketCapGiven: true, UserBucketCapsBytes: []int64{120, 500}, MaxPieces: 3}
+		}}, nil})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			b, st := tc.build()
