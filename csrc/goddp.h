@@ -76,8 +76,11 @@ extern "C" {
  *    text out; see "Reports" below).
  *    Also 9: goddp_config.uniform_caps (at the end of the struct).
  *    Also 9: goddp_plan.block_runs and checkpoint_regions (at the end of
- *    the struct). */
-#define GODDP_ABI_VERSION 9
+ *    the struct).
+ * 10: goddp_checkpoint_split (how to split a graph's activation checkpoints
+ *    into regions, JSON text in and out; docs/planner.md, "Checkpoint
+ *    regions"). */
+#define GODDP_ABI_VERSION 10
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -451,6 +454,42 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
  * a given-up round with a negative rank, a missing rank it heard from, or
  * "installed". */
 goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
+
+/* How to split one graph's activation checkpoint calls into consecutive
+ * checkpoints, one per region of each body (planner/ckptsplit.go, Note
+ * [Checkpoint regions]; ABI 10). request and *reply are NUL-terminated JSON
+ * text, as for goddp_agree (Note [Agreement as JSON]); docs/planner.md,
+ * "Checkpoint regions", gives both shapes:
+ *   request: {"calls": [call, ...], "bucket_splits": bool,
+ *             "cut_at_blocks": bool|null, "buckets_planned": bool}
+ *     call: {"name": str, "indexed_only": bool, "policy_function": bool,
+ *            "nodes": [node, ...],   (the body's, in graph order)
+ *            "buckets": {"pieces": [int], "param_bytes": int,
+ *                        "cap_bytes": int, "buckets": int,
+ *                        "regions": bool}|null}
+ *     node: {"kind": "placeholder"|"get_attr"|"compute"|"output",
+ *            "block": int (-1: none), "inputs": [int] (earlier nodes),
+ *            "returned": bool, "writes": int (-1: none), "carries": bool,
+ *            "type": str, "op": str, "random": bool, "state_change": bool,
+ *            "nested": bool}   (an absent block or writes is -1)
+ *   reply: {"ask": ""|"cut_at_blocks"|"buckets", "plan_buckets": [int],
+ *           "calls": [{"boundary": "block"|"bucket"|"", "blocks": int,
+ *                      "node_regions": [int]|null,
+ *                      "regions": [{"inputs": [int], "outputs": [int]}]|null,
+ *                      "code": str, "reason": str, "describe": str}],
+ *           "said": [int]}
+ * A reply that asks is answered and the request sent again: "cut_at_blocks"
+ * with the outer graph's goddp_plan.block_runs, "buckets" with each named
+ * call's body planned alone (config.uniform_caps; null: it holds no DDP
+ * parameter) and "buckets_planned": true. Otherwise "calls" is the
+ * decision per call ("node_regions" null: kept whole for "reason", which
+ * "code" names; "describe": the INFO line) and "said" the calls to log and
+ * rewrite (boundary not "").
+ * On GODDP_OK, *reply is released with goddp_string_free; on error it stays
+ * NULL. GODDP_ERR_INVALID_CONFIG for a request that is not of that shape;
+ * GODDP_ERR_INVALID_GRAPH for a body that does not end with its output, a
+ * node reading a node not before it, or bucket pieces not one per node. */
+goddp_status goddp_checkpoint_split(const char *request, char **reply, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);

@@ -1156,8 +1156,8 @@ done:
     return result;
 }
 
-/* A report (goddp.h, "Reports") or goddp_agree: one JSON document in, one
- * string out. */
+/* A report (goddp.h, "Reports"), goddp_agree or goddp_checkpoint_split: one
+ * JSON document in, one string out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
 static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
@@ -1216,6 +1216,17 @@ static PyObject *py_agree(PyObject *self, PyObject *args) {
     return call_report(args, "s:agree", goddp_agree);
 }
 
+PyDoc_STRVAR(checkpoint_split_doc,
+             "checkpoint_split(request) -> str\n\n"
+             "How to split a graph's activation checkpoints into regions\n"
+             "(goddp_checkpoint_split in goddp.h): request and the result are JSON text of\n"
+             "the shapes goddp.h gives.");
+
+static PyObject *py_checkpoint_split(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:checkpoint_split", goddp_checkpoint_split);
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -1249,6 +1260,7 @@ static PyMethodDef goddp_methods[] = {
     {"trace_report", py_trace_report, METH_VARARGS, trace_report_doc},
 
     {"agree", py_agree, METH_VARARGS, agree_doc},
+    {"checkpoint_split", py_checkpoint_split, METH_VARARGS, checkpoint_split_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif
