@@ -444,8 +444,7 @@ def _decide(
                 )
                 for r, region in enumerate(decided["regions"])
             ]
-        buckets = planned.get(i) if decided["boundary"] == "bucket" else None
-        splits.append(Split(call, decided["blocks"], regions, decided["reason"], decided["boundary"], buckets,
+        splits.append(Split(call, decided["blocks"], regions, decided["reason"], decided["boundary"], planned.get(i),
                             decided["code"], decided["describe"]))
     return splits, reply["said"]
 
@@ -458,8 +457,9 @@ def plan_split(
 ) -> Split:
     """How to split one checkpoint call (Note [Checkpoint bodies]).
     body_blocks gives, per node of a body graph, its block (-1 for none);
-    body_buckets, given, plans a body with fewer than two blocks by buckets
-    (gm, the call, its body; None when it holds no DDP parameter)."""
+    body_buckets, given, plans a body by buckets where the planner asks
+    (gm, the call, its body; None when it holds no DDP parameter), the
+    outer graph taken as not cut at block runs."""
     splits, _ = _decide(gm, [call], body_blocks, body_buckets, lambda g: False)
     return splits[0]
 
@@ -515,14 +515,11 @@ def split_checkpoints(
     body_buckets: BodyPlanner | None = None,
     cut_at_blocks: Callable[[fx.GraphModule], bool] | None = None,
 ) -> tuple[fx.GraphModule, list[Split]]:
-    """gm with every checkpoint call whose body holds several blocks split
-    into one checkpoint per block region, or, where no call is split at
-    blocks and the planner does not cut gm at block runs (cut_at_blocks,
-    the planner's GraphPlan.block_runs; required with body_buckets), every
-    call whose parameters fill several buckets split into one checkpoint
-    per bucket region (Note [Checkpoint bodies]); gm itself when there is
-    none to split, and what was decided for each call that holds several
-    blocks or buckets. gm is not modified."""
+    """gm with its checkpoint calls split into regions where the planner
+    says (Note [Checkpoint regions] in planner/ckptsplit.go), gm itself
+    when none is; and the decision for each call it has something to say
+    about. body_buckets needs cut_at_blocks (the planner's
+    GraphPlan.block_runs for gm). gm is not modified."""
     if body_buckets is not None and cut_at_blocks is None:
         raise ValueError("split_checkpoints: body_buckets needs cut_at_blocks (the planner's block_runs for gm)")
     calls = [n for n in gm.graph.nodes if is_checkpoint(gm, n)]
