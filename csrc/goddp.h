@@ -76,8 +76,12 @@ extern "C" {
  *    text out; see "Reports" below).
  *    Also 9: goddp_config.uniform_caps (at the end of the struct).
  *    Also 9: goddp_plan.block_runs and checkpoint_regions (at the end of
- *    the struct). */
-#define GODDP_ABI_VERSION 9
+ *    the struct).
+ * 10: the planner words the agreement's lines (Note [Words from the
+ *    planner] in planner/words.go): goddp_agree's request takes "group" and
+ *    its verdict gives "log"; goddp_forward_layout (a forward's members in,
+ *    its one layout or refusal and its line out, JSON). */
+#define GODDP_ABI_VERSION 10
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -427,7 +431,8 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
  *             "names": {"<DDP position>": "<parameter name>", ...},
  *             "may_defer": bool,
  *             "installed": {"<rank>": {"failed": str|null, "lost": str|null}},
- *             "unsettled": {"stopped_by": int, "missing": [int]}}
+ *             "unsettled": {"stopped_by": int, "missing": [int]},
+ *             "group": {"name": str, "size": int}}   (ABI 10, optional)
  *     statement: {"layout": {"buckets": [[int]], "caps": [int],
  *                            "order": "ready"|"declaration", "build": str}|null,
  *                 "digest": hex|null, "reason": str|null, "later": bool,
@@ -438,7 +443,10 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
  *     on every rank (Note [A round given up] in planner/agree.go).
  *   verdict: {"error": "peer_failed"|"plan_mismatch"|null, "message": str|null,
  *             "action": "install"|"keep"|"later"|null, "layout_rank": int|null,
- *             "reason": str|null, "disagreed": bool, "record": {...}|null}
+ *             "reason": str|null, "disagreed": bool, "record": {...}|null,
+ *             "log": {"level": "info"|"warning", "text": str}}
+ *     "log" (ABI 10): the line every rank logs for the verdict, present
+ *     when the request names its "group" and the verdict is not an error.
  * Keys are ranks and positions in decimal as written by Python's str()
  * ("0", never "00" or "+0").
  * On GODDP_OK, *verdict is released with goddp_string_free; on error it
@@ -449,8 +457,29 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
  * no DDP module could have, or is an install round without agreeing
  * statements or without a report from exactly the ranks that made them, or
  * a given-up round with a negative rank, a missing rank it heard from, or
- * "installed". */
+ * "installed", or a "group" of no rank. */
 goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
+
+/* One DDP bucket layout for the graphs of a forward, or why there is none,
+ * and the INFO line that says so (planner.PlanForward, planner/words.go;
+ * ABI 10). JSON text, as goddp_agree (docs/planner.md, "A forward across
+ * graphs"):
+ *   request: {"members": [{"layout": layout|null, "reason": str|null,
+ *                          "describe": str}, ...],   (call order)
+ *             "param_bytes": [int],   (per DDP position)
+ *             "build": str}           (the combined layout's build)
+ *     layout: as a goddp_agree statement's
+ *   reply: {"layout": layout|null, "digest": hex|null, "refusal": str|null,
+ *           "info": {"graphs": [str], "bucket_graphs": [int], "moved": int,
+ *                    "dropped": int},
+ *           "note": {"level": "info", "text": str}}
+ *     "refusal" says why "layout" is null: a member without a layout, a
+ *     member not in "ready" order (or no member), or goddp_combine_forward's
+ *     error; "info" has bucket_graphs, moved and dropped only where the
+ *     buckets were combined.
+ * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
+ * for a request that is not of that shape or names an unknown order. */
+goddp_status goddp_forward_layout(const char *request, char **reply, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);

@@ -1156,7 +1156,7 @@ done:
     return result;
 }
 
-/* A report (goddp.h, "Reports") or goddp_agree: one JSON document in, one
+/* A report (goddp.h, "Reports"), goddp_agree or goddp_forward_layout: one JSON document in, one
  * string out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
@@ -1216,6 +1216,16 @@ static PyObject *py_agree(PyObject *self, PyObject *args) {
     return call_report(args, "s:agree", goddp_agree);
 }
 
+PyDoc_STRVAR(forward_layout_doc,
+             "forward_layout(request) -> str\n\n"
+             "One DDP bucket layout for the graphs of a forward, or why none, and its\n"
+             "line (goddp_forward_layout in goddp.h): JSON text in and out.");
+
+static PyObject *py_forward_layout(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:forward_layout", goddp_forward_layout);
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -1249,6 +1259,7 @@ static PyMethodDef goddp_methods[] = {
     {"trace_report", py_trace_report, METH_VARARGS, trace_report_doc},
 
     {"agree", py_agree, METH_VARARGS, agree_doc},
+    {"forward_layout", py_forward_layout, METH_VARARGS, forward_layout_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 EXTENSION_NAME = "goddp._goddp"
 
 # Mirrors of csrc/goddp.h (checked against the extension by the tests).
-ABI_VERSION = 9
+ABI_VERSION = 10
 OP_PLACEHOLDER = 0
 OP_GET_ATTR = 1
 OP_CALL_MODULE = 2
@@ -170,6 +170,12 @@ def agree(request: Mapping[str, Any]) -> dict[str, Any]:
     """The verdict of one agreement round (goddp_agree in csrc/goddp.h, which
     gives both JSON shapes). Raises PlannerError like plan_graph."""
     return json.loads(load().agree(json.dumps(request, sort_keys=True)))
+
+
+def forward_layout(request: Mapping[str, Any]) -> dict[str, Any]:
+    """A forward's one layout, or why none, and its line (goddp_forward_layout
+    in csrc/goddp.h, which gives both JSON shapes)."""
+    return json.loads(load().forward_layout(json.dumps(request, sort_keys=True)))
 
 
 def plan_table(view: Mapping[str, Any]) -> str:

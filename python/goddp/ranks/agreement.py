@@ -214,20 +214,11 @@ class TrainingGate:
         recorded graphs combined into one layout (goddp.ranks.forward)."""
         members = _forward.finish(ddp)
         sizes = [p.numel() * p.element_size() for p in ddp_parameters(ddp)]
-        layout, reason, info = _forward.combine(members, sizes)
-        digest = None
-        if layout is not None:
-            try:
-                digest = layout.digest()
-            except Exception as exc:  # a layout the planner refuses
-                layout, reason = None, f"could not state DDP's layout ({type(exc).__name__}: {exc})"
-        logger.info(
-            "goddp: planning the %d graph(s) of this DDP module's first training forward together: %s; %s",
-            len(members), "; ".join(info["graphs"]),
-            f"DDP buckets {list(layout.caps)} bytes" if layout is not None else f"no layout: {reason}",
-        )
+        combined = _forward.combine(members, sizes)
+        layout, reason, info = combined.layout, combined.reason, combined.info
+        logger.info("%s", combined.note)
         statement = Statement(
-            layout=layout, digest=digest, reason=reason, strict=self.statement.strict,
+            layout=layout, digest=combined.digest, reason=reason, strict=self.statement.strict,
             fingerprint=self.statement.fingerprint, pieces=sum(1 for _ in members),
         )
 
@@ -315,10 +306,11 @@ def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, G
             logger.warning("%s", exc)
             payloads, unsettled = exc.seen, exc.unsettled
         statements = {r: Statement.from_json(p) for r, p in payloads.items()}
-    decision = decide(statements, _namer(ddp), may_defer, unsettled)
+    decision = decide(statements, _namer(ddp), may_defer, unsettled, group)
     if decision.action == INSTALL:
         decision = _install(ddp, decision, group, key)
-    _log(decision, group)
+    if decision.log is not None:
+        logger.log(*decision.log)
     return decision, group
 
 
@@ -347,7 +339,7 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
         said = {r: json.loads(p) for r, p in payloads.items()}
     if lost is not None:
         raise lost  # the others stop too (PeerFailedError), having read why
-    confirmed = confirm_install(decision, said)
+    confirmed = confirm_install(decision, said, group)
     if confirmed.action != INSTALL:
         _put_ddp_buckets_back(ddp)
     return confirmed
@@ -377,25 +369,6 @@ def _put_ddp_buckets_back(ddp: Any) -> None:
                 f"goddp: could not put DDP's own buckets back after the ranks decided against goddp's "
                 f"({type(exc).__name__}: {exc}); this rank would allreduce buckets the others do not"
             ) from exc
-
-
-def _log(decision: Decision, group: Group) -> None:
-    where = f"{len(group.ranks)} rank(s) of process group {group.name!r}"
-    if decision.action == INSTALL:
-        logger.info(
-            "goddp: DDP's %d buckets now close at piece boundaries on all %s (per-bucket caps %s bytes)",
-            len(decision.caps), where, list(decision.caps),
-        )
-    elif decision.action == LATER:
-        logger.info("goddp: the %s decide DDP's buckets at the module's next training call", where)
-    elif decision.disagreed:
-        logger.warning(
-            "goddp: DDP keeps its own buckets on all %s: %s. Gradients stay exact; only the overlap of "
-            "allreduces with backward is smaller.",
-            where, decision.reason,
-        )
-    else:
-        logger.info("goddp: DDP keeps its own buckets on all %s: %s", where, decision.reason)
 
 
 class GatedCall:

@@ -1,0 +1,158 @@
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../csrc
+#include <stdlib.h>
+#include "goddp.h"
+
+typedef const char goddp_text_in;
+*/
+import "C"
+
+import (
+	"encoding/json"
+
+	"github.com/goddp/goddp/planner"
+)
+
+// goddp_forward_layout takes and returns JSON text, as goddp_agree does
+// (Note [Agreement as JSON]): a forward's members are few and nested, and
+// each may lack a layout. goddp.h and docs/planner.md ("A forward across
+// graphs") give both shapes; the types below are them.
+
+type wireMember struct {
+	Layout   *wireLayout `json:"layout"`
+	Reason   *string     `json:"reason"`
+	Describe string      `json:"describe"`
+}
+
+type wireForwardRequest struct {
+	Members    []wireMember `json:"members"`
+	ParamBytes []int64      `json:"param_bytes"`
+	Build      string       `json:"build"`
+}
+
+// wireForwardInfo is what the plan records keep of the forward: the
+// combined plan's fields only where CombineForward ran.
+type wireForwardInfo struct {
+	Graphs       []string `json:"graphs"`
+	BucketGraphs *[]int   `json:"bucket_graphs,omitempty"`
+	Moved        *int     `json:"moved,omitempty"`
+	Dropped      *int     `json:"dropped,omitempty"`
+}
+
+type wireForwardReply struct {
+	Layout  *wireLayout     `json:"layout"`
+	Digest  *hex64          `json:"digest"`
+	Refusal *string         `json:"refusal"`
+	Info    wireForwardInfo `json:"info"`
+	Note    wireLog         `json:"note"`
+}
+
+// wireLog is a planner.LogLine: "info" or "warning", and the text.
+type wireLog struct {
+	Level string `json:"level"`
+	Text  string `json:"text"`
+}
+
+//export goddp_forward_layout
+func goddp_forward_layout(request *C.goddp_text_in, reply **C.char, errMsg **C.char) (status C.goddp_status) {
+	defer recoverAsStatus(&status, errMsg)
+	if errMsg != nil {
+		*errMsg = nil
+	}
+	if request == nil || reply == nil {
+		setErrMsg(errMsg, "goddp: goddp_forward_layout: request or reply is NULL")
+		return C.GODDP_ERR_INVALID_CONFIG
+	}
+	*reply = nil
+	req, err := forwardRequestFromJSON(C.GoString((*C.char)(request)))
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	out, err := planner.PlanForward(req)
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	text, err := json.Marshal(forwardReplyToWire(out))
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return C.GODDP_ERR_INTERNAL
+	}
+	*reply = C.CString(string(text))
+	return C.GODDP_OK
+}
+
+func forwardRequestFromJSON(text string) (*planner.ForwardRequest, error) {
+	var w wireForwardRequest
+	if err := json.Unmarshal([]byte(text), &w); err != nil {
+		return nil, invalidConfig("goddp: goddp_forward_layout: the request is not valid JSON: %v", err)
+	}
+	req := &planner.ForwardRequest{ParamBytes: w.ParamBytes, Build: w.Build, Members: make([]planner.ForwardMember, len(w.Members))}
+	for i, m := range w.Members {
+		req.Members[i] = planner.ForwardMember{Reason: m.Reason, Describe: m.Describe}
+		if m.Layout != nil {
+			l, ok := layoutFromWire(m.Layout)
+			if !ok {
+				return nil, invalidConfig("goddp: goddp_forward_layout: member %d: layout order %q; want \"ready\" or \"declaration\"", i, m.Layout.Order)
+			}
+			req.Members[i].Layout = l
+		}
+	}
+	return req, nil
+}
+
+func forwardReplyToWire(out *planner.ForwardOutcome) *wireForwardReply {
+	w := &wireForwardReply{Digest: (*hex64)(out.Digest), Refusal: out.Refusal, Note: *logToWire(&out.Note)}
+	w.Info.Graphs = out.Graphs
+	if out.Layout != nil {
+		w.Layout = layoutToWire(out.Layout)
+	}
+	if p := out.Combined; p != nil {
+		graphs := make([]int, len(p.Buckets))
+		for i, b := range p.Buckets {
+			graphs[i] = b.Graph
+		}
+		w.Info.BucketGraphs, w.Info.Moved, w.Info.Dropped = &graphs, &p.Moved, &p.Dropped
+	}
+	return w
+}
+
+// layoutFromWire is the planner's layout of a wire layout; false for an
+// order other than "ready" and "declaration".
+func layoutFromWire(w *wireLayout) (*planner.Layout, bool) {
+	l := &planner.Layout{Caps: w.Caps, Build: w.Build}
+	switch w.Order {
+	case planner.OrderReady.Name():
+		l.Order = planner.OrderReady
+	case planner.OrderDeclaration.Name():
+		l.Order = planner.OrderDeclaration
+	default:
+		return nil, false
+	}
+	for _, b := range w.Buckets {
+		l.Buckets = append(l.Buckets, planner.LayoutBucket{Positions: b})
+	}
+	return l, true
+}
+
+func layoutToWire(l *planner.Layout) *wireLayout {
+	w := &wireLayout{Caps: l.Caps, Order: l.Order.Name(), Build: l.Build, Buckets: make([][]int32, len(l.Buckets))}
+	for i, b := range l.Buckets {
+		w.Buckets[i] = b.Positions
+	}
+	return w
+}
+
+func logToWire(l *planner.LogLine) *wireLog {
+	if l == nil {
+		return nil
+	}
+	level := "info"
+	if l.Warning {
+		level = "warning"
+	}
+	return &wireLog{Level: level, Text: l.Text}
+}
