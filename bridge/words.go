@@ -156,3 +156,96 @@ func logToWire(l *planner.LogLine) *wireLog {
 	}
 	return &wireLog{Level: level, Text: l.Text}
 }
+
+// goddp_follow, JSON as goddp_agree: a later graph of a decided DDP module.
+
+type wireFollowRequest struct {
+	Action  string      `json:"action"`
+	Reason  *string     `json:"reason"`
+	Decided *wireLayout `json:"decided"`
+	Mine    *wireLayout `json:"mine"`
+	Part    *wireLayout `json:"part"`
+}
+
+type wirePlanCheck struct {
+	Aligned  bool   `json:"aligned"`
+	Followed string `json:"followed"`
+}
+
+type wireDDPBuckets struct {
+	Aligned bool    `json:"aligned"`
+	Reason  *string `json:"reason"`
+}
+
+type wireFollowing struct {
+	PlanCheck  wirePlanCheck  `json:"plan_check"`
+	DDPBuckets wireDDPBuckets `json:"ddp_buckets"`
+	Log        *wireLog       `json:"log"`
+}
+
+//export goddp_follow
+func goddp_follow(request *C.goddp_text_in, reply **C.char, errMsg **C.char) (status C.goddp_status) {
+	defer recoverAsStatus(&status, errMsg)
+	if errMsg != nil {
+		*errMsg = nil
+	}
+	if request == nil || reply == nil {
+		setErrMsg(errMsg, "goddp: goddp_follow: request or reply is NULL")
+		return C.GODDP_ERR_INVALID_CONFIG
+	}
+	*reply = nil
+	req, err := followRequestFromJSON(C.GoString((*C.char)(request)))
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	f, err := planner.Follow(req)
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	text, err := json.Marshal(&wireFollowing{
+		PlanCheck:  wirePlanCheck{Aligned: f.Installed, Followed: planner.Followed},
+		DDPBuckets: wireDDPBuckets{Aligned: f.Aligned, Reason: f.Reason},
+		Log:        logToWire(f.Log),
+	})
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return C.GODDP_ERR_INTERNAL
+	}
+	*reply = C.CString(string(text))
+	return C.GODDP_OK
+}
+
+func followRequestFromJSON(text string) (*planner.FollowRequest, error) {
+	var w wireFollowRequest
+	if err := json.Unmarshal([]byte(text), &w); err != nil {
+		return nil, invalidConfig("goddp: goddp_follow: the request is not valid JSON: %v", err)
+	}
+	req := &planner.FollowRequest{Reason: w.Reason}
+	switch w.Action {
+	case planner.ActionInstall.String():
+		req.Action = planner.ActionInstall
+	case planner.ActionKeep.String():
+		req.Action = planner.ActionKeep
+	case planner.ActionLater.String():
+		req.Action = planner.ActionLater
+	default:
+		return nil, invalidConfig("goddp: goddp_follow: action %q; want \"install\", \"keep\" or \"later\"", w.Action)
+	}
+	for _, l := range []struct {
+		field string
+		in    *wireLayout
+		out   **planner.Layout
+	}{{"decided", w.Decided, &req.Decided}, {"mine", w.Mine, &req.Mine}, {"part", w.Part, &req.Part}} {
+		if l.in == nil {
+			continue
+		}
+		layout, ok := layoutFromWire(l.in)
+		if !ok {
+			return nil, invalidConfig("goddp: goddp_follow: %s: layout order %q; want \"ready\" or \"declaration\"", l.field, l.in.Order)
+		}
+		*l.out = layout
+	}
+	return req, nil
+}

@@ -58,3 +58,28 @@ func TestAgreeLogThroughC(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(got.text), &plain))
 	assert.NotContains(t, plain, "log")
 }
+
+func TestFollowThroughC(t *testing.T) {
+	layout := `{"buckets": [[0]], "caps": [4], "order": "ready", "build": "b"}`
+	got := callFollow(`{"action": "install", "reason": null, "decided": ` + layout + `, "mine": ` + layout + `, "part": null}`)
+	require.Equal(t, statusOK, got.status, got.msg)
+	assert.JSONEq(t, `{"plan_check": {"aligned": true, "followed": "the decision of the module's first training call"},
+		"ddp_buckets": {"aligned": true, "reason": null}, "log": null}`, got.text)
+	got = callFollow(`{"action": "install", "decided": ` + layout + `, "mine": null, "part": ` + layout + `}`)
+	require.Equal(t, statusOK, got.status, got.msg)
+	var f map[string]any
+	require.NoError(t, json.Unmarshal([]byte(got.text), &f))
+	assert.Equal(t, false, f["ddp_buckets"].(map[string]any)["aligned"])
+	assert.Equal(t, "info", f["log"].(map[string]any)["level"])
+	for _, tc := range []struct{ request, want string }{
+		{`{"action": "maybe"}`, `action "maybe"`},
+		{`{"action": "install"}`, "needs its layout"},
+		{`{"action": "keep", "mine": {"buckets": [[0]], "caps": [1], "order": "x", "build": ""}}`, `mine: layout order "x"`},
+		{`nope`, "not valid JSON"},
+	} {
+		got := callFollow(tc.request)
+		assert.Equal(t, statusInvalidConfig, got.status, tc.request)
+		assert.Contains(t, got.msg, tc.want, tc.request)
+		assert.False(t, got.textSet, tc.request)
+	}
+}

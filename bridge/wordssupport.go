@@ -22,3 +22,11 @@ func callForwardLayout(request string) reportCall {
 	var out, msg *C.char
 	return collectReport(goddp_forward_layout((*C.goddp_text_in)(in), &out, &msg), out, msg)
 }
+
+// callFollow calls goddp_follow with request.
+func callFollow(request string) reportCall {
+	in := C.CString(request)
+	defer C.free(unsafe.Pointer(in))
+	var out, msg *C.char
+	return collectReport(goddp_follow((*C.goddp_text_in)(in), &out, &msg), out, msg)
+}

@@ -80,7 +80,8 @@ extern "C" {
  * 10: the planner words the agreement's lines (Note [Words from the
  *    planner] in planner/words.go): goddp_agree's request takes "group" and
  *    its verdict gives "log"; goddp_forward_layout (a forward's members in,
- *    its one layout or refusal and its line out, JSON). */
+ *    its one layout or refusal and its line out, JSON); goddp_follow (a
+ *    later graph of a decided DDP module, JSON). */
 #define GODDP_ABI_VERSION 10
 
 /* FX node kinds, as in torch.fx.Node.op. */
@@ -480,6 +481,24 @@ goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
  * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
  * for a request that is not of that shape or names an unknown order. */
 goddp_status goddp_forward_layout(const char *request, char **reply, char **err_msg);
+
+/* A graph that first runs after its DDP module decided: it follows the
+ * decision and never re-buckets training (planner.Follow, planner/words.go;
+ * ABI 10). JSON text, as goddp_agree:
+ *   request: {"action": "install"|"keep"|"later", "reason": str|null,
+ *             "decided": layout|null,   (the installed layout; install only)
+ *             "mine": layout|null,      (the layout this graph proposes)
+ *             "part": layout|null}      (its layout for its part of DDP's
+ *                                        parameters, where mine is null)
+ *   reply: {"plan_check": {"aligned": bool, "followed": str},
+ *           "ddp_buckets": {"aligned": bool, "reason": str|null},
+ *           "log": {"level": "info", "text": str}|null}
+ *     the graph's plan record entries, and the line it logs when DDP's
+ *     installed buckets are not its own.
+ * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
+ * for a request of another shape, an unknown action or order, or "install"
+ * without "decided". */
+goddp_status goddp_follow(const char *request, char **reply, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);

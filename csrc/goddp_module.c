@@ -1156,7 +1156,8 @@ done:
     return result;
 }
 
-/* A report (goddp.h, "Reports"), goddp_agree or goddp_forward_layout: one JSON document in, one
+/* A report (goddp.h, "Reports"), goddp_agree, goddp_forward_layout or goddp_follow: one JSON
+ * document in, one
  * string out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
@@ -1226,6 +1227,16 @@ static PyObject *py_forward_layout(PyObject *self, PyObject *args) {
     return call_report(args, "s:forward_layout", goddp_forward_layout);
 }
 
+PyDoc_STRVAR(follow_doc,
+             "follow(request) -> str\n\n"
+             "How a later graph of a decided DDP module follows the decision (goddp_follow\n"
+             "in goddp.h): JSON text in and out.");
+
+static PyObject *py_follow(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:follow", goddp_follow);
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -1260,6 +1271,7 @@ static PyMethodDef goddp_methods[] = {
 
     {"agree", py_agree, METH_VARARGS, agree_doc},
     {"forward_layout", py_forward_layout, METH_VARARGS, forward_layout_doc},
+    {"follow", py_follow, METH_VARARGS, follow_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -166,4 +167,86 @@ func firstLine(text, empty string) string {
 		return empty
 	}
 	return text
+}
+
+// FollowRequest is a graph that first runs after its DDP module decided
+// (python/goddp/ranks/agreement.py, Note [Where the ranks meet]): it never
+// re-buckets training, it follows the module's decision.
+type FollowRequest struct {
+	// Action and Reason are the module's verdict; Decided is the layout
+	// every rank installed (Install only).
+	Action  Action
+	Reason  *string
+	Decided *Layout
+	// Mine is the layout this graph proposes (nil: none); Part, when Mine
+	// is nil, the graph's layout for its part of DDP's parameters (a graph
+	// of a forward planned across graphs).
+	Mine, Part *Layout
+}
+
+// Following is what a later graph's plan record says, and the line it
+// logs.
+type Following struct {
+	// Installed: the module's buckets are goddp's (the plan record's
+	// "plan_check" aligned).
+	Installed bool
+	// Aligned: DDP's buckets are this graph's own layout (the record's
+	// "ddp_buckets" aligned).
+	Aligned bool
+	// Reason says why DDP's buckets are not this graph's own; nil when they
+	// are (the record's "ddp_buckets").
+	Reason *string
+	// Log is the INFO line for a graph whose buckets differ from DDP's
+	// installed ones (nil otherwise).
+	Log *LogLine
+}
+
+// Followed is the plan record's "followed" entry of a later graph.
+const Followed = "the decision of the module's first training call"
+
+// Follow says how a later graph stands with its module's decision.
+func Follow(req *FollowRequest) (*Following, error) {
+	f := &Following{Installed: req.Action == ActionInstall}
+	switch req.Action {
+	case ActionLater:
+		f.Reason = ptr("the ranks decide at this DDP module's next training call")
+		return f, nil
+	case ActionKeep:
+		f.Reason = ptr("decided at this DDP module's first training call: " + orNone(req.Reason))
+		return f, nil
+	case ActionInstall:
+	default:
+		return nil, errorf(ErrInvalidConfig, "planner: Follow: action %d is not a verdict", int32(req.Action))
+	}
+	if req.Decided == nil {
+		return nil, errorf(ErrInvalidConfig, "planner: Follow: an install verdict needs its layout")
+	}
+	if req.Mine != nil && sameLayout(req.Mine, req.Decided) {
+		f.Aligned = true
+		return f, nil
+	}
+	proposed := "none"
+	switch {
+	case req.Mine != nil:
+		proposed = intList(req.Mine.Caps)
+	case req.Part != nil:
+		proposed = intList(req.Part.Caps) + " for its part of DDP's parameters"
+	}
+	f.Reason = ptr(fmt.Sprintf("DDP's buckets were set at this DDP module's first training call (%s bytes) and never "+
+		"change mid-training; this graph proposed %s", intList(req.Decided.Caps), proposed))
+	f.Log = &LogLine{Text: "goddp: a later graph of a DDP module keeps its buckets: " + *f.Reason}
+	return f, nil
+}
+
+// sameLayout: the same buckets (positions in order), caps, order and build.
+func sameLayout(a, b *Layout) bool {
+	if a.Order != b.Order || a.Build != b.Build || !slices.Equal(a.Caps, b.Caps) || len(a.Buckets) != len(b.Buckets) {
+		return false
+	}
+	for k := range a.Buckets {
+		if !slices.Equal(a.Buckets[k].Positions, b.Buckets[k].Positions) {
+			return false
+		}
+	}
+	return true
 }

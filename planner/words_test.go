@@ -182,6 +182,11 @@ func renderWords(t testing.TB) string {
 		out := planForward(t, f.bytes, f.members...)
 		fmt.Fprintf(&b, "== forward %s\n%s\n", f.name, logText(&out.Note))
 	}
+	for _, f := range followCases() {
+		got, err := Follow(&f.req)
+		require.NoError(t, err)
+		fmt.Fprintf(&b, "== follow %s\ninstalled=%v aligned=%v reason: %s\n%s\n", f.name, got.Installed, got.Aligned, orNone(got.Reason), logText(got.Log))
+	}
 	return b.String()
 }
 
@@ -280,4 +285,51 @@ func FuzzPlanForward(f *testing.F) {
 			require.True(t, strings.HasSuffix(out.Note.Text, "; no layout: "+*out.Refusal), out.Note.Text)
 		}
 	})
+}
+
+func followCases() []struct {
+	name string
+	req  FollowRequest
+} {
+	same := agreeLayout(agreeA.Caps, []int32{5, 4}, []int32{3, 2}, []int32{1, 0})
+	return []struct {
+		name string
+		req  FollowRequest
+	}{
+		{"later", FollowRequest{Action: ActionLater, Mine: agreeA}},
+		{"keep", FollowRequest{Action: ActionKeep, Reason: ptr("align_buckets=False"), Mine: agreeA}},
+		{"keep, no reason", FollowRequest{Action: ActionKeep}},
+		{"install, the same layout", FollowRequest{Action: ActionInstall, Decided: agreeA, Mine: same}},
+		{"install, another layout", FollowRequest{Action: ActionInstall, Decided: agreeA, Mine: agreeB}},
+		{"install, none", FollowRequest{Action: ActionInstall, Decided: agreeA}},
+		{"install, a part", FollowRequest{Action: ActionInstall, Decided: agreeA, Part: agreeB}},
+		{"install, mine before the part", FollowRequest{Action: ActionInstall, Decided: agreeA, Mine: agreeB, Part: agreeA}},
+	}
+}
+
+// TestFollowMatchesTheNaiveReference: over random requests, a later graph
+// is aligned exactly when the module installed a layout whose digest is
+// its own, and logs exactly when installed but not aligned.
+func TestFollowMatchesTheNaiveReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 10))
+	layouts := []*Layout{nil, agreeA, agreeB, agreeLayout(agreeA.Caps, []int32{5, 4}, []int32{3, 2}, []int32{1, 0})}
+	for range 2000 {
+		req := FollowRequest{Action: Action(rng.IntN(3)), Mine: layouts[rng.IntN(4)], Part: layouts[rng.IntN(4)], Decided: layouts[1+rng.IntN(3)]}
+		got, err := Follow(&req)
+		require.NoError(t, err)
+		aligned := false
+		if req.Action == ActionInstall && req.Mine != nil {
+			mine, _ := LayoutDigest(req.Mine)
+			decided, _ := LayoutDigest(req.Decided)
+			aligned = mine == decided
+		}
+		require.Equal(t, req.Action == ActionInstall, got.Installed)
+		require.Equal(t, aligned, got.Aligned)
+		require.Equal(t, aligned, got.Reason == nil)
+		require.Equal(t, req.Action == ActionInstall && !aligned, got.Log != nil)
+	}
+	_, err := Follow(&FollowRequest{Action: ActionInstall})
+	require.ErrorContains(t, err, "needs its layout")
+	_, err = Follow(&FollowRequest{Action: Action(9)})
+	require.ErrorContains(t, err, "not a verdict")
 }

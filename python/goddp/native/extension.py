@@ -178,6 +178,12 @@ def forward_layout(request: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(load().forward_layout(json.dumps(request, sort_keys=True)))
 
 
+def follow(request: Mapping[str, Any]) -> dict[str, Any]:
+    """How a later graph of a decided DDP module follows the decision
+    (goddp_follow in csrc/goddp.h, which gives both JSON shapes)."""
+    return json.loads(load().follow(json.dumps(request, sort_keys=True)))
+
+
 def plan_table(view: Mapping[str, Any]) -> str:
     """The plan table of a plan view (goddp_plan_table in csrc/goddp.h)."""
     return load().plan_table(json.dumps(view, allow_nan=False))

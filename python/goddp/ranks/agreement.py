@@ -100,6 +100,7 @@ from typing import Any, Callable
 
 import torch
 
+from goddp.native import extension as _native
 from goddp.ranks import forward as _forward
 from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_or_reset, remove_bucket_caps
 from goddp.ddp.declaration import ddp_parameter_names
@@ -233,27 +234,19 @@ class TrainingGate:
             self._follow(decision)
 
     def _follow(self, decision: Decision) -> None:
-        mine = self.statement.layout
-        if decision.action == LATER:
-            reason = "the ranks decide at this DDP module's next training call"
-        elif decision.action != INSTALL:
-            reason = f"decided at this DDP module's first training call: {decision.reason}"
-        elif mine == decision.layout:
-            reason = None
-        else:
-            proposed = "none" if mine is None else list(mine.caps)
-            if mine is None and self.member is not None and self.member.layout is not None:
-                proposed = f"{list(self.member.layout.caps)} for its part of DDP's parameters"
-            reason = (
-                "DDP's buckets were set at this DDP module's first training call "
-                f"({list(decision.caps)} bytes) and never change mid-training; this graph "
-                f"proposed {proposed}"
-            )
-            logger.info("goddp: a later graph of a DDP module keeps its buckets: %s", reason)
-        self._report(
-            {"aligned": decision.action == INSTALL, "followed": "the decision of the module's first training call"},
-            {"aligned": decision.action == INSTALL and reason is None, "reason": reason},
-        )
+        """A graph that first runs after the module decided follows the
+        decision (the Go planner's words, goddp_follow)."""
+        part = None if self.member is None or self.member.layout is None else self.member.layout.to_dict()
+        following = _native.follow({
+            "action": decision.action,
+            "reason": decision.reason,
+            "decided": None if decision.layout is None else decision.layout.to_dict(),
+            "mine": None if self.statement.layout is None else self.statement.layout.to_dict(),
+            "part": part,
+        })
+        if following["log"] is not None:
+            logger.info("%s", following["log"]["text"])
+        self._report(following["plan_check"], following["ddp_buckets"])
 
 
 def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True) -> Decision:
