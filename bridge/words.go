@@ -249,3 +249,96 @@ func followRequestFromJSON(text string) (*planner.FollowRequest, error) {
 	}
 	return req, nil
 }
+
+// goddp_plan_notes, JSON as goddp_agree: the INFO lines a plan deserves.
+
+type wirePlanNotesRequest struct {
+	Mode           string  `json:"mode"`
+	AlignRequested bool    `json:"align_requested"`
+	DDPBucketOrder string  `json:"ddp_bucket_order"`
+	Aligned        bool    `json:"aligned"`
+	CapsOrder      string  `json:"caps_order"`
+	Alignment      string  `json:"alignment"`
+	MergedCuts     int     `json:"merged_cuts"`
+	NumPieces      int     `json:"num_pieces"`
+	NotAligned     *string `json:"not_aligned"`
+	StandIn        bool    `json:"stand_in"`
+	PartOfForward  bool    `json:"part_of_forward"`
+	Frame          string  `json:"frame"`
+}
+
+type wirePlanNote struct {
+	Text string `json:"text"`
+	Once bool   `json:"once"`
+}
+
+type wirePlanNotes struct {
+	Settings *string        `json:"settings"`
+	Notes    []wirePlanNote `json:"notes"`
+}
+
+//export goddp_plan_notes
+func goddp_plan_notes(request *C.goddp_text_in, reply **C.char, errMsg **C.char) (status C.goddp_status) {
+	defer recoverAsStatus(&status, errMsg)
+	if errMsg != nil {
+		*errMsg = nil
+	}
+	if request == nil || reply == nil {
+		setErrMsg(errMsg, "goddp: goddp_plan_notes: request or reply is NULL")
+		return C.GODDP_ERR_INVALID_CONFIG
+	}
+	*reply = nil
+	req, err := planNotesRequestFromJSON(C.GoString((*C.char)(request)))
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return statusOf(err)
+	}
+	notes := planner.NotesFor(req)
+	w := wirePlanNotes{Notes: make([]wirePlanNote, len(notes.Notes))}
+	if notes.Settings != "" {
+		w.Settings = &notes.Settings
+	}
+	for i, n := range notes.Notes {
+		w.Notes[i] = wirePlanNote{Text: n.Text, Once: n.Once}
+	}
+	text, err := json.Marshal(&w)
+	if err != nil {
+		setErrMsg(errMsg, err.Error())
+		return C.GODDP_ERR_INTERNAL
+	}
+	*reply = C.CString(string(text))
+	return C.GODDP_OK
+}
+
+func planNotesRequestFromJSON(text string) (*planner.PlanNotesRequest, error) {
+	var w wirePlanNotesRequest
+	if err := json.Unmarshal([]byte(text), &w); err != nil {
+		return nil, invalidConfig("goddp: goddp_plan_notes: the request is not valid JSON: %v", err)
+	}
+	req := &planner.PlanNotesRequest{
+		AlignRequested: w.AlignRequested, Aligned: w.Aligned, Alignment: w.Alignment, MergedCuts: w.MergedCuts,
+		NumPieces: w.NumPieces, NotAligned: w.NotAligned, StandIn: w.StandIn, PartOfForward: w.PartOfForward, Frame: w.Frame,
+	}
+	switch w.Mode {
+	case planner.ModeDDP.String():
+		req.Mode = planner.ModeDDP
+	case planner.ModeTorch.String():
+		req.Mode = planner.ModeTorch
+	default:
+		return nil, invalidConfig("goddp: goddp_plan_notes: mode %q; want \"ddp\" or \"torch\"", w.Mode)
+	}
+	for _, o := range []struct {
+		field, name string
+		out         *planner.BucketOrder
+	}{{"ddp_bucket_order", w.DDPBucketOrder, &req.DDPBucketOrder}, {"caps_order", w.CapsOrder, &req.CapsOrder}} {
+		switch o.name {
+		case planner.OrderReady.Name():
+			*o.out = planner.OrderReady
+		case planner.OrderDeclaration.Name():
+			*o.out = planner.OrderDeclaration
+		default:
+			return nil, invalidConfig("goddp: goddp_plan_notes: %s %q; want \"ready\" or \"declaration\"", o.field, o.name)
+		}
+	}
+	return req, nil
+}

@@ -83,3 +83,24 @@ func TestFollowThroughC(t *testing.T) {
 		assert.False(t, got.textSet, tc.request)
 	}
 }
+
+func TestPlanNotesThroughC(t *testing.T) {
+	got := callPlanNotes(`{"mode": "ddp", "align_requested": true, "ddp_bucket_order": "declaration", "aligned": true,
+		"caps_order": "declaration", "alignment": "declaration-order caps", "merged_cuts": 0, "num_pieces": 3,
+		"not_aligned": null, "stand_in": false, "part_of_forward": false, "frame": "f"}`)
+	require.Equal(t, statusOK, got.status, got.msg)
+	assert.JSONEq(t, `{"settings": null, "notes": [{"text": "goddp: find_unused_parameters=True: DDP never rebuilds its buckets and keeps the ones it fills in declaration order, so goddp gives it caps for that order (declaration-order caps)", "once": true}]}`, got.text)
+	got = callPlanNotes(`{"mode": "ddp", "ddp_bucket_order": "ready", "caps_order": "ready"}`)
+	require.Equal(t, statusOK, got.status, got.msg)
+	assert.JSONEq(t, `{"settings": null, "notes": []}`, got.text)
+	for _, tc := range []struct{ request, want string }{
+		{`{"mode": "fast", "ddp_bucket_order": "ready", "caps_order": "ready"}`, `mode "fast"`},
+		{`{"mode": "ddp", "ddp_bucket_order": "ready", "caps_order": "x"}`, `caps_order "x"`},
+		{`[]`, "not valid JSON"},
+	} {
+		got := callPlanNotes(tc.request)
+		assert.Equal(t, statusInvalidConfig, got.status, tc.request)
+		assert.Contains(t, got.msg, tc.want, tc.request)
+		assert.False(t, got.textSet, tc.request)
+	}
+}

@@ -30,3 +30,11 @@ func callFollow(request string) reportCall {
 	var out, msg *C.char
 	return collectReport(goddp_follow((*C.goddp_text_in)(in), &out, &msg), out, msg)
 }
+
+// callPlanNotes calls goddp_plan_notes with request.
+func callPlanNotes(request string) reportCall {
+	in := C.CString(request)
+	defer C.free(unsafe.Pointer(in))
+	var out, msg *C.char
+	return collectReport(goddp_plan_notes((*C.goddp_text_in)(in), &out, &msg), out, msg)
+}

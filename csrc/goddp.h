@@ -81,7 +81,8 @@ extern "C" {
  *    planner] in planner/words.go): goddp_agree's request takes "group" and
  *    its verdict gives "log"; goddp_forward_layout (a forward's members in,
  *    its one layout or refusal and its line out, JSON); goddp_follow (a
- *    later graph of a decided DDP module, JSON). */
+ *    later graph of a decided DDP module, JSON); goddp_plan_notes (the INFO
+ *    lines a plan deserves, JSON). */
 #define GODDP_ABI_VERSION 10
 
 /* FX node kinds, as in torch.fx.Node.op. */
@@ -499,6 +500,21 @@ goddp_status goddp_forward_layout(const char *request, char **reply, char **err_
  * for a request of another shape, an unknown action or order, or "install"
  * without "decided". */
 goddp_status goddp_follow(const char *request, char **reply, char **err_msg);
+
+/* The INFO lines a graph's plan deserves (planner.NotesFor, planner/notes.go,
+ * Note [A plan's notes]; ABI 10). JSON text, as goddp_agree:
+ *   request: {"mode": "ddp"|"torch", "align_requested": bool,
+ *             "ddp_bucket_order": "ready"|"declaration",   (goddp_plan's)
+ *             "aligned": bool, "caps_order": "ready"|"declaration",
+ *                 (the plan's settings: align_buckets, bucket_order)
+ *             "alignment": str, "merged_cuts": int, "num_pieces": int,
+ *             "not_aligned": str|null,   (why DDP's buckets are not the pieces)
+ *             "stand_in": bool, "part_of_forward": bool, "frame": str}
+ *   reply: {"settings": str|null,   (logged at a DDP module's first plan only)
+ *           "notes": [{"text": str, "once": bool}]}   (once: per DDP module)
+ * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
+ * for a request of another shape, an unknown mode or order. */
+goddp_status goddp_plan_notes(const char *request, char **reply, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);

@@ -1156,9 +1156,9 @@ done:
     return result;
 }
 
-/* A report (goddp.h, "Reports"), goddp_agree, goddp_forward_layout or goddp_follow: one JSON
- * document in, one
- * string out. */
+/* A report (goddp.h, "Reports"), goddp_agree or another JSON operation
+ * (goddp_forward_layout, goddp_follow, goddp_plan_notes): one JSON document
+ * in, one string out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
 static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
@@ -1237,6 +1237,16 @@ static PyObject *py_follow(PyObject *self, PyObject *args) {
     return call_report(args, "s:follow", goddp_follow);
 }
 
+PyDoc_STRVAR(plan_notes_doc,
+             "plan_notes(request) -> str\n\n"
+             "The INFO lines a plan deserves (goddp_plan_notes in goddp.h): JSON text in\n"
+             "and out.");
+
+static PyObject *py_plan_notes(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:plan_notes", goddp_plan_notes);
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -1272,6 +1282,7 @@ static PyMethodDef goddp_methods[] = {
     {"agree", py_agree, METH_VARARGS, agree_doc},
     {"forward_layout", py_forward_layout, METH_VARARGS, forward_layout_doc},
     {"follow", py_follow, METH_VARARGS, follow_doc},
+    {"plan_notes", py_plan_notes, METH_VARARGS, plan_notes_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif

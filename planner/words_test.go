@@ -182,6 +182,29 @@ func renderWords(t testing.TB) string {
 		out := planForward(t, f.bytes, f.members...)
 		fmt.Fprintf(&b, "== forward %s\n%s\n", f.name, logText(&out.Note))
 	}
+	why := ptr("static_graph=True: DDP's buckets are fixed")
+	for _, n := range []struct {
+		name string
+		req  PlanNotesRequest
+	}{
+		{"aligned, ready", PlanNotesRequest{Mode: ModeDDP, AlignRequested: true, Aligned: true}},
+		{"find_unused, align off", PlanNotesRequest{Mode: ModeDDP, DDPBucketOrder: OrderDeclaration, CapsOrder: OrderDeclaration}},
+		{"find_unused, torch mode", PlanNotesRequest{Mode: ModeTorch, DDPBucketOrder: OrderDeclaration}},
+		{"refused", PlanNotesRequest{Mode: ModeDDP, AlignRequested: true, NotAligned: why}},
+		{"not asked", PlanNotesRequest{Mode: ModeDDP, NotAligned: ptr("align_buckets=False")}},
+		{"stand-in", PlanNotesRequest{Mode: ModeDDP, AlignRequested: true, StandIn: true, NotAligned: ptr("not a DDP module")}},
+		{"part of a forward", PlanNotesRequest{Mode: ModeDDP, AlignRequested: true, PartOfForward: true, Frame: "frame f (a.py:3)", NotAligned: ptr("part")}},
+		{"declaration caps", PlanNotesRequest{Mode: ModeDDP, AlignRequested: true, DDPBucketOrder: OrderDeclaration, Aligned: true,
+			CapsOrder: OrderDeclaration, Alignment: "declaration-order caps", NumPieces: 4}},
+		{"declaration caps, merged", PlanNotesRequest{Mode: ModeDDP, AlignRequested: true, DDPBucketOrder: OrderDeclaration, Aligned: true,
+			CapsOrder: OrderDeclaration, Alignment: "declaration-order caps, pieces merged", MergedCuts: 2, NumPieces: 3}},
+	} {
+		got := NotesFor(&n.req)
+		fmt.Fprintf(&b, "== notes %s\nsettings: %s\n", n.name, got.Settings)
+		for _, note := range got.Notes {
+			fmt.Fprintf(&b, "once=%v %s\n", note.Once, note.Text)
+		}
+	}
 	for _, f := range followCases() {
 		got, err := Follow(&f.req)
 		require.NoError(t, err)
@@ -332,4 +355,44 @@ func TestFollowMatchesTheNaiveReference(t *testing.T) {
 	require.ErrorContains(t, err, "needs its layout")
 	_, err = Follow(&FollowRequest{Action: Action(9)})
 	require.ErrorContains(t, err, "not a verdict")
+}
+
+// TestNotesMatchTheNaiveReference: over random requests, which notes a
+// plan gets, as Note [A plan's notes] lists them.
+func TestNotesMatchTheNaiveReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 3))
+	flip := func() bool { return rng.IntN(2) == 0 }
+	orders := []BucketOrder{OrderReady, OrderDeclaration}
+	for range 2000 {
+		req := PlanNotesRequest{Mode: Mode(rng.IntN(2)), AlignRequested: flip(), DDPBucketOrder: orders[rng.IntN(2)], Aligned: flip(),
+			CapsOrder: orders[rng.IntN(2)], MergedCuts: rng.IntN(2), NumPieces: 1 + rng.IntN(4), StandIn: rng.IntN(4) == 0,
+			PartOfForward: rng.IntN(4) == 0, Frame: "f"}
+		if flip() {
+			req.NotAligned = ptr("why")
+		}
+		got := NotesFor(&req)
+		var want []string
+		if req.StandIn {
+			want = append(want, "stand-in")
+		} else if req.PartOfForward {
+			want = append(want, "part")
+		} else if req.AlignRequested && req.NotAligned != nil {
+			want = append(want, "straddle")
+		}
+		if req.Aligned && req.CapsOrder == OrderDeclaration {
+			want = append(want, "declaration")
+		}
+		require.Len(t, got.Notes, len(want), "%+v", req)
+		for i, w := range want {
+			n := got.Notes[i]
+			require.Equal(t, w != "part", n.Once)
+			switch w {
+			case "straddle":
+				require.Contains(t, n.Text, "may straddle the cuts: why")
+			case "declaration":
+				require.Equal(t, req.MergedCuts > 0, strings.Contains(n.Text, "pieces were merged"))
+			}
+		}
+		require.Equal(t, req.Mode == ModeDDP && !req.AlignRequested && req.DDPBucketOrder == OrderDeclaration, got.Settings != "")
+	}
 }

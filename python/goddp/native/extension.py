@@ -184,6 +184,12 @@ def follow(request: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(load().follow(json.dumps(request, sort_keys=True)))
 
 
+def plan_notes(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The INFO lines a plan deserves (goddp_plan_notes in csrc/goddp.h,
+    which gives both JSON shapes)."""
+    return json.loads(load().plan_notes(json.dumps(request, sort_keys=True)))
+
+
 def plan_table(view: Mapping[str, Any]) -> str:
     """The plan table of a plan view (goddp_plan_table in csrc/goddp.h)."""
     return load().plan_table(json.dumps(view, allow_nan=False))
