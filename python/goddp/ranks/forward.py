@@ -17,9 +17,11 @@ forward together:
    that same forward, with its aligned buckets (by DDP position).
 2. At the module's next training forward, the first call of any of its
    graphs holds the second agreement: each rank combines its recorded
-   graphs into one layout in the Go planner (``combine_forward``,
-   planner/forward.go: the later graph's buckets first, since DDP's backward
-   runs it first; a parameter of several graphs counted in the earliest),
+   graphs into one layout in the Go planner (``goddp_forward_layout``,
+   planner/words.go and planner/forward.go: the later graph's buckets first,
+   since DDP's backward runs it first; a parameter of several graphs counted
+   in the earliest; a graph without a layout, or in declaration order,
+   refuses the whole forward),
    and the ranks install it on all of them or on none, before any of that
    step's allreduces. DDP rebuilds its buckets after that step's backward,
    so they close at the cuts of every graph from the step after.
