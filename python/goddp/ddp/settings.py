@@ -85,10 +85,10 @@ def module_key(ddp: Any, create: bool = True) -> str | None:
         try:
             key = _module_keys.get(ddp)
             if key is None and create:
-                key = _module_keys[ddp] = f"{_type_name(ddp)}#{next(_module_count)}"
+                key = _module_keys[ddp] = f"{module_type_name(ddp)}#{next(_module_count)}"
             return key
         except TypeError:  # a module that cannot be weakly referenced
-            return f"{_type_name(ddp)}@{id(ddp):x}"
+            return f"{module_type_name(ddp)}@{id(ddp):x}"
 
 
 def module_of(ddp: Any) -> dict[str, Any]:
@@ -96,12 +96,13 @@ def module_of(ddp: Any) -> dict[str, Any]:
     process_group = getattr(ddp, "process_group", None)
     return {
         "key": module_key(ddp),
-        "type": _type_name(ddp),
+        "type": module_type_name(ddp),
         "process_group": None if process_group is None else str(getattr(process_group, "group_name", "") or ""),
     }
 
 
-def _type_name(ddp: Any) -> str:
+def module_type_name(ddp: Any) -> str:
+    """The wrapped module's qualified class name."""
     kind = type(getattr(ddp, "module", ddp))
     return f"{kind.__module__}.{kind.__qualname__}"
 
