@@ -304,7 +304,8 @@ def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, G
     if decision.action == INSTALL:
         decision = _install(ddp, decision, group, key)
     if decision.log is not None:
-        logger.log(*decision.log)
+        level, text = decision.log
+        logger.log(level, "%s", text)
     return decision, group
 
 
