@@ -72,7 +72,7 @@ ctest: $(BUILD)/plan_toy $(HOOKDIR)/plan_toy ## Plan a toy graph from C through 
 	$(BUILD)/plan_toy
 	$(HOOKDIR)/plan_toy
 
-gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, the trace figures, Decide, the body stacks, Agree)
+gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, the trace figures, Decide, the body stacks, Agree, PlanForward)
 	$(GO) vet ./...
 	$(GO) vet -tags goddp_testhooks ./...
 	$(GO) test -race -count=1 -tags goddp_testhooks ./...
@@ -82,6 +82,7 @@ gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, th
 	$(GO) test -run '^$$' -fuzz '^FuzzDecide$$' -fuzztime 5s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzBodies$$' -fuzztime 3s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzAgree$$' -fuzztime 3s ./planner
+	$(GO) test -run '^$$' -fuzz '^FuzzPlanForward$$' -fuzztime 3s ./planner
 
 pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo group)
 	$(PYTEST_ENV) $(PY) -m pytest -q tests/python

@@ -55,6 +55,12 @@ type wireRequest struct {
 	MayDefer   bool                     `json:"may_defer"`
 	Installed  map[string]wireInstalled `json:"installed"`
 	Unsettled  *wireUnsettled           `json:"unsettled"`
+	Group      *wireGroup               `json:"group"`
+}
+
+type wireGroup struct {
+	Name string `json:"name"`
+	Size int    `json:"size"`
 }
 
 type wireUnsettled struct {
@@ -89,6 +95,7 @@ type wireVerdict struct {
 	Reason     *string     `json:"reason"`
 	Disagreed  bool        `json:"disagreed"`
 	Record     *wireRecord `json:"record"`
+	Log        *wireLog    `json:"log,omitempty"`
 }
 
 // hex64 is a 64-bit digest or fingerprint as 16 hex digits.
@@ -166,6 +173,9 @@ func agreeRequestFromJSON(text string) (*planner.AgreeRequest, error) {
 		}
 		req.Statements = append(req.Statements, s)
 	}
+	if w.Group != nil {
+		req.Group = &planner.AgreeGroup{Name: w.Group.Name, Size: w.Group.Size}
+	}
 	if w.Unsettled != nil {
 		req.Unsettled = &planner.Unsettled{StoppedBy: w.Unsettled.StoppedBy, Missing: w.Unsettled.Missing}
 	}
@@ -202,17 +212,9 @@ func statementFromWire(rank int, w *wireStatement) (planner.Statement, error) {
 		s.Pieces = *w.Pieces
 	}
 	if w.Layout != nil {
-		l := &planner.Layout{Caps: w.Layout.Caps, Build: w.Layout.Build}
-		switch w.Layout.Order {
-		case planner.OrderReady.Name():
-			l.Order = planner.OrderReady
-		case planner.OrderDeclaration.Name():
-			l.Order = planner.OrderDeclaration
-		default:
+		l, ok := layoutFromWire(w.Layout)
+		if !ok {
 			return s, invalidConfig("goddp: goddp_agree: rank %d: layout order %q; want \"ready\" or \"declaration\"", rank, w.Layout.Order)
-		}
-		for _, b := range w.Layout.Buckets {
-			l.Buckets = append(l.Buckets, planner.LayoutBucket{Positions: b})
 		}
 		s.Layout = l
 	}
@@ -229,6 +231,7 @@ func verdictToWire(v *planner.Verdict) *wireVerdict {
 	if v.LayoutRank >= 0 {
 		w.LayoutRank = &v.LayoutRank
 	}
+	w.Log = logToWire(v.Log)
 	r := &v.Record
 	w.Record = &wireRecord{
 		Aligned: r.Aligned, Action: r.Action.String(), Caps: r.Caps, LayoutDigest: (*hex64)(r.LayoutDigest),

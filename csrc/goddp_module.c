@@ -1209,8 +1209,9 @@ done:
     return result;
 }
 
-/* A report (goddp.h, "Reports") or goddp_agree: one JSON document in, one
- * string out. */
+/* A report (goddp.h, "Reports"), goddp_agree or another JSON operation
+ * (goddp_checkpoint_split, goddp_forward_layout, goddp_follow,
+ * goddp_plan_notes): one JSON document in, one string out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
 static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
@@ -1269,6 +1270,47 @@ static PyObject *py_agree(PyObject *self, PyObject *args) {
     return call_report(args, "s:agree", goddp_agree);
 }
 
+PyDoc_STRVAR(checkpoint_split_doc,
+             "checkpoint_split(request) -> str\n\n"
+             "How to split a graph's activation checkpoints into regions\n"
+             "(goddp_checkpoint_split in goddp.h): request and the result are JSON text of\n"
+             "the shapes goddp.h gives.");
+
+static PyObject *py_checkpoint_split(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:checkpoint_split", goddp_checkpoint_split);
+}
+
+PyDoc_STRVAR(forward_layout_doc,
+             "forward_layout(request) -> str\n\n"
+             "One DDP bucket layout for the graphs of a forward, or why none, and its\n"
+             "line (goddp_forward_layout in goddp.h): JSON text in and out.");
+
+static PyObject *py_forward_layout(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:forward_layout", goddp_forward_layout);
+}
+
+PyDoc_STRVAR(follow_doc,
+             "follow(request) -> str\n\n"
+             "How a later graph of a decided DDP module follows the decision (goddp_follow\n"
+             "in goddp.h): JSON text in and out.");
+
+static PyObject *py_follow(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:follow", goddp_follow);
+}
+
+PyDoc_STRVAR(plan_notes_doc,
+             "plan_notes(request) -> str\n\n"
+             "The INFO lines a plan deserves (goddp_plan_notes in goddp.h): JSON text in\n"
+             "and out.");
+
+static PyObject *py_plan_notes(PyObject *self, PyObject *args) {
+    (void)self;
+    return call_report(args, "s:plan_notes", goddp_plan_notes);
+}
+
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -1302,6 +1344,10 @@ static PyMethodDef goddp_methods[] = {
     {"trace_report", py_trace_report, METH_VARARGS, trace_report_doc},
 
     {"agree", py_agree, METH_VARARGS, agree_doc},
+    {"checkpoint_split", py_checkpoint_split, METH_VARARGS, checkpoint_split_doc},
+    {"forward_layout", py_forward_layout, METH_VARARGS, forward_layout_doc},
+    {"follow", py_follow, METH_VARARGS, follow_doc},
+    {"plan_notes", py_plan_notes, METH_VARARGS, plan_notes_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif

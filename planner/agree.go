@@ -130,6 +130,9 @@ type AgreeRequest struct {
 	// Unsettled, when not nil, says the round was given up (Note [A round
 	// given up]): Statements are then only those this rank saw.
 	Unsettled *Unsettled
+	// Group, when not nil, names the round's process group: the verdict
+	// then carries its outcome line (Note [Words from the planner]).
+	Group *AgreeGroup
 }
 
 // Unsettled is how a given-up round ended, as one rank saw it.
@@ -173,6 +176,9 @@ type Verdict struct {
 	Disagreed bool
 	// Record is the plan record's view of the verdict.
 	Record AgreementRecord
+	// Log is the line every rank logs for the verdict (nil without the
+	// request's Group, and for an error).
+	Log *LogLine
 }
 
 // AgreementRecord is the "plan_check" entry of goddp's plan records
@@ -202,6 +208,17 @@ type RankRecord struct {
 // fails with ErrInvalidConfig for a round no ranks of goddp could have
 // made (Note [What Agree refuses]).
 func Agree(req *AgreeRequest) (*Verdict, error) {
+	if req.Group != nil && req.Group.Size < 1 {
+		return nil, errorf(ErrInvalidConfig, "planner: process group %s has %d ranks; want at least 1", pyRepr(req.Group.Name), req.Group.Size)
+	}
+	v, err := agreeRound(req)
+	if err == nil && req.Group != nil && v.Error == ErrorNone {
+		v.Log = outcomeLine(v, req.Group)
+	}
+	return v, err
+}
+
+func agreeRound(req *AgreeRequest) (*Verdict, error) {
 	a := &agreement{names: req.Names}
 	if err := a.sortStatements(req.Statements); err != nil {
 		return nil, err
@@ -242,7 +259,8 @@ func Agree(req *AgreeRequest) (*Verdict, error) {
 //     different caps), or a layout no DDP module could have;
 //   - a name for a negative DDP position;
 //   - at an install round, reports that are not from exactly the ranks
-//     that made statements.
+//     that made statements;
+//   - a process group (for the outcome line) of no rank.
 
 // agreement is one round's statements in rank order.
 type agreement struct {

@@ -710,6 +710,36 @@ static void check_agree(void) {
     CHECK(st == GODDP_ERR_INVALID_CONFIG, "agree on NULL: status %d", st);
 }
 
+/* The checkpoint split (goddp_checkpoint_split): JSON text in, JSON text out. */
+static void check_checkpoint_split(void) {
+    const char *request =
+        "{\"calls\": [{\"name\": \"checkpoint\", \"indexed_only\": true, \"nodes\": ["
+        "{\"kind\": \"placeholder\"},"
+        "{\"kind\": \"compute\", \"block\": 0, \"inputs\": [0], \"carries\": true, \"op\": \"relu\"},"
+        "{\"kind\": \"compute\", \"block\": 1, \"inputs\": [1], \"returned\": true, \"carries\": true},"
+        "{\"kind\": \"output\", \"inputs\": [2]}]}]}";
+    char *reply = NULL, *msg = NULL;
+    goddp_status st = goddp_checkpoint_split(request, &reply, &msg);
+    CHECK(st == GODDP_OK && reply != NULL && msg == NULL, "checkpoint split: status %d, message %s", st,
+          msg ? msg : "(none)");
+    CHECK(reply != NULL && strstr(reply, "\"node_regions\":[-1,0,1,-1]") != NULL &&
+              strstr(reply, "split into 2 checkpoint regions at block boundaries") != NULL,
+          "checkpoint split: reply %s", reply ? reply : "(none)");
+    goddp_string_free(reply);
+    goddp_string_free(msg);
+
+    reply = NULL;
+    msg = NULL;
+    st = goddp_checkpoint_split("{\"calls\": [{\"name\": \"c\", \"nodes\": [{\"kind\": \"placeholder\"}]}]}",
+                                &reply, &msg);
+    CHECK(st == GODDP_ERR_INVALID_GRAPH && reply == NULL && msg != NULL && strstr(msg, "output node") != NULL,
+          "checkpoint split without an output: status %d, message %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+
+    st = goddp_checkpoint_split(NULL, &reply, NULL);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG, "checkpoint split on NULL: status %d", st);
+}
+
 int main(void) {
     CHECK(goddp_abi_version() == GODDP_ABI_VERSION, "library ABI %d, header ABI %d", goddp_abi_version(),
           GODDP_ABI_VERSION);
@@ -727,6 +757,7 @@ int main(void) {
     check_max_procs();
     check_reports();
     check_agree();
+    check_checkpoint_split();
     check_threads(&g, fp_ddp);
 
     printf("%d passed, %d failed\n", passed, failed);

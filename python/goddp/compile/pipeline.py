@@ -53,6 +53,7 @@ from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, body_parameters, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
+from goddp.native import extension as _native
 from goddp.native.extension import REASON_PART_OF_FORWARD
 from goddp.native.plan import MIB, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan, plan_graph_module
 from goddp.options import Options
@@ -306,16 +307,30 @@ class _DDPGraphCompile:
     # -- what the graph leaves behind: notes, the record, the gate
 
     def note(self, planned: Planned) -> None:
-        """The INFO notes a plan deserves, once per DDP module."""
-        note_ddp_settings(self.ddp, planned.plan.ddp_bucket_order, self.options)
-        if planned.not_aligned == STAND_IN:
-            note_once(self.ddp, f"goddp: {STAND_IN}")
-        elif planned.part_of_forward:
-            logger.info("goddp: %s: %s", self.frame.describe(), planned.not_aligned)
-        elif planned.not_aligned is not None and self.options.aligns_buckets:
-            note_once(self.ddp, f"goddp: DDP keeps its own buckets, which may straddle the cuts: {planned.not_aligned}")
-        if planned.caps.align_buckets and planned.caps.bucket_order == "declaration":
-            note_once(self.ddp, _declaration_note(planned.plan))
+        """The INFO notes a plan deserves (the planner's, Note [A plan's
+        notes] in planner/notes.go), each once per DDP module unless it says
+        otherwise."""
+        plan = planned.plan
+        notes = _native.plan_notes({
+            "mode": self.options.mode,
+            "align_requested": self.options.aligns_buckets,
+            "ddp_bucket_order": plan.ddp_bucket_order,
+            "aligned": planned.caps.align_buckets,
+            "caps_order": planned.caps.bucket_order,
+            "alignment": plan.alignment,
+            "merged_cuts": plan.merged_cuts,
+            "num_pieces": plan.num_pieces,
+            "not_aligned": planned.not_aligned,
+            "stand_in": planned.not_aligned == STAND_IN,
+            "part_of_forward": planned.part_of_forward,
+            "frame": self.frame.describe(),
+        })
+        note_ddp_settings(self.ddp, notes["settings"])
+        for note in notes["notes"]:
+            if note["once"]:
+                note_once(self.ddp, note["text"])
+            else:
+                logger.info("%s", note["text"])
 
     def log_table(self, plan: GraphPlan, identified: Identified | None = None) -> None:
         """The plan table at INFO (log_plan), with the frame the graph came
@@ -428,21 +443,6 @@ def _body_block_ids(body: fx.GraphModule) -> list[int]:
     rule (Note [Block rule]) applied to the body alone."""
     plan = plan_graph_module(body, block_cuts=True)
     return list(plan.node_block_ids) if plan.node_block_ids is not None else [-1] * len(body.graph.nodes)
-
-
-def _declaration_note(plan: GraphPlan) -> str:
-    """The INFO line that says how goddp aligned a DDP module that never
-    rebuilds its buckets."""
-    text = (
-        "goddp: find_unused_parameters=True: DDP never rebuilds its buckets and keeps the ones it "
-        f"fills in declaration order, so goddp gives it caps for that order ({plan.alignment})"
-    )
-    if plan.merged_cuts:
-        text += (
-            f"; no bucket could start at {plan.merged_cuts} of the cuts, so those pieces were merged "
-            f"({plan.num_pieces} pieces remain)"
-        )
-    return text
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:

@@ -18,7 +18,6 @@ import torch
 from goddp.ddp import private
 from goddp.ddp.align import users_bucket_config
 from goddp.graph.export import parameter_names
-from goddp.options import Options
 from goddp.native.plan import AlignmentFacts, DDPRequest
 
 logger = logging.getLogger("goddp")
@@ -86,10 +85,10 @@ def module_key(ddp: Any, create: bool = True) -> str | None:
         try:
             key = _module_keys.get(ddp)
             if key is None and create:
-                key = _module_keys[ddp] = f"{_type_name(ddp)}#{next(_module_count)}"
+                key = _module_keys[ddp] = f"{module_type_name(ddp)}#{next(_module_count)}"
             return key
         except TypeError:  # a module that cannot be weakly referenced
-            return f"{_type_name(ddp)}@{id(ddp):x}"
+            return f"{module_type_name(ddp)}@{id(ddp):x}"
 
 
 def module_of(ddp: Any) -> dict[str, Any]:
@@ -97,12 +96,13 @@ def module_of(ddp: Any) -> dict[str, Any]:
     process_group = getattr(ddp, "process_group", None)
     return {
         "key": module_key(ddp),
-        "type": _type_name(ddp),
+        "type": module_type_name(ddp),
         "process_group": None if process_group is None else str(getattr(process_group, "group_name", "") or ""),
     }
 
 
-def _type_name(ddp: Any) -> str:
+def module_type_name(ddp: Any) -> str:
+    """The wrapped module's qualified class name."""
     kind = type(getattr(ddp, "module", ddp))
     return f"{kind.__module__}.{kind.__qualname__}"
 
@@ -121,20 +121,14 @@ def note_once(ddp: Any, message: str) -> None:
         logger.info("%s", message)
 
 
-def note_ddp_settings(ddp: Any, ddp_bucket_order: str, options: Options) -> None:
-    """Logs, once per DDP module, facts that affect how well cuts match;
-    ddp_bucket_order is DDP's own, as the planner said it
-    (GraphPlan.ddp_bucket_order)."""
+def note_ddp_settings(ddp: Any, message: str | None) -> None:
+    """Logs message (the planner's settings note, Note [A plan's notes] in
+    planner/notes.go) at INFO if this is the DDP module's first plan."""
     try:
         if ddp in _noted_modules:
             return
         _noted_modules.add(ddp)
     except TypeError:
         pass
-    if ddp_bucket_order == "declaration" and options.mode == "ddp" and not options.aligns_buckets:
-        logger.info(
-            "goddp: this DDP module has find_unused_parameters=True and static_graph=False, so DDP "
-            "never rebuilds its buckets: they stay in parameter declaration order while goddp's "
-            "cuts follow gradient-ready order, and align_buckets is off. Cuts still overlap "
-            "communication, but buckets may not close exactly at them."
-        )
+    if message is not None:
+        logger.info("%s", message)

@@ -39,39 +39,30 @@ So, for goddp:
   Forward values are unchanged; backward runs the same ops per region.
 - Splitting at buckets: a checkpoint whose body holds fewer than two
   blocks (around an nn.Sequential of dissimilar layers, or one large
-  block) but more than a bucket's parameters is atomic too. Where no
-  checkpoint is split at blocks and the planner, planning the outer graph
-  with the DDP module's real settings, does not cut it at block runs
-  (``GraphPlan.block_runs`` false: fewer than two block runs, or
+  block) but more than a bucket's parameters is atomic too. Where the
+  planner asks (Note [Checkpoint regions] in planner/ckptsplit.go says
+  when, and which calls), Python tells it whether it cuts the outer graph
+  at block runs, planned with the DDP module's real settings
+  (``GraphPlan.block_runs``: false with fewer than two block runs, or
   find_unused_parameters=True with aligned buckets, whose declaration
-  order keeps the byte-driven cuts), the Go planner plans each
-  such body alone in ddp mode, each body placeholder counted as the DDP
-  parameter its call hands it (argument i + 1), with DDP's bucket cap for
-  every bucket (Note [Uniform caps] in planner/regions.go: identical
-  bodies are cut alike, so their regions stay identical pieces). Where
-  the planner says so (``GraphPlan.checkpoint_regions``: the body is not
-  cut at block runs and its buckets make two pieces or more), its pieces
-  are the regions, rewritten as above; Python decides neither rule.
-  The cost is every value that crosses a cut, not always one activation:
-  between layers of a stack it is one, inside a block also the residual
-  stream and whatever else is live there (an MLP's wide hidden; README has
-  the figures). The cuts are the body's bucket boundaries, not the
-  cheapest crossings near them.
-  A graph cut at block runs is not split at buckets: its pieces begin only at
-  block runs (planner/blocks.go), so regions inside a block or the tail
-  would land in one piece and only cost memory; a block over a bucket is
-  one piece there, checkpointed or not. Block splits come first.
-- Kept whole (one INFO line says why): a selective policy given as a
-  function (it may count or remember across the checkpoint's ops; a list of
-  ops to save carries over to each region unchanged), random ops (where
-  their RNG state is saved and replayed would move), grad-mode or autocast
-  changes inside (state crossing the cut), a mutation of a value from an
-  earlier region, a non-tensor crossing a cut, nested higher-order ops, a
-  result used other than by indexing. The same blockers hold for either
-  split; the INFO line says which boundaries were tried, and for buckets
-  the parameter bytes against the cap. A checkpoint with fewer than two
-  blocks whose parameters fit in one bucket has nothing to split and gets
-  no line.
+  order keeps the byte-driven cuts), and plans each body it names alone
+  in ddp mode, each body placeholder counted as the DDP parameter its
+  call hands it (argument i + 1), with DDP's bucket cap for every bucket
+  (Note [Uniform caps] in planner/regions.go: identical bodies are cut
+  alike, so their regions stay identical pieces, and the plan says
+  whether its pieces are regions). The regions are then rewritten as
+  above. The cost is every value that crosses a cut, not always one
+  activation: between layers of a stack it is one, inside a block also
+  the residual stream and whatever else is live there (an MLP's wide
+  hidden; README has the figures). The cuts are the body's bucket
+  boundaries, not the cheapest crossings near them.
+- Deciding: the regions, what keeps a checkpoint whole, block splits
+  before bucket splits, and the INFO line's words are the planner's
+  (``goddp_checkpoint_split``, Note [Checkpoint regions]). Python reads
+  what needs torch (``_call_facts``: random ops, grad-mode and autocast
+  changes, in-place writes, whether a value may cross a cut, nested
+  higher-order ops, the selective policy), answers the planner's
+  questions, and rewrites the graph (``_rewrite``).
 - Options: both splits run exactly where the planner cuts at blocks
   (Options.cuts_at_blocks: mode "ddp" with block_cuts on, the default), the
   one switch under which goddp rewrites the user's graph before planning
@@ -93,6 +84,7 @@ import torch
 from torch import fx
 
 from goddp.graph.nodes import example_value, is_compute, resolve_attr
+from goddp.native import extension as _native
 
 logger = logging.getLogger("goddp")
 
@@ -266,17 +258,13 @@ class BodyBuckets:
     regions: bool
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.3g} MiB"
-
-
 @dataclass
 class Split:
-    """What goddp does with one checkpoint call: regions to split it into,
-    or None and the reason it stays whole. boundary says which cuts were
-    tried: "block" (its body holds several blocks), "bucket" (its
-    parameters fill several buckets; buckets says what was planned), or
-    "" (neither: nothing to split, nothing to say)."""
+    """What the planner decided for one checkpoint call (Note [Checkpoint
+    regions] in planner/ckptsplit.go): regions to split it into, or None
+    and the reason it stays whole (code names it). boundary says which
+    cuts were tried: "block", "bucket" (buckets says what was planned), or
+    "" (nothing to split, nothing to say)."""
 
     call: fx.Node
     blocks: int  # block instances its body holds
@@ -284,91 +272,109 @@ class Split:
     reason: str
     boundary: str = "block"
     buckets: BodyBuckets | None = None
+    code: str = ""
+    text: str = ""
 
     def describe(self) -> str:
-        name = self.call.name
-        if self.boundary == "bucket":
-            b = self.buckets
-            holds = (
-                f"goddp: the checkpoint {name!r} holds {_mib(b.param_bytes)} of DDP's parameters, "
-                f"{b.buckets} buckets under the {_mib(b.cap_bytes)} bucket cap"
-            )
-            if self.regions is not None:
-                return (
-                    f"{holds}: split into {len(self.regions)} checkpoint regions at bucket boundaries "
-                    "(the values crossing each cut are saved)"
-                )
-            return f"{holds}, but is kept whole, so its buckets cannot overlap: {self.reason}"
-        if self.regions is not None:
-            return (
-                f"goddp: the checkpoint {name!r} spans {self.blocks} blocks: split into "
-                f"{len(self.regions)} checkpoint regions at block boundaries (one saved activation per cut)"
-            )
-        return (
-            f"goddp: the checkpoint {name!r} spans {self.blocks} blocks but is kept whole, "
-            f"so its blocks' buckets cannot overlap: {self.reason}"
-        )
+        """The INFO line (the planner's wording)."""
+        return self.text
 
 
-def _policy_blocker(body: fx.GraphModule) -> str | None:
+def _policy_is_function(body: fx.GraphModule) -> bool:
+    """Whether the body's selective policy is anything but a list of ops to
+    save, wrapped as torch documents it."""
     context_fn = body.meta.get(CONTEXT_FN_KEY)
-    if context_fn is None:
-        return None
-    if (
+    return context_fn is not None and not (
         isinstance(context_fn, functools.partial)
         and context_fn.func is _SAC_CONTEXTS
         and len(context_fn.args) == 1
         and not context_fn.keywords
         and isinstance(context_fn.args[0], (list, tuple))
-    ):
-        return None
-    return (
-        "its selective-checkpoint policy is a function, which may keep state across the checkpoint's ops "
-        "(a list of ops to save would be carried over to each region)"
     )
 
 
-def _node_blocker(body: fx.GraphModule, node: fx.Node) -> str | None:
-    if _is_random(node):
-        return f"it holds a random op ({_op_name(node)}), whose saved RNG state would move"
-    if node.op == "call_function" and node.target in _STATE_FUNCTIONS:
-        return "it changes grad mode or autocast inside, a state that would cross the cut"
-    if body_of(body, node) is not None:
-        return "it holds a nested higher-order op"
-    return None
-
-
-def _regions(compute: Sequence[fx.Node], group_of: dict[fx.Node, int]) -> list[Region]:
-    """A region starts at the first node of every run of one group (a
-    block, or a piece of the body's bucket plan); nodes of no group (-1)
-    join the run before them (those before the first group, the first run),
-    as the planner groups pieces (planner/blocks.go). A get_attr goes to the
-    region of its first user."""
-    position = {n: i for i, n in enumerate(compute)}
-    regions = [Region()]
-    current = None
-    for node in compute:
-        if node.op == "get_attr":
-            continue
-        block = group_of.get(node, -1)
-        if block >= 0 and block != current:
-            if current is not None:
-                regions.append(Region())
-            current = block
-        regions[-1].nodes.append(node)
-    where = {n: k for k, r in enumerate(regions) for n in r.nodes}
-    for node in compute:
-        if node.op == "get_attr":
-            users = [where[u] for u in node.users if u in where]
-            k = min(users) if users else 0
-            regions[k].nodes.insert(0, node)
-            where[node] = k
-    for region in regions:
-        region.nodes.sort(key=position.__getitem__)
-    return regions
+def _call_facts(call: fx.Node, body: fx.GraphModule, blocks: Sequence[int]) -> dict[str, Any]:
+    """One call's facts for goddp_checkpoint_split (csrc/goddp.h)."""
+    nodes = list(body.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    returned = set(nodes[-1].all_input_nodes)
+    facts = []
+    for node, block in zip(nodes, blocks):
+        value, written = _example(node), _mutated(node)
+        facts.append({
+            "kind": node.op if node.op in ("placeholder", "get_attr", "output") else "compute",
+            "block": block,
+            "inputs": [index[v] for v in node.all_input_nodes],
+            "returned": node in returned,
+            "writes": -1 if written is None else index[written],
+            "carries": _carries(value),
+            "type": type(value).__name__,
+            "op": _op_name(node),
+            "random": _is_random(node),
+            "state_change": node.op == "call_function" and node.target in _STATE_FUNCTIONS,
+            "nested": body_of(body, node) is not None,
+        })
+    return {
+        "name": call.name,
+        "nodes": facts,
+        "indexed_only": all(u.op == "call_function" and u.target is operator.getitem for u in call.users),
+        "policy_function": _policy_is_function(body),
+        "buckets": None,
+    }
 
 
 BodyPlanner = Callable[[fx.GraphModule, fx.Node, fx.GraphModule], "BodyBuckets | None"]
+
+
+def _decide(
+    gm: fx.GraphModule,
+    calls: Sequence[fx.Node],
+    body_blocks: Callable[[fx.GraphModule], list[int]],
+    body_buckets: BodyPlanner | None,
+    cut_at_blocks: Callable[[fx.GraphModule], bool] | None,
+) -> tuple[list[Split], list[int]]:
+    """The planner's decision for every call, and the calls it has something
+    to say about; Python answers its questions (goddp_checkpoint_split)."""
+    bodies = [body_of(gm, call) for call in calls]
+    request: dict[str, Any] = {
+        "calls": [_call_facts(call, body, body_blocks(body)) for call, body in zip(calls, bodies)],
+        "bucket_splits": body_buckets is not None,
+        "cut_at_blocks": None,
+        "buckets_planned": False,
+    }
+    planned: dict[int, BodyBuckets | None] = {}
+    for _ in range(3):
+        reply = _native.checkpoint_split(request)
+        if reply["ask"] == "cut_at_blocks":
+            request["cut_at_blocks"] = bool(cut_at_blocks(gm))
+        elif reply["ask"] == "buckets":
+            for i in reply["plan_buckets"]:
+                b = planned[i] = body_buckets(gm, calls[i], bodies[i])
+                request["calls"][i]["buckets"] = None if b is None else {
+                    "pieces": list(b.node_pieces), "param_bytes": b.param_bytes, "cap_bytes": b.cap_bytes,
+                    "buckets": b.buckets, "regions": b.regions,
+                }
+            request["buckets_planned"] = True
+        else:
+            break
+    else:
+        raise RuntimeError(f"goddp: goddp_checkpoint_split asked {reply['ask']!r} again")
+    splits = []
+    for i, (call, body, decided) in enumerate(zip(calls, bodies, reply["calls"])):
+        regions = None
+        if decided["node_regions"] is not None:
+            nodes = list(body.graph.nodes)
+            regions = [
+                Region(
+                    [n for n, k in zip(nodes, decided["node_regions"]) if k == r],
+                    [nodes[j] for j in region["inputs"]],
+                    [nodes[j] for j in region["outputs"]],
+                )
+                for r, region in enumerate(decided["regions"])
+            ]
+        splits.append(Split(call, decided["blocks"], regions, decided["reason"], decided["boundary"], planned.get(i),
+                            decided["code"], decided["describe"]))
+    return splits, reply["said"]
 
 
 def plan_split(
@@ -377,59 +383,13 @@ def plan_split(
     body_blocks: Callable[[fx.GraphModule], list[int]],
     body_buckets: BodyPlanner | None = None,
 ) -> Split:
-    """How to split one checkpoint call (see Note [Checkpoint bodies]).
+    """How to split one checkpoint call (Note [Checkpoint bodies]).
     body_blocks gives, per node of a body graph, its block (-1 for none);
-    body_buckets, given, plans a body with fewer than two blocks by buckets
-    (gm, the call, its body; None when it holds no DDP parameter)."""
-    body = body_of(gm, call)
-    nodes = list(body.graph.nodes)
-    block_of = dict(zip(nodes, body_blocks(body)))
-    blocks = len({b for b in block_of.values() if b >= 0})
-    group_of, boundary, buckets = block_of, "block", None
-    if blocks < 2 and body_buckets is not None:
-        buckets = body_buckets(gm, call, body)
-        if buckets is not None and buckets.regions:
-            group_of, boundary = dict(zip(nodes, buckets.node_pieces)), "bucket"
-
-    def whole(reason: str) -> Split:
-        return Split(call, blocks, None, reason, boundary if boundary == "bucket" or blocks >= 2 else "", buckets)
-
-    if blocks < 2 and boundary != "bucket":
-        return whole("its body holds fewer than two blocks")
-    if any(u.op != "call_function" or u.target is not operator.getitem for u in call.users):
-        return whole("its result is used other than by indexing")
-    reason = _policy_blocker(body)
-    if reason is not None:
-        return whole(reason)
-    compute = [n for n in nodes if is_compute(n)]
-    for node in compute:
-        reason = _node_blocker(body, node)
-        if reason is not None:
-            return whole(reason)
-    regions = _regions(compute, group_of)
-    where = {n: k for k, r in enumerate(regions) for n in r.nodes}
-    returned = set(nodes[-1].all_input_nodes)
-    for k, region in enumerate(regions):
-        members = set(region.nodes)
-        for node in region.nodes:
-            for value in node.all_input_nodes:
-                if value in members or value in region.inputs:
-                    continue
-                if where.get(value, -1) > k:
-                    return whole("a value is read before the region that makes it")
-                if value.op == "get_attr":
-                    return whole("a body attribute is read on both sides of a cut")
-                if value.op != "placeholder" and not _carries(_example(value)):
-                    return whole(f"a {type(_example(value)).__name__} value would cross a cut")
-                region.inputs.append(value)
-            written = _mutated(node)
-            if written is not None and written not in members:
-                return whole(f"{_op_name(node)} writes a value from before its region, across a cut")
-            if node in returned or any(where.get(u, k) > k for u in node.users):
-                region.outputs.append(node)
-        if not region.outputs:
-            return whole(f"its region {k} hands nothing on")
-    return Split(call, blocks, regions, "", boundary, buckets)
+    body_buckets, given, plans a body by buckets where the planner asks
+    (gm, the call, its body; None when it holds no DDP parameter), the
+    outer graph taken as not cut at block runs."""
+    splits, _ = _decide(gm, [call], body_blocks, body_buckets, lambda g: False)
+    return splits[0]
 
 
 def _region_body(body: fx.GraphModule, region: Region) -> fx.GraphModule:
@@ -483,28 +443,18 @@ def split_checkpoints(
     body_buckets: BodyPlanner | None = None,
     cut_at_blocks: Callable[[fx.GraphModule], bool] | None = None,
 ) -> tuple[fx.GraphModule, list[Split]]:
-    """gm with every checkpoint call whose body holds several blocks split
-    into one checkpoint per block region, or, where no call is split at
-    blocks and the planner does not cut gm at block runs (cut_at_blocks,
-    the planner's GraphPlan.block_runs; required with body_buckets), every
-    call whose parameters fill several buckets split into one checkpoint
-    per bucket region (Note [Checkpoint bodies]); gm itself when there is
-    none to split, and what was decided for each call that holds several
-    blocks or buckets. gm is not modified."""
+    """gm with its checkpoint calls split into regions where the planner
+    says (Note [Checkpoint regions] in planner/ckptsplit.go), gm itself
+    when none is; and the decision for each call it has something to say
+    about. body_buckets needs cut_at_blocks (the planner's
+    GraphPlan.block_runs for gm). gm is not modified."""
     if body_buckets is not None and cut_at_blocks is None:
         raise ValueError("split_checkpoints: body_buckets needs cut_at_blocks (the planner's block_runs for gm)")
     calls = [n for n in gm.graph.nodes if is_checkpoint(gm, n)]
     if not calls:
         return gm, []
-    splits = [plan_split(gm, n, body_blocks) for n in calls]
-    if (
-        body_buckets is not None
-        and cut_at_blocks is not None
-        and not any(s.regions is not None for s in splits)
-        and not cut_at_blocks(gm)
-    ):
-        splits = [s if s.blocks >= 2 else plan_split(gm, s.call, body_blocks, body_buckets) for s in splits]
-    splits = [s for s in splits if s.boundary]
+    decided, said = _decide(gm, calls, body_blocks, body_buckets, cut_at_blocks)
+    splits = [decided[i] for i in said]
     if not any(s.regions is not None for s in splits):
         return gm, splits
     graph = fx.Graph()

@@ -160,16 +160,38 @@ def set_max_procs(n: int) -> int:
     return load().set_max_procs(n)
 
 
-def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any, bucket_params: Any) -> dict[str, Any]:
-    """One DDP bucket layout for the graphs of a forward; see
-    goddp._goddp.combine_forward. Raises PlannerError like plan_graph."""
-    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
-
-
 def agree(request: Mapping[str, Any]) -> dict[str, Any]:
     """The verdict of one agreement round (goddp_agree in csrc/goddp.h, which
     gives both JSON shapes). Raises PlannerError like plan_graph."""
-    return json.loads(load().agree(json.dumps(request, sort_keys=True)))
+    return _json_call("agree", request)
+
+
+def forward_layout(request: Mapping[str, Any]) -> dict[str, Any]:
+    """A forward's one layout, or why none, and its line (goddp_forward_layout
+    in csrc/goddp.h, which gives both JSON shapes)."""
+    return _json_call("forward_layout", request)
+
+
+def follow(request: Mapping[str, Any]) -> dict[str, Any]:
+    """How a later graph of a decided DDP module follows the decision
+    (goddp_follow in csrc/goddp.h)."""
+    return _json_call("follow", request)
+
+
+def plan_notes(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The INFO lines a plan deserves (goddp_plan_notes in csrc/goddp.h)."""
+    return _json_call("plan_notes", request)
+
+
+def _json_call(name: str, request: Mapping[str, Any]) -> dict[str, Any]:
+    return json.loads(getattr(load(), name)(json.dumps(request, sort_keys=True)))
+
+
+def checkpoint_split(request: Mapping[str, Any]) -> dict[str, Any]:
+    """How to split a graph's checkpoint calls (goddp_checkpoint_split in
+    csrc/goddp.h, which gives both JSON shapes). Raises PlannerError like
+    plan_graph."""
+    return json.loads(load().checkpoint_split(json.dumps(request)))
 
 
 def plan_table(view: Mapping[str, Any]) -> str:

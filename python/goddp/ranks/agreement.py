@@ -100,11 +100,13 @@ from typing import Any, Callable
 
 import torch
 
+from goddp.native import extension as _native
 from goddp.ranks import forward as _forward
 from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_or_reset, remove_bucket_caps
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
 from goddp.ddp.refusals import rebuild_blocker
+from goddp.ddp.settings import module_type_name
 from goddp.ranks.group import Group, group_of, store_for
 from goddp.ranks.plan_check import (
     INSTALL,
@@ -214,20 +216,11 @@ class TrainingGate:
         recorded graphs combined into one layout (goddp.ranks.forward)."""
         members = _forward.finish(ddp)
         sizes = [p.numel() * p.element_size() for p in ddp_parameters(ddp)]
-        layout, reason, info = _forward.combine(members, sizes)
-        digest = None
-        if layout is not None:
-            try:
-                digest = layout.digest()
-            except Exception as exc:  # a layout the planner refuses
-                layout, reason = None, f"could not state DDP's layout ({type(exc).__name__}: {exc})"
-        logger.info(
-            "goddp: planning the %d graph(s) of this DDP module's first training forward together: %s; %s",
-            len(members), "; ".join(info["graphs"]),
-            f"DDP buckets {list(layout.caps)} bytes" if layout is not None else f"no layout: {reason}",
-        )
+        combined = _forward.combine(members, sizes)
+        layout, reason, info = combined.layout, combined.reason, combined.info
+        logger.info("%s", combined.note)
         statement = Statement(
-            layout=layout, digest=digest, reason=reason, strict=self.statement.strict,
+            layout=layout, digest=combined.digest, reason=reason, strict=self.statement.strict,
             fingerprint=self.statement.fingerprint, pieces=sum(1 for _ in members),
         )
 
@@ -242,27 +235,19 @@ class TrainingGate:
             self._follow(decision)
 
     def _follow(self, decision: Decision) -> None:
-        mine = self.statement.layout
-        if decision.action == LATER:
-            reason = "the ranks decide at this DDP module's next training call"
-        elif decision.action != INSTALL:
-            reason = f"decided at this DDP module's first training call: {decision.reason}"
-        elif mine == decision.layout:
-            reason = None
-        else:
-            proposed = "none" if mine is None else list(mine.caps)
-            if mine is None and self.member is not None and self.member.layout is not None:
-                proposed = f"{list(self.member.layout.caps)} for its part of DDP's parameters"
-            reason = (
-                "DDP's buckets were set at this DDP module's first training call "
-                f"({list(decision.caps)} bytes) and never change mid-training; this graph "
-                f"proposed {proposed}"
-            )
-            logger.info("goddp: a later graph of a DDP module keeps its buckets: %s", reason)
-        self._report(
-            {"aligned": decision.action == INSTALL, "followed": "the decision of the module's first training call"},
-            {"aligned": decision.action == INSTALL and reason is None, "reason": reason},
-        )
+        """A graph that first runs after the module decided follows the
+        decision (the Go planner's words, goddp_follow)."""
+        part = None if self.member is None or self.member.layout is None else self.member.layout.to_dict()
+        following = _native.follow({
+            "action": decision.action,
+            "reason": decision.reason,
+            "decided": None if decision.layout is None else decision.layout.to_dict(),
+            "mine": None if self.statement.layout is None else self.statement.layout.to_dict(),
+            "part": part,
+        })
+        if following["log"] is not None:
+            logger.info("%s", following["log"]["text"])
+        self._report(following["plan_check"], following["ddp_buckets"])
 
 
 def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True) -> Decision:
@@ -315,10 +300,12 @@ def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, G
             logger.warning("%s", exc)
             payloads, unsettled = exc.seen, exc.unsettled
         statements = {r: Statement.from_json(p) for r, p in payloads.items()}
-    decision = decide(statements, _namer(ddp), may_defer, unsettled)
+    decision = decide(statements, _namer(ddp), may_defer, unsettled, group)
     if decision.action == INSTALL:
         decision = _install(ddp, decision, group, key)
-    _log(decision, group)
+    if decision.log is not None:
+        level, text = decision.log
+        logger.log(level, "%s", text)
     return decision, group
 
 
@@ -347,7 +334,7 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
         said = {r: json.loads(p) for r, p in payloads.items()}
     if lost is not None:
         raise lost  # the others stop too (PeerFailedError), having read why
-    confirmed = confirm_install(decision, said)
+    confirmed = confirm_install(decision, said, group)
     if confirmed.action != INSTALL:
         _put_ddp_buckets_back(ddp)
     return confirmed
@@ -363,7 +350,11 @@ def _namer(ddp: Any) -> Callable[[int], str]:
 
 
 def _model_key(ddp: Any) -> str:
-    return model_key([(tuple(p.shape), str(p.dtype)) for p in ddp_parameters(ddp)])
+    names = ddp_parameter_names(ddp)
+    return model_key(
+        module_type_name(ddp),
+        [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, ddp_parameters(ddp))],
+    )
 
 
 def _put_ddp_buckets_back(ddp: Any) -> None:
@@ -377,25 +368,6 @@ def _put_ddp_buckets_back(ddp: Any) -> None:
                 f"goddp: could not put DDP's own buckets back after the ranks decided against goddp's "
                 f"({type(exc).__name__}: {exc}); this rank would allreduce buckets the others do not"
             ) from exc
-
-
-def _log(decision: Decision, group: Group) -> None:
-    where = f"{len(group.ranks)} rank(s) of process group {group.name!r}"
-    if decision.action == INSTALL:
-        logger.info(
-            "goddp: DDP's %d buckets now close at piece boundaries on all %s (per-bucket caps %s bytes)",
-            len(decision.caps), where, list(decision.caps),
-        )
-    elif decision.action == LATER:
-        logger.info("goddp: the %s decide DDP's buckets at the module's next training call", where)
-    elif decision.disagreed:
-        logger.warning(
-            "goddp: DDP keeps its own buckets on all %s: %s. Gradients stay exact; only the overlap of "
-            "allreduces with backward is smaller.",
-            where, decision.reason,
-        )
-    else:
-        logger.info("goddp: DDP keeps its own buckets on all %s: %s", where, decision.reason)
 
 
 class GatedCall:

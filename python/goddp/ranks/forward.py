@@ -17,9 +17,11 @@ forward together:
    that same forward, with its aligned buckets (by DDP position).
 2. At the module's next training forward, the first call of any of its
    graphs holds the second agreement: each rank combines its recorded
-   graphs into one layout in the Go planner (``combine_forward``,
-   planner/forward.go: the later graph's buckets first, since DDP's backward
-   runs it first; a parameter of several graphs counted in the earliest),
+   graphs into one layout in the Go planner (``goddp_forward_layout``,
+   planner/words.go and planner/forward.go: the later graph's buckets first,
+   since DDP's backward runs it first; a parameter of several graphs counted
+   in the earliest; a graph without a layout, or in declaration order,
+   refuses the whole forward),
    and the ranks install it on all of them or on none, before any of that
    step's allreduces. DDP rebuilds its buckets after that step's backward,
    so they close at the cuts of every graph from the step after.
@@ -44,7 +46,6 @@ combined layouts differ (every rank keeps DDP's buckets, one WARNING).
 
 from __future__ import annotations
 
-import array
 import dataclasses
 import logging
 import weakref
@@ -78,6 +79,18 @@ class ForwardRecord:
     members: list[Member] = dataclasses.field(default_factory=list)
     keys: set[int] = dataclasses.field(default_factory=set)
     hook: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Combined:
+    """A forward's one layout and its digest, or why none (reason); what the
+    plan records keep of it (info); and the INFO line that says so."""
+
+    layout: Layout | None
+    digest: int | None
+    reason: str | None
+    info: dict[str, Any]
+    note: str
 
 
 _records: "weakref.WeakKeyDictionary[Any, ForwardRecord]" = weakref.WeakKeyDictionary()
@@ -126,40 +139,24 @@ def finish(ddp: Any) -> list[Member]:
     return record.members
 
 
-def combine(members: list[Member], param_bytes: list[int]) -> tuple[Layout | None, str | None, dict[str, Any]]:
+def combine(members: list[Member], param_bytes: list[int]) -> Combined:
     """The one layout for the members (Note [Graphs of one forward]), or
-    None and why; and what to record of it. param_bytes: the byte size of
-    each of DDP's parameters, by DDP position."""
-
-    info: dict[str, Any] = {"graphs": [m.describe for m in members]}
-    missing = [m for m in members if m.layout is None]
-    if missing:
-        return None, f"a graph of the forward has no layout to combine ({missing[0].describe}: {missing[0].reason})", info
-    if {m.layout.order for m in members} != {"ready"}:
-        return None, "the forward's graphs are bucketed in declaration order, which DDP never rebuilds", info
-    graph_offsets, bucket_offsets, params = [0], [0], []
-    for m in members:
-        for bucket in m.layout.buckets:
-            params.extend(bucket)
-            bucket_offsets.append(len(params))
-        graph_offsets.append(len(bucket_offsets) - 1)
-    try:
-        reply = _native.combine_forward(
-            array.array("q", param_bytes),
-            array.array("q", graph_offsets),
-            array.array("q", bucket_offsets),
-            array.array("i", params),
-        )
-    except _native.load().PlannerError as exc:
-        text = str(exc).strip().splitlines()
-        return None, text[0] if text else type(exc).__name__, info
-    caps = array.array("q", reply["ddp_caps"]).tolist()
-    offsets = array.array("q", reply["bucket_param_offsets"]).tolist()
-    positions = array.array("i", reply["bucket_params"]).tolist()
-    buckets = tuple(tuple(positions[offsets[k] : offsets[k + 1]]) for k in range(len(caps)))
-    info.update(
-        bucket_graphs=array.array("i", reply["bucket_graphs"]).tolist(),
-        moved=reply["moved"],
-        dropped=reply["dropped"],
+    None and why, and the line that says so: the Go planner's
+    (goddp_forward_layout). param_bytes: the byte size of each of DDP's
+    parameters, by DDP position."""
+    reply = _native.forward_layout({
+        "members": [
+            {"layout": None if m.layout is None else m.layout.to_dict(), "reason": m.reason, "describe": m.describe}
+            for m in members
+        ],
+        "param_bytes": list(param_bytes),
+        "build": build_id(),
+    })
+    layout, digest = reply["layout"], reply["digest"]
+    return Combined(
+        layout=None if layout is None else Layout.from_dict(layout),
+        digest=None if digest is None else int(digest, 16),
+        reason=reply["refusal"],
+        info=reply["info"],
+        note=reply["note"]["text"],
     )
-    return Layout(buckets=buckets, caps=tuple(caps), order="ready", build=build_id()), None, info

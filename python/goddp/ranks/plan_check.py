@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from typing import Any, Callable, Mapping, Sequence
 
@@ -147,6 +148,9 @@ class Decision:
     disagreed: the ranks said different things, which is worth a WARNING.
     statements: what each rank (global rank numbers) said.
     record: the planner's plan-record view of it (summary()).
+    log: the line every rank logs for it, (logging level, text), where the
+        planner was told the group (Note [Words from the planner] in
+        planner/words.go).
     """
 
     action: str
@@ -155,6 +159,7 @@ class Decision:
     disagreed: bool
     statements: Mapping[int, Statement]
     record: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
+    log: tuple[int, str] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def caps(self) -> tuple[int, ...] | None:
@@ -174,6 +179,7 @@ def decide(
     name_of: Callable[[int], str] = str,
     may_defer: bool = True,
     unsettled: Mapping[str, Any] | None = None,
+    group: Group | None = None,
 ) -> Decision:
     """The group's decision from every rank's statement: the planner's
     verdict (planner/agree.go, Note [The agreement verdict]), naming
@@ -187,9 +193,9 @@ def decide(
     (may_defer: not where that call has come). unsettled (a
     RanksMissingError's): the round was given up, and statements are the
     ones this rank saw; KEEP on every rank (Note [A round given up] in
-    planner/agree.go).
+    planner/agree.go). group: the round's group, for the decision's log line.
     """
-    request: dict[str, Any] = {"may_defer": may_defer}
+    request: dict[str, Any] = {"may_defer": may_defer, **_group_of(group)}
     if unsettled is not None:
         request["unsettled"] = dict(unsettled)
     decision = _verdict(request, statements, name_of)
@@ -199,13 +205,22 @@ def decide(
     return decision
 
 
-def confirm_install(decision: Decision, installed: Mapping[int, Mapping[str, Any]]) -> Decision:
+def confirm_install(
+    decision: Decision, installed: Mapping[int, Mapping[str, Any]], group: Group | None = None
+) -> Decision:
     """The install round after an INSTALL decision: installed holds what
     each rank said ({"failed": why or None, "lost": why or None}). Raises
     PeerFailedError when a rank lost its reducer; KEEP on every rank when
     some rank failed to install; else the decision stands."""
     said = {str(r): {"failed": s.get("failed"), "lost": s.get("lost")} for r, s in installed.items()}
-    return _verdict({"installed": said}, decision.statements, str)
+    return _verdict({"installed": said, **_group_of(group)}, decision.statements, str)
+
+
+def _group_of(group: Group | None) -> dict[str, Any]:
+    return {} if group is None else {"group": {"name": group.name, "size": len(group.ranks)}}
+
+
+_LEVELS = {"info": logging.INFO, "warning": logging.WARNING}
 
 
 def _verdict(request: dict[str, Any], statements: Mapping[int, Statement], name_of: Callable[[int], str]) -> Decision:
@@ -217,7 +232,11 @@ def _verdict(request: dict[str, Any], statements: Mapping[int, Statement], name_
         raise _ERRORS[verdict["error"]](verdict["message"])
     rank = verdict["layout_rank"]
     layout = None if rank is None else statements[rank].layout
-    return Decision(verdict["action"], layout, verdict["reason"], verdict["disagreed"], dict(statements), verdict["record"])
+    log = verdict.get("log")
+    return Decision(
+        verdict["action"], layout, verdict["reason"], verdict["disagreed"], dict(statements), verdict["record"],
+        None if log is None else (_LEVELS[log["level"]], log["text"]),
+    )
 
 
 # --------------------------------------------------------------------------
@@ -294,9 +313,13 @@ def agreement_key(group_name: str, model: str) -> str:
     return f"{STORE_PREFIX}/{attempt()}/{group_name}/{model}"
 
 
-def model_key(shapes: Sequence[tuple[tuple[int, ...], str]]) -> str:
-    """A key every rank of a DDP module derives identically: its parameters'
-    shapes and dtypes in DDP order (DDP checks at construction that these
-    agree across the group)."""
-    text = ";".join(f"{'x'.join(map(str, shape))}:{dtype}" for shape, dtype in shapes)
+def model_key(module_type: str, params: Sequence[tuple[str, tuple[int, ...], str]]) -> str:
+    """A key every rank of a DDP module derives identically: the wrapped
+    module's qualified class name and, in DDP order, each parameter's name,
+    shape and dtype (DDP checks at construction that the shapes agree
+    across the group; the names and the class come from the same code on
+    every rank). Two DDP modules of one group thus meet in rounds of their
+    own unless they are of one class with the same parameters (README,
+    "Limits")."""
+    text = module_type + "|" + ";".join(f"{name}={'x'.join(map(str, shape))}:{dtype}" for name, shape, dtype in params)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -970,6 +970,36 @@ def test_bad_gomaxprocs_fails_before_go_loads():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
+def test_checkpoint_split_is_json_in_json_out(ext):
+    """goddp_checkpoint_split (csrc/goddp.h): the planner asks, then decides
+    (Note [Checkpoint regions] in planner/ckptsplit.go)."""
+    nodes = [
+        {"kind": "placeholder"},
+        {"kind": "compute", "inputs": [0], "carries": True, "op": "relu"},
+        {"kind": "compute", "inputs": [1], "returned": True, "carries": True, "op": "neg"},
+        {"kind": "output", "inputs": [2]},
+    ]
+    call = {"name": "checkpoint", "indexed_only": True, "policy_function": False, "nodes": nodes, "buckets": None}
+    request = {"calls": [call], "bucket_splits": True, "cut_at_blocks": None, "buckets_planned": False}
+    assert _native.checkpoint_split(request)["ask"] == "cut_at_blocks"
+    reply = _native.checkpoint_split({**request, "cut_at_blocks": False})
+    assert reply["ask"] == "buckets" and reply["plan_buckets"] == [0]
+    planned = {"pieces": [-1, 0, 1, -1], "param_bytes": 3 << 20, "cap_bytes": 1 << 20, "buckets": 3, "regions": True}
+    reply = _native.checkpoint_split(
+        {**request, "calls": [{**call, "buckets": planned}], "cut_at_blocks": False, "buckets_planned": True}
+    )
+    (decided,) = reply["calls"]
+    assert reply["ask"] == "" and reply["said"] == [0] and decided["node_regions"] == [-1, 0, 1, -1]
+    assert decided["regions"] == [{"inputs": [0], "outputs": [1]}, {"inputs": [1], "outputs": [2]}]
+    assert decided["describe"].startswith("goddp: the checkpoint 'checkpoint' holds 3 MiB of DDP's parameters")
+    with pytest.raises(ext.PlannerError, match="not valid JSON") as info:
+        ext.checkpoint_split("{")
+    assert info.value.code == ext.ERR_INVALID_CONFIG
+    with pytest.raises(ext.PlannerError, match="does not come before it") as info:
+        _native.checkpoint_split({"calls": [{**call, "nodes": [{"kind": "compute", "inputs": [0]}, nodes[-1]]}]})
+    assert info.value.code == ext.ERR_INVALID_GRAPH
+
+
 def test_agree_is_json_in_json_out(ext):
     """goddp_agree (csrc/goddp.h): the verdict of one agreement round."""
     layout = {"buckets": [[1], [0]], "caps": [8, 4], "order": "ready", "build": "b"}

@@ -1,0 +1,25 @@
+package main
+
+// Helpers for ckptsplit_test.go (test files cannot use cgo; see
+// testsupport.go): goddp_checkpoint_split called as C would. None of it is
+// reachable from the exports.
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../csrc
+#include <stdlib.h>
+#include "goddp.h"
+
+typedef const char goddp_text_in;
+*/
+import "C"
+
+import "unsafe"
+
+// callCheckpointSplit calls goddp_checkpoint_split with request; the reply
+// comes back as a reportCall (textSet: *reply was non-NULL).
+func callCheckpointSplit(request string) reportCall {
+	in := C.CString(request)
+	defer C.free(unsafe.Pointer(in))
+	var out, msg *C.char
+	return collectReport(goddp_checkpoint_split((*C.goddp_text_in)(in), &out, &msg), out, msg)
+}
