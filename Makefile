@@ -72,7 +72,7 @@ ctest: $(BUILD)/plan_toy $(HOOKDIR)/plan_toy ## Plan a toy graph from C through 
 	$(BUILD)/plan_toy
 	$(HOOKDIR)/plan_toy
 
-gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, the trace figures, Decide, Agree, PlanForward, the checkpoint regions)
+gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, the trace figures, Decide, the body stacks, Agree, PlanForward, the checkpoint regions)
 	$(GO) vet ./...
 	$(GO) vet -tags goddp_testhooks ./...
 	$(GO) test -race -count=1 -tags goddp_testhooks ./...
@@ -80,6 +80,7 @@ gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, th
 	$(GO) test -run '^$$' -fuzz '^FuzzBlockRule$$' -fuzztime 5s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzTraceFigures$$' -fuzztime 5s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzDecide$$' -fuzztime 5s ./planner
+	$(GO) test -run '^$$' -fuzz '^FuzzBodies$$' -fuzztime 3s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzAgree$$' -fuzztime 3s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzPlanForward$$' -fuzztime 3s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckpointRegions$$' -fuzztime 3s ./planner

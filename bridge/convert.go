@@ -187,11 +187,18 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 	return &out, nil
 }
 
-// stacksFromC copies the optional module stacks of a goddp_graph (ABI 6);
-// NULL node_stack_offsets means none. The planner checks the table's
+// stacksFromC copies the optional module stacks of a goddp_graph (ABI 6),
+// with their node weights (ABI 7) and body facts (ABI 10); NULL
+// node_stack_offsets means none. The planner checks the table's
 // indices; only the pointer/length pairs are checked here.
 func stacksFromC(g *C.goddp_graph) (*planner.ModuleStacks, error) {
-	if g == nil || g.node_stack_offsets == nil {
+	if g == nil {
+		return nil, nil
+	}
+	if g.node_stack_offsets == nil {
+		if g.node_hop_calls != nil {
+			return nil, invalidGraph("goddp: node_hop_calls without module stacks; the body facts are read with node_stack_offsets")
+		}
 		return nil, nil
 	}
 	var (
@@ -230,6 +237,9 @@ func stacksFromC(g *C.goddp_graph) (*planner.ModuleStacks, error) {
 		if st.Weights, err = cCopy[int32](unsafe.Pointer(g.node_weights), int64(g.num_nodes), "node_weights", planner.ErrInvalidGraph); err != nil {
 			return nil, err
 		}
+	}
+	if st.Bodies, err = bodiesFromC(g); err != nil {
+		return nil, err
 	}
 	all := string(stringBytes)
 	st.Strings = make([]string, numStrings)

@@ -60,6 +60,12 @@ type rawGraph struct {
 	NodeStackOffsets    []int64
 	NodeStackPaths      []int32
 	NodeStackTypes      []int32
+	// Body facts (ABI 10); a nil NodeHopCalls means NULL, none.
+	NodeHopCalls     []int32
+	NodeBodyOffsets  []int64
+	BodyStackOffsets []int64
+	BodyStackPaths   []int32
+	BodyStackTypes   []int32
 }
 
 // rawConfig mirrors goddp_config the same way.
@@ -153,6 +159,11 @@ func (a *cArena) graph(g *rawGraph) *C.goddp_graph {
 	cg.node_stack_offsets = (*C.int64_t)(cArenaCopy(a, g.NodeStackOffsets))
 	cg.node_stack_paths = (*C.int32_t)(cArenaCopy(a, g.NodeStackPaths))
 	cg.node_stack_types = (*C.int32_t)(cArenaCopy(a, g.NodeStackTypes))
+	cg.node_hop_calls = (*C.int32_t)(cArenaCopy(a, g.NodeHopCalls))
+	cg.node_body_offsets = (*C.int64_t)(cArenaCopy(a, g.NodeBodyOffsets))
+	cg.body_stack_offsets = (*C.int64_t)(cArenaCopy(a, g.BodyStackOffsets))
+	cg.body_stack_paths = (*C.int32_t)(cArenaCopy(a, g.BodyStackPaths))
+	cg.body_stack_types = (*C.int32_t)(cArenaCopy(a, g.BodyStackTypes))
 	return cg
 }
 

@@ -85,7 +85,10 @@ extern "C" {
  *    its verdict gives "log"; goddp_forward_layout (a forward's members in,
  *    its one layout or refusal and its line out, JSON); goddp_follow (a
  *    later graph of a decided DDP module, JSON); goddp_plan_notes (the INFO
- *    lines a plan deserves, JSON). */
+ *    lines a plan deserves, JSON).
+ *    Also 10: goddp_graph's body facts, node_hop_calls .. body_stack_types
+ *    (optional, at the end of the struct): the planner sees the module
+ *    stacks and weights through higher-order-op bodies itself. */
 #define GODDP_ABI_VERSION 10
 
 /* FX node kinds, as in torch.fx.Node.op. */
@@ -251,6 +254,25 @@ typedef struct goddp_graph {
      * its get_attr and getitems 0 (planner/modstack.go, Note [Node
      * weights]). Negative weights are GODDP_ERR_INVALID_GRAPH. */
     const int32_t *node_weights;          /* [num_nodes] or NULL */
+
+    /* Optional (ABI 10), read with the module stacks, all five or none
+     * (node_hop_calls NULL: none); not with node_weights. Facts about the
+     * higher-order-op calls (activation checkpoints): per node, the call
+     * it belongs to (a call its own index; its body's get_attr and its
+     * result getitems, the call's; any other node -1), and per call the
+     * module stacks of its body's compute nodes, flattened through nested
+     * calls, in order (CSR over body nodes, then CSR over entries naming
+     * module_strings, like node_stack_*). From them the planner derives a
+     * call's stack (the common prefix of its body's), its companions'
+     * (the call's) and every node's weight, in place of the given stacks
+     * and node_weights (planner/bodies.go, Note [Body stacks]). A body on
+     * a node that is no call, a node belonging to a node that is no call,
+     * or a string index out of range is GODDP_ERR_INVALID_GRAPH. */
+    const int32_t *node_hop_calls;        /* [num_nodes] or NULL */
+    const int64_t *node_body_offsets;     /* [num_nodes + 1]: body nodes of each call */
+    const int64_t *body_stack_offsets;    /* [node_body_offsets[num_nodes] + 1]: entries of each body node */
+    const int32_t *body_stack_paths;      /* [body_stack_offsets[last]] string index of the path */
+    const int32_t *body_stack_types;      /* [body_stack_offsets[last]] string index of the type */
 } goddp_graph;
 
 /* A DistributedDataParallel module's own settings (goddp_config.ddp, ABI 6). */

@@ -224,6 +224,12 @@ enum graph_array {
     NODE_STACK_PATHS,
     NODE_STACK_TYPES,
     NODE_WEIGHTS,
+    /* Optional (ABI 10), all five or none, with the module stacks: the body facts. */
+    NODE_HOP_CALLS,
+    NODE_BODY_OFFSETS,
+    BODY_STACK_OFFSETS,
+    BODY_STACK_PATHS,
+    BODY_STACK_TYPES,
     NUM_GRAPH_ARRAYS
 };
 #define FIRST_OPTIONAL_ARRAY NODE_BLOCK_IDS
@@ -255,6 +261,11 @@ static const struct {
     [NODE_STACK_PATHS] = {"node_stack_paths", 4, "int32, e.g. array('i')"},
     [NODE_STACK_TYPES] = {"node_stack_types", 4, "int32, e.g. array('i')"},
     [NODE_WEIGHTS] = {"node_weights", 4, "int32, e.g. array('i')"},
+    [NODE_HOP_CALLS] = {"node_hop_calls", 4, "int32, e.g. array('i')"},
+    [NODE_BODY_OFFSETS] = {"node_body_offsets", 8, "int64, e.g. array('q')"},
+    [BODY_STACK_OFFSETS] = {"body_stack_offsets", 8, "int64, e.g. array('q')"},
+    [BODY_STACK_PATHS] = {"body_stack_paths", 4, "int32, e.g. array('i')"},
+    [BODY_STACK_TYPES] = {"body_stack_types", 4, "int32, e.g. array('i')"},
 };
 
 static const char *const graph_keys[] = {
@@ -267,6 +278,8 @@ static const char *const graph_keys[] = {
     /* optional (ABI 6), all or none: the module stacks */
     "module_string_offsets", "module_strings", "node_stack_offsets", "node_stack_paths", "node_stack_types",
     "node_weights", /* optional (ABI 7): absent or None means one each */
+    /* optional (ABI 10), all or none, with the module stacks: the body facts */
+    "node_hop_calls", "node_body_offsets", "body_stack_offsets", "body_stack_paths", "body_stack_types",
 };
 #define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
 #define NUM_REQUIRED_GRAPH_KEYS 16 /* the optional ones come last */
@@ -464,6 +477,35 @@ static int stacks_from_views(const struct graph_views *gv, int64_t num_nodes, in
     return 0;
 }
 
+/* Checks the body facts (ABI 10): all five or none, only with the module
+ * stacks, with lengths that agree. */
+static int bodies_from_views(const struct graph_views *gv, int64_t num_nodes) {
+    int held = 0;
+    for (int a = NODE_HOP_CALLS; a <= BODY_STACK_TYPES; a++) held += gv->held[a];
+    if (held == 0) return 0;
+    if (held != BODY_STACK_TYPES - NODE_HOP_CALLS + 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "graph: the body facts need all of 'node_hop_calls', 'node_body_offsets', "
+                        "'body_stack_offsets', 'body_stack_paths' and 'body_stack_types', or none");
+        return -1;
+    }
+    if (!gv->held[NODE_STACK_OFFSETS]) {
+        PyErr_SetString(PyExc_ValueError, "graph: the body facts ('node_hop_calls', ...) need the module stacks");
+        return -1;
+    }
+    int64_t body_nodes, num_entries;
+    if (check_len(gv, NODE_HOP_CALLS, num_nodes, "num_nodes") < 0 ||
+        check_len(gv, NODE_BODY_OFFSETS, num_nodes + 1, "num_nodes + 1") < 0 ||
+        csr_values_len(gv, NODE_BODY_OFFSETS, &body_nodes) < 0 ||
+        check_len(gv, BODY_STACK_OFFSETS, body_nodes + 1, "node_body_offsets[num_nodes] + 1") < 0 ||
+        csr_values_len(gv, BODY_STACK_OFFSETS, &num_entries) < 0 ||
+        check_len(gv, BODY_STACK_PATHS, num_entries, "body_stack_offsets[-1]") < 0 ||
+        check_len(gv, BODY_STACK_TYPES, num_entries, "body_stack_offsets[-1]") < 0) {
+        return -1;
+    }
+    return 0;
+}
+
 /* Fills g from the graph dict, exporting every array into gv. On failure
  * some views may be held: the caller always calls release_graph_views. */
 static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph *g) {
@@ -500,6 +542,7 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
     int64_t num_module_strings = 0;
     if (stacks_from_views(gv, num_nodes, &num_module_strings) < 0) return -1;
     if (gv->held[NODE_WEIGHTS] && check_len(gv, NODE_WEIGHTS, num_nodes, "num_nodes") < 0) return -1;
+    if (bodies_from_views(gv, num_nodes) < 0) return -1;
 
     if (check_len(gv, NODE_OPS, num_nodes, "num_nodes") < 0 ||
         check_len(gv, NODE_MODULE_IDS, num_nodes, "num_nodes") < 0 ||
@@ -553,6 +596,13 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         g->node_stack_types = gv->views[NODE_STACK_TYPES].buf;
     }
     g->node_weights = gv->held[NODE_WEIGHTS] ? gv->views[NODE_WEIGHTS].buf : NULL;
+    if (gv->held[NODE_HOP_CALLS]) {
+        g->node_hop_calls = gv->views[NODE_HOP_CALLS].buf;
+        g->node_body_offsets = gv->views[NODE_BODY_OFFSETS].buf;
+        g->body_stack_offsets = gv->views[BODY_STACK_OFFSETS].buf;
+        g->body_stack_paths = gv->views[BODY_STACK_PATHS].buf;
+        g->body_stack_types = gv->views[BODY_STACK_TYPES].buf;
+    }
     return 0;
 }
 
@@ -843,7 +893,10 @@ PyDoc_STRVAR(plan_graph_doc,
              "DDP_KEYS, goddp_ddp's fields, or None) are optional, and so are the graph's module\n"
              "stacks (module_string_offsets, module_strings, node_stack_offsets, node_stack_paths,\n"
              "node_stack_types: all or none); ABI 7: graph['node_weights'] is optional (absent or\n"
-             "None: one each); ABI 9: config['uniform_caps'] is optional (default 0). The reply's ABI 6 keys are the decisions: the\n"
+             "None: one each); ABI 9: config['uniform_caps'] is optional (default 0); ABI 10: the\n"
+             "graph's body facts (node_hop_calls, node_body_offsets, body_stack_offsets,\n"
+             "body_stack_paths, body_stack_types: all or none, with the module stacks) are\n"
+             "optional. The reply's ABI 6 keys are the decisions: the\n"
              "settings the plan stands for (bucket_cap_bytes, first_bucket_cap_bytes,\n"
              "bucket_caps_bytes, max_pieces, align_buckets, bucket_order), align_reason and\n"
              "align_detail (str), alignment_name (str), num_counted_params, piece_param_offsets\n"

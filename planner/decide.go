@@ -137,7 +137,10 @@ type decider struct {
 	req *Request
 	s   *Settings
 	g   Graph // the request's graph with the derived BlockIDs
-	out Decision
+	// stacks: the request's module stacks seen through bodies (Note
+	// [Body stacks]), set by checkStacks.
+	stacks *ModuleStacks
+	out    Decision
 	// partOnly: the aligned buckets hold DDP's parameters, each once, but
 	// not all of them (set by covers).
 	partOnly bool
@@ -175,7 +178,7 @@ func Decide(req *Request) (*Decision, error) {
 	}
 	d.clampCaps()
 	d.pieceParams()
-	d.out.EagerPieces = eagerPieces(&d.g, d.req.Stacks, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
+	d.out.EagerPieces = eagerPieces(&d.g, d.stacks, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
 	d.out.BlockIDs = d.g.BlockIDs
 	d.out.CheckpointRegions = checkpointRegions(d.s, d.out.Plan)
 	return &d.out, nil
@@ -207,7 +210,7 @@ func (d *decider) parameterFree() {
 // assignBlocks derives Graph.BlockIDs from the module stacks under
 // Settings.BlockCuts (Note [Block rule]).
 func (d *decider) assignBlocks() error {
-	if st := d.req.Stacks; st != nil && d.s.BlockCuts {
+	if st := d.stacks; st != nil && d.s.BlockCuts {
 		d.g.BlockIDs = assignBlocks(&d.g, st)
 	}
 	return nil
@@ -222,7 +225,11 @@ func (d *decider) checkStacks() error {
 	if d.g.BlockIDs != nil {
 		return errorf(ErrInvalidGraph, "planner: both BlockIDs and module stacks given; give the module stacks and let the planner assign the blocks")
 	}
-	return validateStacks(st, len(d.g.Ops))
+	if err := validateStacks(st, len(d.g.Ops)); err != nil {
+		return err
+	}
+	d.stacks = st.throughBodies()
+	return nil
 }
 
 // plan builds the plan, aligned if asked and possible; see AlignReason.

@@ -32,17 +32,21 @@ type ModuleStacks struct {
 	// Weights, optional (nil: one each), is per node how many compute
 	// nodes it stands for (Note [Node weights]).
 	Weights []int32
+	// Bodies, optional (nil: none), are the facts about higher-order-op
+	// calls from which the planner derives the stacks and weights it
+	// reads (Note [Body stacks]); not with Weights.
+	Bodies *BodyFacts
 }
 
 // Note [Node weights]: a node may stand for several compute nodes of the
 // model. Dynamo captures an activation checkpoint as one call of a
 // higher-order op whose body is a subgraph of its own, plus a get_attr of
-// the body and a getitem per result; the caller hands the call its body's
-// compute nodes as its weight, and the get_attr and getitems 0 (python/
-// goddp/graph/checkpoints.py, Note [Checkpoint bodies]). The block rule's
+// the body and a getitem per result; the call weighs its body's compute
+// nodes, and the get_attr and getitems 0, as the planner derives from the
+// body facts (Note [Body stacks]) or a C caller gives directly. The block rule's
 // instance sizes (minBlockNodes) and the edges' sizes (Note [Edges]) then
 // count what the model runs, so that a checkpointed block weighs what the
-// same block does unchekpointed.
+// same block does uncheckpointed.
 
 // weight returns node i's weight under st (one each without weights).
 func (st *ModuleStacks) weight(i int) int {
@@ -65,6 +69,14 @@ func validateStacks(st *ModuleStacks, n int) error {
 			if w < 0 {
 				return errorf(ErrInvalidGraph, "planner: node %d has weight %d; weights are at least 0", i, w)
 			}
+		}
+	}
+	if st.Bodies != nil {
+		if st.Weights != nil {
+			return errorf(ErrInvalidGraph, "planner: module stacks: both node weights and body facts given; give the body facts and let the planner weigh the nodes (Note [Body stacks])")
+		}
+		if err := validateBodies(st.Bodies, n, len(st.Strings)); err != nil {
+			return err
 		}
 	}
 	if len(st.Types) != len(st.Paths) {

@@ -190,3 +190,57 @@ func checkCSR(offsetsName, valuesName string, offsets []int64, n, numValues int)
 	}
 	return nil
 }
+
+// validateBodies checks the body facts of a graph of n nodes whose module
+// stacks hold numStrings strings (Note [Body stacks]).
+func validateBodies(b *BodyFacts, n, numStrings int) error {
+	if len(b.Calls) != n {
+		return errorf(ErrInvalidGraph, "planner: body facts: %d call entries for %d nodes; want one per node", len(b.Calls), n)
+	}
+	for i, c := range b.Calls {
+		if c < -1 || int(c) >= n {
+			return errorf(ErrInvalidGraph, "planner: body facts: node %d belongs to call %d, out of range [-1, %d)", i, c, n)
+		}
+		if c >= 0 && b.Calls[c] != c {
+			return errorf(ErrInvalidGraph, "planner: body facts: node %d belongs to node %d, which is no call (it belongs to %d); a call belongs to itself",
+				i, c, b.Calls[c])
+		}
+	}
+	if len(b.StackOffsets) == 0 {
+		return errorf(ErrInvalidGraph, "planner: body facts: StackOffsets is empty; it needs one entry more than there are body nodes")
+	}
+	bodyNodes := len(b.StackOffsets) - 1
+	if err := checkCSR("body Offsets", "StackOffsets' body nodes", b.Offsets, n, bodyNodes); err != nil {
+		return err
+	}
+	for i := range n {
+		if size := b.Offsets[i+1] - b.Offsets[i]; size != 0 && b.Calls[i] != int32(i) {
+			return errorf(ErrInvalidGraph, "planner: body facts: node %d has %d body nodes but is no call; only a call has a body", i, size)
+		}
+	}
+	if b.StackOffsets[0] != 0 {
+		return errorf(ErrInvalidGraph, "planner: body facts: StackOffsets[0] is %d, want 0", b.StackOffsets[0])
+	}
+	for k := range bodyNodes {
+		if b.StackOffsets[k+1] < b.StackOffsets[k] {
+			return errorf(ErrInvalidGraph, "planner: body facts: StackOffsets decreases at body node %d (%d then %d)",
+				k, b.StackOffsets[k], b.StackOffsets[k+1])
+		}
+	}
+	if end := b.StackOffsets[bodyNodes]; end != int64(len(b.Paths)) || len(b.Types) != len(b.Paths) {
+		return errorf(ErrInvalidGraph, "planner: body facts: StackOffsets ends at %d but there are %d paths and %d types; want one path and one type per entry",
+			end, len(b.Paths), len(b.Types))
+	}
+	for k := range b.Paths {
+		for _, ref := range [2]struct {
+			what string
+			idx  int32
+		}{{"path", b.Paths[k]}, {"type", b.Types[k]}} {
+			if ref.idx < 0 || int(ref.idx) >= numStrings {
+				return errorf(ErrInvalidGraph, "planner: body stack entry %d: %s string %d out of range [0, %d)",
+					k, ref.what, ref.idx, numStrings)
+			}
+		}
+	}
+	return nil
+}

@@ -556,6 +556,75 @@ static void check_decisions(const goddp_graph *base) {
 /* The reports (ABI 9): a JSON document in, a string out, freed by
  * goddp_string_free; a bad document is GODDP_ERR_INVALID_CONFIG and hands
  * nothing out. */
+/* The body facts (ABI 10, Note [Body stacks]): each layer as if one
+ * higher-order-op call, its linear the call (a body of two nodes inside
+ * the layer), its relu the call's companion, no layer node with a stack of
+ * its own beyond the model: the planner assigns the same blocks as from
+ * the layers' own stacks; a node belonging to a node that is no call is
+ * GODDP_ERR_INVALID_GRAPH. */
+static void check_bodies(const goddp_graph *base) {
+    static const char strings[] = "L['self']ModelBlockL['self'].layers.0L['self'].layers.1L['self'].layers.2";
+    int64_t string_offsets[] = {0, 9, 14, 19, 37, 55, 73};
+    int64_t stack_offsets[NUM_NODES + 1], body_offsets[NUM_NODES + 1], body_stacks[2 * LAYERS + 1];
+    int32_t paths[NUM_NODES], types[NUM_NODES], calls[NUM_NODES];
+    int32_t body_paths[4 * LAYERS], body_types[4 * LAYERS];
+    int64_t nb = 0, ne = 0;
+    body_stacks[0] = 0;
+    for (int i = 0; i < NUM_NODES; i++) {
+        stack_offsets[i] = i, paths[i] = 0, types[i] = 1;
+        body_offsets[i] = nb;
+        calls[i] = -1;
+        for (int l = 0; l < LAYERS; l++) {
+            if (i == linear_node(l) || i == relu_node(l)) calls[i] = linear_node(l);
+            if (i != linear_node(l)) continue;
+            for (int j = 0; j < 2; j++) {
+                body_paths[ne] = 0, body_types[ne] = 1, ne++;
+                body_paths[ne] = 3 + l, body_types[ne] = 2, ne++;
+                body_stacks[++nb] = ne;
+            }
+        }
+    }
+    stack_offsets[NUM_NODES] = NUM_NODES, body_offsets[NUM_NODES] = nb;
+    goddp_graph g = *base;
+    g.num_module_strings = 6;
+    g.module_string_offsets = string_offsets;
+    g.module_strings = strings;
+    g.node_stack_offsets = stack_offsets;
+    g.node_stack_paths = paths;
+    g.node_stack_types = types;
+    g.node_hop_calls = calls;
+    g.node_body_offsets = body_offsets;
+    g.body_stack_offsets = body_stacks;
+    g.body_stack_paths = body_paths;
+    g.body_stack_types = body_types;
+
+    goddp_config cfg = toy_config(GODDP_MODE_DDP);
+    cfg.block_cuts = 1;
+    goddp_plan *plan = NULL;
+    char *msg = NULL;
+    goddp_status st = goddp_plan_graph(&g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_OK && plan != NULL, "bodies: status %d, message: %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+    msg = NULL;
+    if (st == GODDP_OK && plan != NULL) {
+        int ok = plan->node_block_ids != NULL && plan->node_block_ids[0] == -1;
+        for (int l = 0; ok && l < LAYERS; l++) {
+            ok = plan->node_block_ids[linear_node(l)] == l && plan->node_block_ids[relu_node(l)] == l;
+        }
+        CHECK(ok, "bodies: block ids");
+        CHECK(plan->num_pieces == LAYERS, "bodies: %" PRId64 " pieces", plan->num_pieces);
+    }
+    goddp_plan_free(plan);
+
+    calls[relu_node(0)] = relu_node(1); /* a relu, which is no call */
+    plan = NULL;
+    st = goddp_plan_graph(&g, &cfg, &plan, &msg);
+    CHECK(st == GODDP_ERR_INVALID_GRAPH && plan == NULL && msg != NULL && strstr(msg, "which is no call") != NULL,
+          "bodies: bad call: status %d, message: %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+    goddp_plan_free(plan);
+}
+
 static void check_reports(void) {
     char *text = NULL, *msg = NULL;
     goddp_status st = goddp_plan_table(
@@ -683,6 +752,7 @@ int main(void) {
     check_aligned(&g);
     check_blocks(&g);
     check_decisions(&g);
+    check_bodies(&g);
     check_errors(&g);
     check_max_procs();
     check_reports();

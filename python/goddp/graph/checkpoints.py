@@ -19,15 +19,11 @@ partitioner recomputes them in backward; every call of a compiled piece is
 its own autograd node.
 
 So, for goddp:
-- Blocks: the planner's block rule (Note [Block rule]) reads each node's
-  module stack; a call's is the modules its whole body runs inside, the
-  common prefix of its body's stacks (``stacks_through_bodies``), and its
-  body's get_attr and its getitems get the call's. A call inside one block
-  lands in it; a call whose body spans several blocks in none, unless it is
-  split first (below). The call weighs its body's compute nodes, its
-  get_attr and getitems nothing (``weights_through_bodies``; Note [Node
-  weights] in planner/modstack.go), so that the block rule's sizes and the
-  edges' (Note [Edges]) count what the model runs.
+- Blocks: the planner's block rule (Note [Block rule]) sees each call's
+  module stack and weight through its body, from the facts the export
+  hands it (Note [Body stacks] in planner/bodies.go). A call inside one
+  block lands in it; a call whose body spans several blocks in none,
+  unless it is split first (below).
 - Identity: two calls are the same code when their bodies have the same
   structure, names aside, recursively, with the same settings and the same
   policy (``graph_key``; a policy partial compares by function and bound
@@ -112,74 +108,6 @@ def body_of(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:
 
 def is_checkpoint(gm: fx.GraphModule, node: fx.Node) -> bool:
     return node.target is _CHECKPOINT and body_of(gm, node) is not None
-
-
-def flattened_nodes(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
-    """The compute nodes node stands for: itself, or for a higher-order-op
-    call the compute nodes of its body, recursively, in order."""
-    body = body_of(gm, node)
-    if body is None:
-        return [node]
-    out: list[fx.Node] = []
-    for inner in body.graph.nodes:
-        if is_compute(inner) and inner.op != "get_attr":
-            out.extend(flattened_nodes(body, inner))
-    return out
-
-
-def companions(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
-    """The outer nodes that go where a higher-order-op call goes: its body's
-    get_attr and the getitems of its results (none for other nodes)."""
-    if body_of(gm, node) is None:
-        return []
-    return [node.args[0]] + [u for u in node.users if u.op == "call_function" and u.target is operator.getitem]
-
-
-def stacks_through_bodies(gm: fx.GraphModule, nodes: Sequence[fx.Node], stack_of: Callable[[fx.Node], list]) -> list[list]:
-    """Per node, the module stack the planner's block rule reads: its own
-    (stack_of), but for a higher-order-op call the modules its whole body
-    runs inside, i.e. the common prefix of its body's nodes' stacks (those
-    with one), recursively; its body's get_attr and its getitems get the
-    call's. A call inside one block thus lands in that block; one spanning
-    several blocks in none of them (Note [Checkpoint bodies])."""
-    stacks = [stack_of(node) for node in nodes]
-    index = {node: i for i, node in enumerate(nodes)}
-    for i, node in enumerate(nodes):
-        if body_of(gm, node) is None:
-            continue
-        prefix: list | None = None
-        for inner in flattened_nodes(gm, node):
-            stack = stack_of(inner)
-            if not stack:
-                continue
-            if prefix is None:
-                prefix = list(stack)
-                continue
-            keep = 0
-            while keep < min(len(prefix), len(stack)) and prefix[keep] == stack[keep]:
-                keep += 1
-            del prefix[keep:]
-        stacks[i] = prefix or []
-        for companion in companions(gm, node):
-            if companion in index:
-                stacks[index[companion]] = stacks[i]
-    return stacks
-
-
-def weights_through_bodies(gm: fx.GraphModule, nodes: Sequence[fx.Node]) -> list[int] | None:
-    """Per node, how many compute nodes it stands for (planner/modstack.go,
-    Note [Node weights]): a higher-order-op call its body's, its body's
-    get_attr and its getitems 0, any other node 1; None when the graph has
-    no such call (the planner then counts one each)."""
-    weights = [len(flattened_nodes(gm, node)) for node in nodes]
-    index = {node: i for i, node in enumerate(nodes)}
-    found = False
-    for node in nodes:
-        for companion in companions(gm, node):
-            found = True
-            if companion in index:
-                weights[index[companion]] = 0
-    return weights if found else None
 
 
 # --------------------------------------------------------------------------

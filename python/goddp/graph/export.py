@@ -10,6 +10,7 @@ which modules are repeated blocks, is the planner's.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from array import array
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import fx, nn
 
-from goddp.graph.checkpoints import stacks_through_bodies, weights_through_bodies
-from goddp.graph.nodes import resolve_attr
+from goddp.graph.checkpoints import body_of
+from goddp.graph.nodes import is_compute, resolve_attr
 from goddp.native import extension as _native
 
 OP_CODES = {
@@ -341,10 +342,11 @@ class _Exporter:
         }
 
     def stack_arrays(self) -> dict[str, Any]:
-        """Each node's module stack (Dynamo's nn_module_stack), outermost
-        first, as goddp_graph's interned table: the facts the planner's block
-        rule reads (planner/modstack.go, Note [Block rule]); a checkpoint
-        call's is its body's (Note [Checkpoint bodies])."""
+        """Each node's own module stack (Dynamo's nn_module_stack), outermost
+        first, as goddp_graph's interned table, and the body facts of its
+        higher-order-op calls: the facts the planner's block rule reads
+        (planner/modstack.go, Note [Block rule]; planner/bodies.go, Note
+        [Body stacks])."""
         index: dict[str, int] = {}
         string_offsets, strings = array("q", [0]), bytearray()
 
@@ -356,21 +358,41 @@ class _Exporter:
                 string_offsets.append(len(strings))
             return slot
 
-        stack_offsets, paths, types = array("q", [0]), array("i"), array("i")
-        for stack in stacks_through_bodies(self.gm, self.nodes, module_stack):
-            for path, kind in stack:
-                paths.append(intern(path))
-                types.append(intern(kind))
-            stack_offsets.append(len(paths))
-        weights = weights_through_bodies(self.gm, self.nodes)
-        return {
-            "module_string_offsets": string_offsets,
-            "module_strings": bytes(strings),
-            "node_stack_offsets": stack_offsets,
-            "node_stack_paths": paths,
-            "node_stack_types": types,
-            **({} if weights is None else {"node_weights": array("i", weights)}),
-        }
+        def table(stacks: Iterable[list[tuple[str, str]]]) -> tuple[array, array, array]:
+            offsets, paths, types = array("q", [0]), array("i"), array("i")
+            for stack in stacks:
+                for path, kind in stack:
+                    paths.append(intern(path))
+                    types.append(intern(kind))
+                offsets.append(len(paths))
+            return offsets, paths, types
+
+        stack_offsets, paths, types = table(module_stack(node) for node in self.nodes)
+        out: dict[str, Any] = {"node_stack_offsets": stack_offsets, "node_stack_paths": paths, "node_stack_types": types}
+        calls = self.hop_calls()
+        if calls:
+            belongs, body_offsets, bodies = array("i", [-1] * len(self.nodes)), array("q", [0]), []
+            for i, node in enumerate(self.nodes):
+                for member in calls.get(node, ()):
+                    belongs[self.node_index[member]] = i
+                bodies.extend(_flattened_body(self.gm, node) if node in calls else ())
+                body_offsets.append(len(bodies))
+            body_stacks = table(module_stack(inner) for inner in bodies)
+            out.update(zip(("body_stack_offsets", "body_stack_paths", "body_stack_types"), body_stacks))
+            out.update(node_hop_calls=belongs, node_body_offsets=body_offsets)
+        return {"module_string_offsets": string_offsets, "module_strings": bytes(strings), **out}
+
+    def hop_calls(self) -> dict[fx.Node, list[fx.Node]]:
+        """Per higher-order-op call (a node with a body), in graph order, the
+        outer nodes that belong to it: its body's get_attr, itself and the
+        getitems of its results (Note [Body stacks]); a later call's claim
+        wins."""
+        calls: dict[fx.Node, list[fx.Node]] = {}
+        for node in self.nodes:
+            if body_of(self.gm, node) is not None:
+                items = [u for u in node.users if u.op == "call_function" and u.target is operator.getitem]
+                calls[node] = [node.args[0], node, *items]
+        return calls
 
     def param_flags(self, param: torch.Tensor, name: str) -> int:
         flags = _native.PARAM_REQUIRES_GRAD if param.requires_grad else 0
@@ -407,6 +429,19 @@ class _Exporter:
             "param_name_offsets": param_name_offsets,
             "param_names": bytes(encoded_names),
         }
+
+
+def _flattened_body(gm: fx.GraphModule, node: fx.Node) -> Iterable[fx.Node]:
+    """The compute nodes a higher-order-op call's body runs, a nested call's
+    body in its place, recursively, in order (Note [Body stacks])."""
+    body = body_of(gm, node)
+    for inner in body.graph.nodes:
+        if not is_compute(inner) or inner.op == "get_attr":
+            continue
+        if body_of(body, inner) is None:
+            yield inner
+        else:
+            yield from _flattened_body(body, inner)
 
 
 def export_graph(

@@ -12,9 +12,9 @@ import torch.utils.checkpoint as cp
 from torch import fx
 
 from goddp.graph.blocks import piece_signature
-from goddp.graph.export import module_stack
+from goddp.graph.export import export_graph, module_stack
 from goddp.native.plan import plan_graph_module
-from goddp.graph.checkpoints import BodyBuckets, plan_split, policy_key, split_checkpoints, stacks_through_bodies
+from goddp.graph.checkpoints import BodyBuckets, plan_split, policy_key, split_checkpoints
 from checkpoint_models import SAVED_OPS, build, make_tokens, sac_context
 from test_blocks import dynamo_graph
 
@@ -42,6 +42,22 @@ def planner_blocks(gm):
     return plan.node_block_ids or [-1] * len(gm.graph.nodes)
 
 
+def body_facts(gm):
+    """The exported body facts (Note [Body stacks]) in plain form: per node
+    the call it belongs to, and per node the module paths of its body nodes'
+    stacks."""
+    arrays = export_graph(gm).arrays
+    data, offsets = arrays["module_strings"], arrays["module_string_offsets"]
+    text = [data[offsets[k]:offsets[k + 1]].decode() for k in range(len(offsets) - 1)]
+    node_body, stack = arrays["node_body_offsets"], arrays["body_stack_offsets"]
+    paths = arrays["body_stack_paths"]
+    bodies = [
+        [[text[paths[e]] for e in range(stack[k], stack[k + 1])] for k in range(node_body[i], node_body[i + 1])]
+        for i in range(len(node_body) - 1)
+    ]
+    return list(arrays["node_hop_calls"]), bodies
+
+
 class TestBlocksThroughBodies:
     def test_each_checkpoint_call_joins_its_block(self, native_module):
         gm = dynamo_graph(build("per_block", "residual"), make_tokens(0))
@@ -49,13 +65,16 @@ class TestBlocksThroughBodies:
         # a call has no module stack of its own
         calls = [i for i, n in enumerate(nodes) if n.target is CHECKPOINT]
         assert all(module_stack(nodes[i]) == [] for i in calls)
-        stacks = stacks_through_bodies(gm, nodes, module_stack)
-        assert [stacks[i][-1][0] for i in calls] == [f"L['self'].blocks.{k}" for k in range(4)]
+        belongs, bodies = body_facts(gm)
+        for k, i in enumerate(calls):
+            members = [nodes.index(nodes[i].args[0]), i, *(nodes.index(r) for r in nodes[i].users)]
+            assert sorted(j for j, c in enumerate(belongs) if c == i) == sorted(members)
+            assert bodies[i] and all(f"L['self'].blocks.{k}" in stack for stack in bodies[i] if stack)
+        assert all(not bodies[i] for i in range(len(nodes)) if i not in calls)
         ids = planner_blocks(gm)
         assert [ids[i] for i in calls] == [0, 1, 2, 3]
         for i in calls:
             body_attr, results = nodes[i].args[0], list(nodes[i].users)
-            assert stacks[nodes.index(body_attr)] == stacks[i]
             assert ids[nodes.index(body_attr)] == ids[i]
             assert all(ids[nodes.index(r)] == ids[i] for r in results)
 
@@ -63,7 +82,8 @@ class TestBlocksThroughBodies:
         gm = dynamo_graph(build("whole", "residual"), make_tokens(0))
         nodes = list(gm.graph.nodes)
         (call,) = [n for n in nodes if n.target is CHECKPOINT]
-        assert stacks_through_bodies(gm, nodes, module_stack)[nodes.index(call)] == []
+        _, bodies = body_facts(gm)
+        assert {s[0] for s in bodies[nodes.index(call)] if s} == {f"L['self'].blocks.{k}" for k in range(4)}
         assert set(planner_blocks(gm)) == {-1}
         # its body alone holds the four blocks
         assert sorted(set(planner_blocks(getattr(gm, call.args[0].target))) - {-1}) == [0, 1, 2, 3]

@@ -158,10 +158,10 @@ def test_constants_mirror_the_extension(ext):
 
 def test_key_tuples_match_the_builders(ext):
     # chain_graph and toy_config leave out the optional keys, as callers
-    # written before ABI 2, 4, 5, 6 and 7 do.
+    # written before ABI 2, 4, 5, 6, 7 and 10 do.
     assert set(ext.GRAPH_KEYS) == set(chain_graph(1)) | {"node_block_ids", "param_ddp_positions"} | set(STACK_KEYS) | {
         "node_weights"
-    }
+    } | set(BODY_KEYS)
     assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp", "uniform_caps"}
     assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
     assert len(ext.PLAN_KEYS) == 36
@@ -221,6 +221,60 @@ def with_stacks(graph: dict, layers: int) -> dict:
         stack_offsets.append(len(paths))
     return {**graph, "module_string_offsets": offsets, "module_strings": data, "node_stack_offsets": stack_offsets,
             "node_stack_paths": paths, "node_stack_types": types}
+
+
+BODY_KEYS = ("node_hop_calls", "node_body_offsets", "body_stack_offsets", "body_stack_paths", "body_stack_types")
+
+
+def with_bodies(graph: dict, layers: int) -> dict:
+    """with_stacks, but each layer as if one higher-order-op call (ABI 10,
+    Note [Body stacks]): its linear the call, whose body holds two nodes
+    inside L['self'].layers.<i>, its relu the call's companion; no node of a
+    layer has a stack of its own beyond the model."""
+    graph = with_stacks(graph, layers)
+    first_compute = 2 * layers + 1
+    stack_offsets, paths, types = array("q", [0]), array("i"), array("i")
+    calls, body_offsets, body_stacks = array("i"), array("q", [0]), array("q", [0])
+    body_paths, body_types = array("i"), array("i")
+    for node in range(graph["num_nodes"]):
+        paths.append(0), types.append(1)
+        stack_offsets.append(len(paths))
+        inside = first_compute <= node < first_compute + 2 * layers
+        calls.append(first_compute + 2 * ((node - first_compute) // 2) if inside else -1)
+        if calls[-1] == node:
+            for _ in range(2):
+                body_paths.extend([0, 3 + (node - first_compute) // 2]), body_types.extend([1, 2])
+                body_stacks.append(len(body_paths))
+        body_offsets.append(len(body_stacks) - 1)
+    return {**graph, "node_stack_offsets": stack_offsets, "node_stack_paths": paths, "node_stack_types": types,
+            "node_hop_calls": calls, "node_body_offsets": body_offsets, "body_stack_offsets": body_stacks,
+            "body_stack_paths": body_paths, "body_stack_types": body_types}
+
+
+def test_body_facts_cross_the_extension(ext):
+    """The body facts (ABI 10, optional): the planner sees each call's stack
+    through its body as the stacks it stands for say; all five or none, with
+    the module stacks, lengths that agree, and the planner's checks named."""
+    layers = 3
+    cfg = toy_config(bucket_cap_bytes=1 << 40, first_bucket_cap_bytes=1 << 40, block_cuts=1)
+    graph = with_bodies(chain_graph(layers), layers)
+    plan = ext.plan_graph(graph, cfg)
+    assert unpack(plan["node_block_ids"], "i")[2 * layers + 1: -1] == [0, 0, 1, 1, 2, 2]
+    assert plan["fingerprint"] == ext.plan_graph(with_stacks(chain_graph(layers), layers), cfg)["fingerprint"]
+    assert ext.plan_graph({**graph, **dict.fromkeys(BODY_KEYS)}, cfg)["node_block_ids"] is None
+    with pytest.raises(ValueError, match="the body facts need all of 'node_hop_calls'"):
+        ext.plan_graph({**graph, "body_stack_types": None}, cfg)
+    with pytest.raises(ValueError, match="need the module stacks"):
+        ext.plan_graph({**{k: v for k, v in graph.items() if k not in STACK_KEYS}}, cfg)
+    with pytest.raises(ValueError, match=r"graph\['body_stack_paths'\] has 11 items"):
+        ext.plan_graph({**graph, "body_stack_paths": graph["body_stack_paths"][1:]}, cfg)
+    calls = array("i", graph["node_hop_calls"])
+    calls[2 * layers + 2] = 2 * layers + 4  # a relu, which is no call
+    with pytest.raises(ext.PlannerError, match="node 8 belongs to node 10, which is no call") as info:
+        ext.plan_graph({**graph, "node_hop_calls": calls}, cfg)
+    assert info.value.code == _native.ERR_INVALID_GRAPH
+    with pytest.raises(ext.PlannerError, match="both node weights and body facts"):
+        ext.plan_graph({**graph, "node_weights": array("i", [1] * graph["num_nodes"])}, cfg)
 
 
 def test_uniform_caps_cross_the_extension(ext):
