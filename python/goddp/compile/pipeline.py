@@ -309,9 +309,23 @@ class _DDPGraphCompile:
     def note(self, planned: Planned) -> None:
         """The INFO notes a plan deserves (the planner's, Note [A plan's
         notes] in planner/notes.go), each once per DDP module unless it says
-        otherwise."""
+        otherwise. Notes are words only: a planner error here costs no
+        compile (logged at DEBUG)."""
+        try:
+            notes = self._notes(planned)
+        except Exception:
+            logger.debug("goddp: the plan's notes could not be worded", exc_info=True)
+            return
+        note_ddp_settings(self.ddp, notes["settings"])
+        for note in notes["notes"]:
+            if note["once"]:
+                note_once(self.ddp, note["text"])
+            else:
+                logger.info("%s", note["text"])
+
+    def _notes(self, planned: Planned) -> dict[str, Any]:
         plan = planned.plan
-        notes = _native.plan_notes({
+        return _native.plan_notes({
             "mode": self.options.mode,
             "align_requested": self.options.aligns_buckets,
             "ddp_bucket_order": plan.ddp_bucket_order,
@@ -325,12 +339,6 @@ class _DDPGraphCompile:
             "part_of_forward": planned.part_of_forward,
             "frame": self.frame.describe(),
         })
-        note_ddp_settings(self.ddp, notes["settings"])
-        for note in notes["notes"]:
-            if note["once"]:
-                note_once(self.ddp, note["text"])
-            else:
-                logger.info("%s", note["text"])
 
     def log_table(self, plan: GraphPlan, identified: Identified | None = None) -> None:
         """The plan table at INFO (log_plan), with the frame the graph came

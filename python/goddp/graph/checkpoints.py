@@ -377,21 +377,6 @@ def _decide(
     return splits, reply["said"]
 
 
-def plan_split(
-    gm: fx.GraphModule,
-    call: fx.Node,
-    body_blocks: Callable[[fx.GraphModule], list[int]],
-    body_buckets: BodyPlanner | None = None,
-) -> Split:
-    """How to split one checkpoint call (Note [Checkpoint bodies]).
-    body_blocks gives, per node of a body graph, its block (-1 for none);
-    body_buckets, given, plans a body by buckets where the planner asks
-    (gm, the call, its body; None when it holds no DDP parameter), the
-    outer graph taken as not cut at block runs."""
-    splits, _ = _decide(gm, [call], body_blocks, body_buckets, lambda g: False)
-    return splits[0]
-
-
 def _region_body(body: fx.GraphModule, region: Region) -> fx.GraphModule:
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}

@@ -191,7 +191,7 @@ def checkpoint_split(request: Mapping[str, Any]) -> dict[str, Any]:
     """How to split a graph's checkpoint calls (goddp_checkpoint_split in
     csrc/goddp.h, which gives both JSON shapes). Raises PlannerError like
     plan_graph."""
-    return json.loads(load().checkpoint_split(json.dumps(request)))
+    return _json_call("checkpoint_split", request)
 
 
 def plan_table(view: Mapping[str, Any]) -> str:

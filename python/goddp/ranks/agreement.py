@@ -236,15 +236,22 @@ class TrainingGate:
 
     def _follow(self, decision: Decision) -> None:
         """A graph that first runs after the module decided follows the
-        decision (the Go planner's words, goddp_follow)."""
+        decision (the Go planner's words, goddp_follow). Never raises: this
+        rank alone runs it, so a failure must not cost it the step."""
         part = None if self.member is None or self.member.layout is None else self.member.layout.to_dict()
-        following = _native.follow({
-            "action": decision.action,
-            "reason": decision.reason,
-            "decided": None if decision.layout is None else decision.layout.to_dict(),
-            "mine": None if self.statement.layout is None else self.statement.layout.to_dict(),
-            "part": part,
-        })
+        followed = {"aligned": decision.action == INSTALL, "followed": "the decision of the module's first training call"}
+        try:
+            following = _native.follow({
+                "action": decision.action,
+                "reason": decision.reason,
+                "decided": None if decision.layout is None else decision.layout.to_dict(),
+                "mine": None if self.statement.layout is None else self.statement.layout.to_dict(),
+                "part": part,
+            })
+        except Exception as exc:
+            reason = f"followed the module's decision ({decision.action}); could not word it ({type(exc).__name__}: {exc})"
+            self._report(followed, {"aligned": False, "reason": reason})
+            return
         if following["log"] is not None:
             logger.info("%s", following["log"]["text"])
         self._report(following["plan_check"], following["ddp_buckets"])
@@ -350,7 +357,10 @@ def _namer(ddp: Any) -> Callable[[int], str]:
 
 
 def _model_key(ddp: Any) -> str:
-    names = ddp_parameter_names(ddp)
+    try:
+        names = ddp_parameter_names(ddp)
+    except Exception:  # a DDP whose private API differs: the shapes alone, on every rank alike
+        names = [""] * len(ddp_parameters(ddp))
     return model_key(
         module_type_name(ddp),
         [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, ddp_parameters(ddp))],

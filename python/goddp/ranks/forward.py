@@ -143,7 +143,17 @@ def combine(members: list[Member], param_bytes: list[int]) -> Combined:
     """The one layout for the members (Note [Graphs of one forward]), or
     None and why, and the line that says so: the Go planner's
     (goddp_forward_layout). param_bytes: the byte size of each of DDP's
-    parameters, by DDP position."""
+    parameters, by DDP position. Never raises: a rank whose planner call
+    fails still brings a statement (no layout, and why) to the round the
+    other ranks hold, so that every rank keeps DDP's buckets alike."""
+    try:
+        return _combined(members, param_bytes)
+    except Exception as exc:
+        why = f"could not combine the forward's layouts ({type(exc).__name__}: {exc})"
+        return Combined(None, None, why, {"graphs": [m.describe for m in members]}, f"goddp: {why}")
+
+
+def _combined(members: list[Member], param_bytes: list[int]) -> Combined:
     reply = _native.forward_layout({
         "members": [
             {"layout": None if m.layout is None else m.layout.to_dict(), "reason": m.reason, "describe": m.describe}

@@ -14,7 +14,8 @@ from torch import fx
 from goddp.graph.blocks import piece_signature
 from goddp.graph.export import export_graph, module_stack
 from goddp.native.plan import plan_graph_module
-from goddp.graph.checkpoints import BodyBuckets, plan_split, policy_key, split_checkpoints
+from goddp.graph import checkpoints as _checkpoints
+from goddp.graph.checkpoints import BodyBuckets, policy_key, split_checkpoints
 from checkpoint_models import SAVED_OPS, build, make_tokens, sac_context
 from test_blocks import dynamo_graph
 
@@ -132,6 +133,14 @@ def _hand_made(ops, blocks, meta=True):
     outer.output((outer.call_function(operator.getitem, (hop, 0)),))
     gm = fx.GraphModule({"body": body_gm}, outer)
     return gm, hop, lambda g: list(blocks)
+
+
+def plan_split(gm, call, body_blocks, body_buckets=None):
+    """The planner's decision for one checkpoint call, the outer graph
+    taken as not cut at block runs (what split_checkpoints decides for
+    each call, including those it neither splits nor reports)."""
+    splits, _ = _checkpoints._decide(gm, [call], body_blocks, body_buckets, lambda g: False)
+    return splits[0]
 
 
 class TestSplitDecisions:
