@@ -515,12 +515,18 @@ goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
  * call's body planned alone (config.uniform_caps; null: it holds no DDP
  * parameter) and "buckets_planned": true. Otherwise "calls" is the
  * decision per call ("node_regions" null: kept whole for "reason", which
- * "code" names; "describe": the INFO line) and "said" the calls to log and
+ * "code" names: "few_blocks", "result_used", "policy_function", "random_op",
+ * "state_change", "nested_hop", "read_before_made", "attribute_both_sides",
+ * "not_carried", "mutation_across_cut" or "hands_nothing_on"; "" when
+ * split; "describe": the INFO line) and "said" the calls to log and
  * rewrite (boundary not "").
  * On GODDP_OK, *reply is released with goddp_string_free; on error it stays
- * NULL. GODDP_ERR_INVALID_CONFIG for a request that is not of that shape;
- * GODDP_ERR_INVALID_GRAPH for a body that does not end with its output, a
- * node reading a node not before it, or bucket pieces not one per node. */
+ * NULL. GODDP_ERR_INVALID_CONFIG for a request that is not of that shape,
+ * or a bucket plan with negative bytes or count or a cap below 1;
+ * GODDP_ERR_INVALID_GRAPH for a body that does not end with its one output
+ * node, a node kind out of range, a node reading a node not before it, a
+ * block or piece below -1, a "writes" out of range, bucket pieces not one
+ * per node, or too many nodes. The error message names the call and node. */
 goddp_status goddp_checkpoint_split(const char *request, char **reply, char **err_msg);
 
 /* One DDP bucket layout for the graphs of a forward, or why there is none,
