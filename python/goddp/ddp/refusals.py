@@ -9,6 +9,8 @@ known to be safe, with a reason the user reads:
   DDP's own buckets. Whether the plan's buckets hold exactly DDP's
   parameters is the planner's decision too (GODDP_REASON_NOT_COVERED);
 - goddp.trace: ``trace_refusal``; the trace is then refused on every rank.
+The rebuild's and the trace's reasons are the planner's too (Note [DDP
+refusals] in planner/ddprefusals.go): this module reads the facts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from goddp.ddp import private
+from goddp.native import extension as _native
 from goddp.native.plan import AlignmentFacts
 
 # Set on a DDP module while a goddp.trace is installed on it.
@@ -58,38 +61,47 @@ def alignment_facts(ddp: Any) -> tuple[AlignmentFacts | None, str | None]:
 
 
 def rebuild_blocker(ddp: Any) -> str | None:
-    """Why DDP's reducer cannot be replaced right now, or None. Asked at the
-    first training call, where the rebuild would happen."""
-    if private.join_enabled(ddp):
-        # DDP's pre-forward has just handed the old reducer this step's
-        # Join work handle, which cannot be read back to hand it on.
-        return "the first training step runs inside a Join context, whose state lives in DDP's reducer"
-    # A module that trained before (DDP rebuilt its buckets) can still be
-    # aligned: nobody installs before the ranks decided, and a failed install
-    # gives every rank a fresh reducer alike (Note [Agreeing on DDP's layout]).
-    return None
+    """Why DDP's reducer cannot be replaced right now, or None (the planner's
+    words, Note [DDP refusals]). Asked at the first training call, where the
+    rebuild would happen; a planner error keeps DDP's buckets."""
+    flags = _native.DDP_JOIN if private.join_enabled(ddp) else 0
+    return _ask("rebuild", {"flags": flags}, "rebuild DDP's reducer")[0]
 
 
 def trace_refusal(ddp: Any) -> str | None:
-    """Why this DDP module cannot be traced (goddp.trace), or None."""
-    if getattr(ddp, TRACE_ACTIVE_ATTR, None) is not None:
-        return "this DDP module is already being traced (one goddp.trace at a time)"
-    if private.uses_python_reducer(ddp):
-        return "DDP uses the Python reducer (compiled autograd): it has no comm hooks"
-    if ddp.static_graph:
-        return "static_graph=True: a fresh reducer would repeat DDP's static-graph first step"
-    if private.delays_every_allreduce(ddp):
-        return "every parameter is in DDP's delayed allreduce: DDP reduces nothing in backward"
-    hooks = private.comm_hooks(ddp)
-    if len(hooks) > 1:
-        return f"DDP lists {len(hooks)} comm hooks; expected at most one"
+    """Why this DDP module cannot be traced (goddp.trace), or None: the facts
+    read here, the reason the planner's (Note [DDP refusals])."""
+    facts = (
+        (getattr(ddp, TRACE_ACTIVE_ATTR, None) is not None, _native.DDP_TRACED),
+        (private.uses_python_reducer(ddp), _native.DDP_PYTHON_REDUCER),
+        (bool(ddp.static_graph), _native.DDP_STATIC_GRAPH),
+        (private.delays_every_allreduce(ddp), _native.DDP_DELAYS_EVERY_ALLREDUCE),
+    )
+    request: dict[str, Any] = {"comm_hooks": None, "builtin_comm_hook": None, "logging_error": None}
+    unread: Exception | None = None
+    try:
+        request["comm_hooks"] = len(private.comm_hooks(ddp))
+    except Exception as exc:  # raised below, where a rule needs them
+        unread = exc
     try:
         builtin = private.builtin_comm_hook(ddp)
     except Exception as exc:
-        return f"could not read DDP's logging data ({type(exc).__name__}: {exc})"
-    if builtin:
-        return (
-            f"a built-in C++ comm hook ({builtin}) is registered; it cannot be wrapped "
-            "(register it as a Python hook, e.g. torch.distributed.algorithms.ddp_comm_hooks, to trace it)"
-        )
-    return None
+        request["logging_error"] = f"{type(exc).__name__}: {exc}"
+    else:
+        request["builtin_comm_hook"] = str(builtin) if builtin else None
+    flags = sum(bit for fact, bit in facts if fact)
+    request["flags"] = flags | (_native.DDP_BUILTIN_COMM_HOOK if request["builtin_comm_hook"] else 0)
+    refusal, needs = _ask("trace", request, "trace this DDP module")
+    if needs is not None and unread is not None:
+        raise unread
+    return refusal
+
+
+def _ask(question: str, request: dict[str, Any], doing: str) -> tuple[str | None, str | None]:
+    """The planner's refusal and the fact it could not do without; a planner
+    error is itself the refusal (goddp then leaves DDP alone)."""
+    try:
+        reply = _native.ddp_refusal({"question": question, **request})
+    except Exception as exc:
+        return f"goddp could not decide whether to {doing} ({type(exc).__name__}: {exc})", None
+    return reply["refusal"], reply["unread"]

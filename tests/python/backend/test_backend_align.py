@@ -323,3 +323,26 @@ def test_caps_below_one_byte_are_refused_before_the_reducer_is_touched():
     with pytest.raises(ValueError, match=r"at least 1 byte, got \[0, 5\]"):
         install_bucket_caps(ddp, [0, 5])
     assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
+
+
+def test_trace_and_rebuild_refusals_are_the_planners_and_a_planner_error_refuses(monkeypatch):
+    """The facts read off DDP, the reason the planner's (Note [DDP
+    refusals]); where the planner cannot answer, goddp leaves DDP alone and
+    says why."""
+    from goddp.ddp import refusals
+    from goddp.native import extension
+
+    ddp = DDP(Stack(), bucket_cap_mb=0.125)
+    assert refusals.trace_refusal(ddp) is None and refusals.rebuild_blocker(ddp) is None
+    setattr(ddp, refusals.TRACE_ACTIVE_ATTR, object())
+    assert refusals.trace_refusal(ddp) == "this DDP module is already being traced (one goddp.trace at a time)"
+    delattr(ddp, refusals.TRACE_ACTIVE_ATTR)
+    ddp._comm_hooks = [(None, None), (None, None)]
+    assert refusals.trace_refusal(ddp) == "DDP lists 2 comm hooks; expected at most one"
+
+    def fails(request):
+        raise extension.load().PlannerError("injected")
+
+    monkeypatch.setattr(extension, "ddp_refusal", fails)
+    assert refusals.trace_refusal(ddp) == "goddp could not decide whether to trace this DDP module (PlannerError: injected)"
+    assert refusals.rebuild_blocker(ddp) == "goddp could not decide whether to rebuild DDP's reducer (PlannerError: injected)"
