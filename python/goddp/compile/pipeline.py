@@ -45,7 +45,7 @@ from goddp.compile.inner import inner_name, resolve_inner
 from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
-from goddp.ddp.refusals import STAND_IN, alignment_facts, stand_in_blocker
+from goddp.ddp.refusals import STAND_IN, alignment_facts, could_not_inspect, stand_in_blocker
 from goddp.ddp.settings import module_of, note_ddp_settings, note_once, read_ddp_settings
 from goddp.graph.blocks import group_pieces, piece_signature
 from goddp.graph.checkpoints import BodyBuckets, log_splits, split_checkpoints
@@ -241,7 +241,7 @@ class _DDPGraphCompile:
             try:
                 names = ddp_parameter_names(self.ddp)
             except Exception as exc:  # a DDP whose private API differs: leave it alone
-                blocker, align = f"could not inspect DDP ({type(exc).__name__}: {exc})", False
+                blocker, align = could_not_inspect(exc), False
             else:
                 exported, num_params = with_ddp_positions(exported, names), len(names)
         request = self.request(align, num_params, facts)

@@ -57,7 +57,13 @@ def alignment_facts(ddp: Any) -> tuple[AlignmentFacts | None, str | None]:
             None,
         )
     except Exception as exc:  # a DDP whose private API differs: leave it alone
-        return None, f"could not inspect DDP ({type(exc).__name__}: {exc})"
+        return None, could_not_inspect(exc)
+
+
+def could_not_inspect(exc: Exception) -> str:
+    """Why goddp leaves the buckets of a DDP module alone whose private API
+    raised exc (the caller's refusal of Note [Alignment refusals])."""
+    return f"could not inspect DDP ({type(exc).__name__}: {exc})"
 
 
 def rebuild_blocker(ddp: Any) -> str | None:
@@ -74,27 +80,28 @@ def trace_refusal(ddp: Any) -> str | None:
     facts = (
         (getattr(ddp, TRACE_ACTIVE_ATTR, None) is not None, _native.DDP_TRACED),
         (private.uses_python_reducer(ddp), _native.DDP_PYTHON_REDUCER),
-        (bool(ddp.static_graph), _native.DDP_STATIC_GRAPH),
+        (ddp.static_graph, _native.DDP_STATIC_GRAPH),
         (private.delays_every_allreduce(ddp), _native.DDP_DELAYS_EVERY_ALLREDUCE),
     )
-    request: dict[str, Any] = {"comm_hooks": None, "builtin_comm_hook": None, "logging_error": None}
-    unread: Exception | None = None
-    try:
-        request["comm_hooks"] = len(private.comm_hooks(ddp))
-    except Exception as exc:  # raised below, where a rule needs them
-        unread = exc
-    try:
-        builtin = private.builtin_comm_hook(ddp)
-    except Exception as exc:
-        request["logging_error"] = f"{type(exc).__name__}: {exc}"
-    else:
-        request["builtin_comm_hook"] = str(builtin) if builtin else None
-    flags = sum(bit for fact, bit in facts if fact)
-    request["flags"] = flags | (_native.DDP_BUILTIN_COMM_HOOK if request["builtin_comm_hook"] else 0)
+    hooks, unread = _read(lambda: len(private.comm_hooks(ddp)))
+    builtin, failed = _read(lambda: private.builtin_comm_hook(ddp) or None)
+    request = {
+        "flags": sum(bit for fact, bit in facts if fact) | (_native.DDP_BUILTIN_COMM_HOOK if builtin else 0),
+        "comm_hooks": hooks,
+        "builtin_comm_hook": builtin,
+        "logging_error": None if failed is None else f"{type(failed).__name__}: {failed}",
+    }
     refusal, needs = _ask("trace", request, "trace this DDP module")
     if needs is not None and unread is not None:
-        raise unread
+        raise unread  # what reading the comm hooks raised, where the planner needs them
     return refusal
+
+
+def _read(fact: Any) -> tuple[Any, Exception | None]:
+    try:
+        return fact(), None
+    except Exception as exc:
+        return None, exc
 
 
 def _ask(question: str, request: dict[str, Any], doing: str) -> tuple[str | None, str | None]:
