@@ -146,3 +146,23 @@ func TestDDPRefusalWording(t *testing.T) {
 	fmt.Fprintf(&b, "rebuild, join: %s\n", *RebuildRefusal(&DDPSettings{JoinEnabled: true}))
 	checkGolden(t, "ddp_refusals", b.String())
 }
+
+// FuzzTraceRefusal: any facts, the planner's answer is the note read
+// literally (go test ./planner -fuzz FuzzTraceRefusal).
+func FuzzTraceRefusal(f *testing.F) {
+	f.Add(uint8(0), int8(1), "", "")
+	f.Add(uint8(0xff), int8(-1), "E: m", "ALLREDUCE")
+	f.Fuzz(func(t *testing.T, bits uint8, hooks int8, logging, builtin string) {
+		facts := &TraceFacts{DDP: &DDPSettings{
+			Traced: bits&1 != 0, PythonReducer: bits&2 != 0, StaticGraph: bits&4 != 0, DelaysEveryAllReduce: bits&8 != 0,
+			BuiltinCommHook: builtin != "",
+		}, BuiltinCommHookName: builtin}
+		if hooks >= 0 {
+			facts.CommHooks = ptr(int(hooks))
+		}
+		if bits&16 != 0 {
+			facts.LoggingError = &logging
+		}
+		require.Equal(t, naiveTraceRefusal(facts), TraceRefusal(facts))
+	})
+}
