@@ -792,6 +792,45 @@ def test_forked_child_gets_forked_child_error(ext):
     assert ext.abi_version() == _native.ABI_VERSION
 
 
+def test_json_operations_refuse_in_forked_child(ext):
+    # The JSON operations go through one C helper; each refuses in a forked
+    # child, like plan_graph above.
+    ext.abi_version()
+    names = ("agree", "checkpoint_split", "forward_layout", "follow", "plan_notes", "round_error", "trace_plans")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            report = []
+            for name in names:
+                try:
+                    getattr(ext, name)("{}")
+                    report.append("returned")
+                except ext.ForkedChildError:
+                    report.append("forked")
+                except BaseException as e:
+                    report.append(f"other:{type(e).__name__}")
+            os.write(w, "\n".join(report).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    exit_code = wait_for_child(pid, timeout=20)
+    with os.fdopen(r, "rb") as f:
+        report = f.read().decode().splitlines()
+    assert exit_code == 0
+    assert report == ["forked"] * len(names)
+    # In the parent, the same calls reach the planner (which refuses "{}"
+    # or answers it, but never as a forked child).
+    for name in names:
+        try:
+            getattr(ext, name)("{}")
+        except ext.PlannerError:
+            pass
+
+
 def test_panic_hook_refuses_in_forked_child():
     # debug_panic, like every entry point, refuses in a forked child; only
     # the test build has it (the other entry points are checked above).
