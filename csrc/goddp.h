@@ -572,8 +572,8 @@ goddp_status goddp_plan_notes(const char *request, char **reply, char **err_msg)
  *   reply: {"error": str|null}   (null: the round ended in "go")
  * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
  * for a request of another shape, an unknown meeting, "keeps" outside the
- * first step, or an outcome other than "go" of a plan-check round not
- * given up. */
+ * first step, a plan-check round without "timeout_env", or an outcome other
+ * than "go" of a plan-check round not given up. */
 goddp_status goddp_round_error(const char *request, char **reply, char **err_msg);
 
 /* The plans of a DDP module that goddp.trace's record lists, from the plan

@@ -90,6 +90,9 @@ func (req *RoundRequest) words() (who, event, rule, late string, err error) {
 	late = "it stops too rather than go on alone"
 	switch req.Meeting {
 	case MeetFirstStep, MeetInstall:
+		if req.TimeoutEnv == "" {
+			return "", "", "", "", errorf(ErrInvalidConfig, "planner: RoundError: the %s round needs the name of its timeout's variable", req.Meeting)
+		}
 		who, event = "goddp", "the first training step"
 		if req.Meeting == MeetInstall {
 			event = "installing DDP's new buckets"

@@ -72,6 +72,7 @@ func TestRoundErrorRejects(t *testing.T) {
 		{roundReq(MeetInstall, true, "gave up: rank 0", true, true, nil), "only the first-step round keeps"},
 		{roundReq(MeetTraceEnter, true, "go", false, true, nil), "only the first-step round keeps"},
 		{roundReq(MeetFirstStep, false, "refused", false, true, nil), `ended in "refused"`},
+		{&RoundRequest{Meeting: MeetInstall, Outcome: "go"}, "needs the name of its timeout's variable"},
 	} {
 		_, err := RoundError(tc.req)
 		require.Error(t, err)
