@@ -72,7 +72,7 @@ ctest: $(BUILD)/plan_toy $(HOOKDIR)/plan_toy ## Plan a toy graph from C through 
 	$(BUILD)/plan_toy
 	$(HOOKDIR)/plan_toy
 
-gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, the trace figures, Decide, the body stacks, Agree, PlanForward, the checkpoint regions)
+gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, the trace figures, Decide, the body stacks, Agree, PlanForward, the checkpoint regions, the rounds' texts, a trace's plans)
 	$(GO) vet ./...
 	$(GO) vet -tags goddp_testhooks ./...
 	$(GO) test -race -count=1 -tags goddp_testhooks ./...
@@ -84,6 +84,8 @@ gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, th
 	$(GO) test -run '^$$' -fuzz '^FuzzAgree$$' -fuzztime 3s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzPlanForward$$' -fuzztime 3s ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckpointRegions$$' -fuzztime 3s ./planner
+	$(GO) test -run '^$$' -fuzz '^FuzzRoundError$$' -fuzztime 2s ./planner
+	$(GO) test -run '^$$' -fuzz '^FuzzTracePlansOf$$' -fuzztime 2s ./planner
 
 pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo group)
 	$(PYTEST_ENV) $(PY) -m pytest -q tests/python

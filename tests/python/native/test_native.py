@@ -821,6 +821,8 @@ _FORK_ARGS = {
     "forward_layout": lambda: ("{}",),
     "follow": lambda: ("{}",),
     "plan_notes": lambda: ("{}",),
+    "round_error": lambda: ("{}",),
+    "trace_plans": lambda: ("{}",),
     "debug_panic": lambda: (),
 }
 
