@@ -85,9 +85,11 @@ extern "C" {
  *    its verdict gives "log"; goddp_forward_layout (a forward's members in,
  *    its one layout or refusal and its line out, JSON); goddp_follow (a
  *    later graph of a decided DDP module, JSON); goddp_plan_notes (the INFO
- *    lines a plan deserves, JSON); goddp_ddp_refusal (why goddp.trace or
- *    the reducer rebuild leaves a DDP module alone, JSON; Note [DDP
- *    refusals]) with goddp_ddp.flags GODDP_DDP_TRACED,
+ *    lines a plan deserves, JSON); goddp_round_error (the error text of an
+ *    agreement round that did not end in "go", JSON); goddp_trace_plans
+ *    (a DDP module's plans in goddp.trace's record, JSON); goddp_ddp_refusal
+ *    (why goddp.trace or the reducer rebuild leaves a DDP module alone,
+ *    JSON; Note [DDP refusals]) with goddp_ddp.flags GODDP_DDP_TRACED,
  *    GODDP_DDP_DELAYS_EVERY_ALLREDUCE and GODDP_DDP_JOIN.
  *    Also 10: goddp_graph's body facts, node_hop_calls .. body_stack_types
  *    (optional, at the end of the struct): the planner sees the module
@@ -617,6 +619,40 @@ goddp_status goddp_plan_notes(const char *request, char **reply, char **err_msg)
  * negative comm_hooks, or a BUILTIN_COMM_HOOK bit without a name (or a name
  * without it). */
 goddp_status goddp_ddp_refusal(const char *request, char **reply, char **err_msg);
+
+/* The error text of an agreement round (goddp.ranks.store_round) that did
+ * not end in "go" (planner.RoundError, planner/rounds.go, Note [Rounds that
+ * did not settle]; ABI 10). JSON text, as goddp_agree:
+ *   request: {"meeting": "first step"|"install"|"enter"|"leave",
+ *                 (the plan check's rounds; goddp.trace's)
+ *             "keeps": bool,   (first step only: the ranks keep DDP's buckets)
+ *             "timeout_env": str,   (the plan check's wait's variable)
+ *             "group": {"name": str, "ranks": [int], "rank": int,
+ *                       "timeout_s": float},
+ *             "round": {"outcome": str, "gave_up": bool, "complete": bool,
+ *                       "waited_s": float,
+ *                       "statements": {"<rank>": str}}}   (the ranks seen)
+ *   reply: {"error": str|null}   (null: the round ended in "go")
+ * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
+ * for a request of another shape, an unknown meeting, "keeps" outside the
+ * first step, a plan-check round without "timeout_env", or an outcome other
+ * than "go" of a plan-check round not given up. */
+goddp_status goddp_round_error(const char *request, char **reply, char **err_msg);
+
+/* The plans of a DDP module that goddp.trace's record lists, from the plan
+ * records (planner.TracePlansOf, planner/traceplans.go, Note [A trace's
+ * plans]; ABI 10). JSON text, as goddp_agree:
+ *   request: {"module": str,   (the module's "ddp_module" key)
+ *             "plans": [record]}   (goddp.last_plans(), oldest first)
+ *   reply: {"plans": [{"fingerprint": "<16 hex digits>"|null, "mode": any,
+ *                      "num_pieces": any, "bucket_bytes": [any],
+ *                      "bucket_param_names": [[any]], "ddp_buckets": any,
+ *                      "fallback": any, "ddp_module": any, "forward": any}]}
+ *     the records' own values where "any" (null where absent).
+ * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
+ * for a request of another shape, or a selected record whose buckets lack
+ * "bytes" or have "param_names" that are not a list. */
+goddp_status goddp_trace_plans(const char *request, char **reply, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);

@@ -57,7 +57,7 @@ type TraceStep struct {
 }
 
 // TracePlan is what a trace record says of one goddp plan of the module
-// (goddp.tracing.session.goddp_plans_for); nil fields print as None.
+// (TracedPlan, Note [A trace's plans]); nil fields print as None.
 type TracePlan struct {
 	Fingerprint *string       `json:"fingerprint"`
 	Mode        *string       `json:"mode"`

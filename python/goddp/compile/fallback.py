@@ -7,6 +7,12 @@ the inner compiler instead (``strict=True`` raises the exception itself).
 ``Stages.guard`` is that one fallback context; ``Stages.timed`` adds each
 stage's time to the plan record.
 
+Note [The fallback's words stay in Python]: the reason and the warning
+(``describe``, ``warn_fallback``) are the one text goddp writes without the
+planner: a fallback is also what happens when Go cannot answer (a
+PlannerError, a ForkedChildError in a forked child, a planner that failed
+to load), so its words must not need Go.
+
 Dynamo steers its own compilation with exceptions (restart the analysis,
 skip the frame, turn an unsupported fake-tensor operation into a graph
 break). They are not failures of goddp's: ``is_dynamo_control_flow`` names
@@ -106,7 +112,8 @@ def _passing_on(exc: BaseException, stage: str) -> None:
 
 
 def describe(exc: BaseException) -> str:
-    """The exception's type and the first line of its message."""
+    """The exception's type and the first line of its message (see
+    Note [The fallback's words stay in Python])."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 

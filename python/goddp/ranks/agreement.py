@@ -111,7 +111,6 @@ from goddp.ranks.group import Group, group_of, store_for
 from goddp.ranks.plan_check import (
     INSTALL,
     LATER,
-    TIMEOUT_ENV,
     Decision,
     RanksMissingError,
     Statement,
@@ -299,10 +298,7 @@ def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, G
     if store is not None:
         first = dataclasses.replace(group, timeout_s=first_round_timeout_s(group))
         try:
-            payloads = exchange(store, key, first, statement.to_json(), then=(
-                "Every rank keeps DDP's own buckets and trains on (Note [A round given up] in planner/agree.go); "
-                f"{TIMEOUT_ENV}=<seconds> sets how long the ranks wait for each other here."
-            ))
+            payloads = exchange(store, key, first, statement.to_json(), keeps=True)
         except RanksMissingError as exc:
             logger.warning("%s", exc)
             payloads, unsettled = exc.seen, exc.unsettled
@@ -336,7 +332,7 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
     store = store_for(group)
     if store is not None:
         payloads = exchange(
-            store, f"{key}/installed", group, json.dumps(mine), "installing DDP's new buckets", "install DDP's new buckets"
+            store, f"{key}/installed", group, json.dumps(mine), "install", "install DDP's new buckets"
         )
         said = {r: json.loads(p) for r, p in payloads.items()}
     if lost is not None:

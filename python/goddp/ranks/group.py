@@ -2,7 +2,8 @@
 
 One group type (``Group``, made by ``group_of``), one timeout parser
 (``timeout_s``), the store every agreement goes through (``store_for``),
-and one way to say that ranks did not come (``missing_ranks_message``).
+and one way to say why a round did not settle (``round_error``, the
+planner's words).
 Two agreements use them: the plan check at a DDP module's first training
 call (goddp.ranks.agreement) and goddp.trace (entering and leaving).
 """
@@ -17,6 +18,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from goddp.native import extension as _native
+
 # Used when the process group's timeout cannot be read: torch's own default.
 FALLBACK_TIMEOUT_S = 1800.0
 
@@ -29,9 +32,6 @@ class Group:
     ranks: tuple[int, ...]  # global ranks
     rank: int  # this process's global rank
     timeout_s: float
-
-    def where(self) -> str:
-        return f"a DDP module (process group {self.name!r}, ranks {list(self.ranks)})"
 
 
 def group_of(ddp: Any, timeout_s: float | Callable[[Any], float]) -> Group:
@@ -104,25 +104,40 @@ def process_group_timeout_s(process_group: Any) -> float:
 
 
 # --------------------------------------------------------------------------
-# Ranks that did not come
+# Rounds that did not settle
 
 
-def missing_ranks_message(
-    who: str, group: Group, event: str, ended: Any, rule: str, late: str = "it stops too rather than go on alone"
-) -> str:
-    """What a rank says when a round (goddp.ranks.store_round.Round `ended`)
-    was given up: either it waited for ranks that never arrived, or it came
-    after the others had given up on it. who: "goddp" or "goddp.trace";
-    event: where the ranks were to meet ("the first training step",
-    "entering the trace"); rule: the sentence that says what every rank must
-    do; late: what a rank that came after the others gave up does."""
-    where = group.where()
-    if ended.complete:
+def round_error(meeting: str, group: Group, ended: Any, keeps: bool = False, timeout_env: str = "") -> str | None:
+    """The error text of a round (goddp.ranks.store_round.Round `ended`) of
+    `meeting` that did not end in "go", None when it did: the planner's
+    (Note [Rounds that did not settle] in planner/rounds.go). meeting:
+    "first step" or "install" (the plan check), "enter" or "leave"
+    (goddp.trace); keeps: the ranks keep DDP's buckets rather than stop;
+    timeout_env: the plan check's variable for its wait. Never raises: a
+    planner that cannot word it (a forked child, say) gets a plain line, so
+    that the caller still raises its own error or keeps DDP's buckets."""
+    try:
+        return _round_error(meeting, group, ended, keeps, timeout_env)
+    except Exception as exc:
+        if not ended.gave_up and ended.outcome == "go":
+            return None
         return (
-            f"{who}: rank {group.rank} reached {event} of {where} after the others had stopped waiting for "
-            f"it ({ended.outcome}), {group.timeout_s:g} s after the first arrival; {late}. {rule}"
+            f"goddp: rank {group.rank}: the round ({meeting}) of process group {group.name!r} ended "
+            f"{ended.outcome!r}, not 'go' (the planner could not word it: {type(exc).__name__}: {exc})"
         )
-    return (
-        f"{who}: rank {group.rank} waited {ended.waited_s:.0f} s at {event} of {where} for rank(s) "
-        f"{ended.missing(group)}, which never arrived. {rule}"
-    )
+
+
+def _round_error(meeting: str, group: Group, ended: Any, keeps: bool, timeout_env: str) -> str | None:
+    return _native.round_error({
+        "meeting": meeting,
+        "keeps": keeps,
+        "timeout_env": timeout_env,
+        "group": {"name": group.name, "ranks": list(group.ranks), "rank": group.rank, "timeout_s": group.timeout_s},
+        "round": {
+            "outcome": ended.outcome,
+            "gave_up": ended.gave_up,
+            "complete": ended.complete,
+            "waited_s": ended.waited_s,
+            "statements": dict(ended.statements),
+        },
+    })

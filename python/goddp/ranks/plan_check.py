@@ -40,7 +40,7 @@ import os
 from typing import Any, Callable, Mapping, Sequence
 
 from goddp.native import extension as _native
-from goddp.ranks.group import Group, env_seconds, missing_ranks_message, process_group_timeout_s
+from goddp.ranks.group import Group, env_seconds, process_group_timeout_s, round_error
 from goddp.ranks.group import timeout_s as group_timeout_s
 from goddp.ranks.layout import Layout
 from goddp.ranks.store_round import GAVE_UP, settle
@@ -264,39 +264,24 @@ def exchange(
     key: str,
     group: Group,
     payload: str,
-    event: str = "the first training step",
+    meeting: str = "first step",
     waiting_for: str = "reach the first training step (they may still be compiling)",
-    then: str | None = None,
+    keeps: bool = False,
 ) -> dict[int, str]:
     """Publishes payload under key for this rank and returns every rank's
     payload of the same round (see module doc). Waits at most
     group.timeout_s for the others, then raises RanksMissingError naming
     the ranks that did not come; a rank that comes after the others gave
-    up on it raises it too. then: what the message says happens next
-    (default: the rank stops; given, the rank keeps DDP's buckets, Note [A
-    round given up])."""
+    up on it raises it too. meeting: "first step" or "install"; keeps: the
+    message says the rank keeps DDP's buckets rather than stop (see
+    Note [Rounds that did not settle] in planner/rounds.go)."""
     arrival = int(store.add(f"{key}/arrivals", 1))
     base = f"{key}/{(arrival - 1) // len(group.ranks)}"
     ended = settle(store, base, group, payload, lambda _: "go", waiting_for)
     if not ended.gave_up:
         return dict(ended.statements)
     unsettled = {"stopped_by": int(ended.outcome[len(GAVE_UP):]), "missing": ended.missing(group)}
-    raise RanksMissingError(
-        missing_ranks_message(
-            "goddp",
-            group,
-            event,
-            ended,
-            then or (
-                f"Every rank of a DDP module must run its first training step within {group.timeout_s:.0f} s of the "
-                f"first; a rank that crashed, or one still compiling then, stops here (raise the limit with "
-                f"{TIMEOUT_ENV}=<seconds> or the process group's timeout)."
-            ),
-            *(() if then is None else ("it keeps DDP's own buckets, as they do",)),
-        ),
-        unsettled,
-        ended.statements,
-    )
+    raise RanksMissingError(round_error(meeting, group, ended, keeps, TIMEOUT_ENV), unsettled, ended.statements)
 
 
 STORE_PREFIX = "goddp/agree"

@@ -14,7 +14,8 @@ import torch.distributed as dist
 from goddp.ddp.refusals import trace_refusal
 from goddp.ddp.settings import module_key
 from goddp.graph.export import parameter_names
-from goddp.ranks.group import group_of, missing_ranks_message, store_for, timeout_s
+from goddp.native import extension as _native
+from goddp.ranks.group import group_of, round_error, store_for, timeout_s
 from goddp.ranks.store_round import agree, gather, publish
 from goddp.reports.records import last_plans
 from goddp.tracing.figures import format_summary, median_step, normalized, report, verdict
@@ -35,7 +36,6 @@ MAX_STEPS = 1000
 
 
 TIMEOUT_ENV = "GODDP_TRACE_TIMEOUT"
-_EVENTS = {"enter": "entering the trace", "leave": "leaving the trace"}
 
 _seq_lock = threading.Lock()
 _seqs: dict[str, "itertools.count[int]"] = {}
@@ -59,15 +59,8 @@ class _Rounds:
         returns when every rank said "ok", else raises TraceError (on every
         rank alike: they follow the round's one outcome)."""
         ended = agree(self.store, f"{self.prefix}/{phase}", self.group, verdict, f"{phase} the trace")
-        if ended.gave_up:
-            raise TraceError(
-                missing_ranks_message(
-                    "goddp.trace", self.group, _EVENTS[phase], ended, f"Every rank must {phase} it at the same step"
-                )
-            )
         if ended.outcome != "go":
-            reasons = "; ".join(f"rank {r}: {v}" for r, v in sorted(ended.statements.items()) if v != "ok")
-            raise TraceError(f"goddp.trace: cannot {phase} the trace ({reasons})")
+            raise TraceError(round_error(phase, self.group, ended))
 
     def publish(self, record: dict[str, Any]) -> None:
         publish(self.store, f"{self.prefix}/record/{self.group.rank}", record)
@@ -95,31 +88,12 @@ def _attributed_plans(ddp: Any) -> list[dict[str, Any]]:
 def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
     """The goddp plans (from ``goddp.last_plans()``) of this DDP module's
     graphs, oldest first, one per fingerprint; empty when goddp did not
-    compile it. Plan records name their DDP module (their "ddp_module"
-    key); graphs without DDP's parameters have no plan."""
+    compile it (the planner selects them: Note [A trace's plans] in
+    planner/traceplans.go)."""
     key = module_key(ddp, create=False)
     if key is None:
         return []
-    found: dict[Any, dict[str, Any]] = {}
-    for record in last_plans():
-        buckets = record.get("buckets") or []
-        if not buckets or (record.get("ddp_module") or {}).get("key") != key:
-            continue
-        fingerprint = record.get("fingerprint")
-        found.pop(fingerprint, None)
-        found[fingerprint] = {
-            "fingerprint": f"{fingerprint:016x}" if isinstance(fingerprint, int) else None,
-            "mode": record.get("mode"),
-            "num_pieces": record.get("num_pieces"),
-            "bucket_bytes": [b["bytes"] for b in buckets],
-            "bucket_param_names": [list(b.get("param_names", ())) for b in buckets],
-            "ddp_buckets": record.get("ddp_buckets"),
-            "fallback": record.get("fallback"),
-            "ddp_module": record.get("ddp_module"),
-            # The graphs planned together with this one (goddp.ranks.forward).
-            "forward": record.get("forward"),
-        }
-    return list(found.values())
+    return _native.trace_plans(key, last_plans())
 
 
 # --------------------------------------------------------------------------

@@ -61,3 +61,20 @@ def test_env_seconds(monkeypatch):
         monkeypatch.setenv("GODDP_TEST_SECONDS", bad)
         with pytest.warns(UserWarning, match="not a positive number of seconds"):
             assert env_seconds("GODDP_TEST_SECONDS") is None
+
+
+def test_a_round_error_the_planner_cannot_word_is_still_an_error_text(monkeypatch):
+    """round_error never raises (a forked child cannot call the planner): a
+    round that did not end in "go" still gets a line, one that did none."""
+    from goddp.ranks import group as _group
+    from goddp.ranks.store_round import Round
+
+    def refuse(request):
+        raise RuntimeError("forked after it was loaded")
+
+    monkeypatch.setattr(_group._native, "round_error", refuse)
+    who = Group(name="7", ranks=(0, 1), rank=1, timeout_s=4.0)
+    text = _group.round_error("enter", who, Round(f"{GAVE_UP}0", {1: "ok"}, False, 4.0))
+    assert "rank 1: the round (enter) of process group '7' ended 'gave up: rank 0'" in text
+    assert "the planner could not word it: RuntimeError: forked after it was loaded" in text
+    assert _group.round_error("enter", who, Round("go", {0: "ok", 1: "ok"}, True, 0.1)) is None
