@@ -121,31 +121,17 @@ func (h *hex64) UnmarshalJSON(b []byte) error {
 //export goddp_agree
 func goddp_agree(request *C.goddp_text_in, verdict **C.char, errMsg **C.char) (status C.goddp_status) {
 	defer recoverAsStatus(&status, errMsg)
-	if errMsg != nil {
-		*errMsg = nil
-	}
-	if request == nil || verdict == nil {
-		setErrMsg(errMsg, "goddp: goddp_agree: request or verdict is NULL")
-		return C.GODDP_ERR_INVALID_CONFIG
-	}
-	*verdict = nil
-	req, err := agreeRequestFromJSON(C.GoString((*C.char)(request)))
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	v, err := planner.Agree(req)
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	text, err := json.Marshal(verdictToWire(v))
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return C.GODDP_ERR_INTERNAL
-	}
-	*verdict = C.CString(string(text))
-	return C.GODDP_OK
+	return answer("goddp_agree", request, verdict, errMsg, func(text string) (any, error) {
+		req, err := agreeRequestFromJSON(text)
+		if err != nil {
+			return nil, err
+		}
+		v, err := planner.Agree(req)
+		if err != nil {
+			return nil, err
+		}
+		return verdictToWire(v), nil
+	})
 }
 
 // agreeRequestFromJSON converts the request text into the planner's types.

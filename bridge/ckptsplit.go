@@ -100,31 +100,17 @@ var bodyNodeKinds = map[string]planner.BodyNodeKind{
 //export goddp_checkpoint_split
 func goddp_checkpoint_split(request *C.goddp_text_in, reply **C.char, errMsg **C.char) (status C.goddp_status) {
 	defer recoverAsStatus(&status, errMsg)
-	if errMsg != nil {
-		*errMsg = nil
-	}
-	if request == nil || reply == nil {
-		setErrMsg(errMsg, "goddp: goddp_checkpoint_split: request or reply is NULL")
-		return C.GODDP_ERR_INVALID_CONFIG
-	}
-	*reply = nil
-	req, err := splitRequestFromJSON(C.GoString((*C.char)(request)))
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	r, err := planner.SplitCheckpoints(req)
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	text, err := json.Marshal(splitReplyToWire(r))
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return C.GODDP_ERR_INTERNAL
-	}
-	*reply = C.CString(string(text))
-	return C.GODDP_OK
+	return answer("goddp_checkpoint_split", request, reply, errMsg, func(text string) (any, error) {
+		req, err := splitRequestFromJSON(text)
+		if err != nil {
+			return nil, err
+		}
+		r, err := planner.SplitCheckpoints(req)
+		if err != nil {
+			return nil, err
+		}
+		return splitReplyToWire(r), nil
+	})
 }
 
 // splitRequestFromJSON converts the request text into the planner's types.

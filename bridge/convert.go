@@ -512,7 +512,7 @@ func decisionToC(cp *C.goddp_plan, d *planner.Decision) error {
 	if d.CheckpointRegions {
 		cp.checkpoint_regions = 1
 	}
-	if cp.align_detail = C.CString(d.AlignDetail); cp.align_detail == nil {
+	if cp.align_detail = C.CString(cText(d.AlignDetail)); cp.align_detail == nil {
 		return errOutOfMemory
 	}
 	if cp.alignment_name = C.CString(d.Plan.Alignment.String()); cp.alignment_name == nil {

@@ -35,26 +35,9 @@ type wireRefusal struct {
 //export goddp_ddp_refusal
 func goddp_ddp_refusal(request *C.goddp_text_in, reply **C.char, errMsg **C.char) (status C.goddp_status) {
 	defer recoverAsStatus(&status, errMsg)
-	if errMsg != nil {
-		*errMsg = nil
-	}
-	if request == nil || reply == nil {
-		setErrMsg(errMsg, "goddp: goddp_ddp_refusal: request or reply is NULL")
-		return C.GODDP_ERR_INVALID_CONFIG
-	}
-	*reply = nil
-	r, err := ddpRefusal(C.GoString((*C.char)(request)))
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	text, err := json.Marshal(r)
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return C.GODDP_ERR_INTERNAL
-	}
-	*reply = C.CString(string(text))
-	return C.GODDP_OK
+	return answer("goddp_ddp_refusal", request, reply, errMsg, func(text string) (any, error) {
+		return ddpRefusal(text)
+	})
 }
 
 // ddpRefusal converts the request, asks the planner its question and

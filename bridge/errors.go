@@ -53,8 +53,15 @@ func statusOf(err error) C.goddp_status {
 // asked for messages at all (err_msg may be NULL).
 func setErrMsg(errMsg **C.char, msg string) {
 	if errMsg != nil {
-		*errMsg = C.CString(msg)
+		*errMsg = C.CString(cText(msg))
 	}
+}
+
+// cText is text as a NUL-terminated C string can hold it: a NUL inside
+// (from a parameter or module name, say) is written \x00 rather than
+// cutting the message short there.
+func cText(text string) string {
+	return strings.ReplaceAll(text, "\x00", `\x00`)
 }
 
 // recoverAsStatus is deferred by every export that returns a status. It must

@@ -40,27 +40,14 @@ func goddp_trace_report(recordJSON *C.goddp_text_in, reportJSON **C.char, errMsg
 	})
 }
 
-// report clears the outputs, decodes in into a T, calls render and hands
-// its text to *out.
+// report decodes a report's document into a T and hands render's text back
+// (respond).
 func report[T any](name string, in *C.goddp_text_in, out, errMsg **C.char, render func(*T) (string, error)) C.goddp_status {
-	if errMsg != nil {
-		*errMsg = nil
-	}
-	if out == nil || in == nil {
-		setErrMsg(errMsg, "goddp: "+name+": input or output is NULL")
-		return C.GODDP_ERR_INVALID_CONFIG
-	}
-	*out = nil
-	var doc T
-	if err := json.Unmarshal([]byte(C.GoString((*C.char)(in))), &doc); err != nil {
-		setErrMsg(errMsg, "goddp: "+name+": not a valid document: "+err.Error())
-		return C.GODDP_ERR_INVALID_CONFIG
-	}
-	text, err := render(&doc)
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	*out = C.CString(text)
-	return C.GODDP_OK
+	return respond(name, in, out, errMsg, func(request string) (string, error) {
+		var doc T
+		if err := json.Unmarshal([]byte(request), &doc); err != nil {
+			return "", invalidConfig("goddp: %s: not a valid document: %v", name, err)
+		}
+		return render(&doc)
+	})
 }

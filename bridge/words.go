@@ -58,31 +58,17 @@ type wireLog struct {
 //export goddp_forward_layout
 func goddp_forward_layout(request *C.goddp_text_in, reply **C.char, errMsg **C.char) (status C.goddp_status) {
 	defer recoverAsStatus(&status, errMsg)
-	if errMsg != nil {
-		*errMsg = nil
-	}
-	if request == nil || reply == nil {
-		setErrMsg(errMsg, "goddp: goddp_forward_layout: request or reply is NULL")
-		return C.GODDP_ERR_INVALID_CONFIG
-	}
-	*reply = nil
-	req, err := forwardRequestFromJSON(C.GoString((*C.char)(request)))
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	out, err := planner.PlanForward(req)
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	text, err := json.Marshal(forwardReplyToWire(out))
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return C.GODDP_ERR_INTERNAL
-	}
-	*reply = C.CString(string(text))
-	return C.GODDP_OK
+	return answer("goddp_forward_layout", request, reply, errMsg, func(text string) (any, error) {
+		req, err := forwardRequestFromJSON(text)
+		if err != nil {
+			return nil, err
+		}
+		out, err := planner.PlanForward(req)
+		if err != nil {
+			return nil, err
+		}
+		return forwardReplyToWire(out), nil
+	})
 }
 
 func forwardRequestFromJSON(text string) (*planner.ForwardRequest, error) {
@@ -186,35 +172,21 @@ type wireFollowing struct {
 //export goddp_follow
 func goddp_follow(request *C.goddp_text_in, reply **C.char, errMsg **C.char) (status C.goddp_status) {
 	defer recoverAsStatus(&status, errMsg)
-	if errMsg != nil {
-		*errMsg = nil
-	}
-	if request == nil || reply == nil {
-		setErrMsg(errMsg, "goddp: goddp_follow: request or reply is NULL")
-		return C.GODDP_ERR_INVALID_CONFIG
-	}
-	*reply = nil
-	req, err := followRequestFromJSON(C.GoString((*C.char)(request)))
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	f, err := planner.Follow(req)
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	text, err := json.Marshal(&wireFollowing{
-		PlanCheck:  wirePlanCheck{Aligned: f.Installed, Followed: planner.Followed},
-		DDPBuckets: wireDDPBuckets{Aligned: f.Aligned, Reason: f.Reason},
-		Log:        logToWire(f.Log),
+	return answer("goddp_follow", request, reply, errMsg, func(text string) (any, error) {
+		req, err := followRequestFromJSON(text)
+		if err != nil {
+			return nil, err
+		}
+		f, err := planner.Follow(req)
+		if err != nil {
+			return nil, err
+		}
+		return &wireFollowing{
+			PlanCheck:  wirePlanCheck{Aligned: f.Installed, Followed: planner.Followed},
+			DDPBuckets: wireDDPBuckets{Aligned: f.Aligned, Reason: f.Reason},
+			Log:        logToWire(f.Log),
+		}, nil
 	})
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return C.GODDP_ERR_INTERNAL
-	}
-	*reply = C.CString(string(text))
-	return C.GODDP_OK
 }
 
 func followRequestFromJSON(text string) (*planner.FollowRequest, error) {
@@ -280,34 +252,21 @@ type wirePlanNotes struct {
 //export goddp_plan_notes
 func goddp_plan_notes(request *C.goddp_text_in, reply **C.char, errMsg **C.char) (status C.goddp_status) {
 	defer recoverAsStatus(&status, errMsg)
-	if errMsg != nil {
-		*errMsg = nil
-	}
-	if request == nil || reply == nil {
-		setErrMsg(errMsg, "goddp: goddp_plan_notes: request or reply is NULL")
-		return C.GODDP_ERR_INVALID_CONFIG
-	}
-	*reply = nil
-	req, err := planNotesRequestFromJSON(C.GoString((*C.char)(request)))
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return statusOf(err)
-	}
-	notes := planner.NotesFor(req)
-	w := wirePlanNotes{Notes: make([]wirePlanNote, len(notes.Notes))}
-	if notes.Settings != "" {
-		w.Settings = &notes.Settings
-	}
-	for i, n := range notes.Notes {
-		w.Notes[i] = wirePlanNote{Text: n.Text, Once: n.Once}
-	}
-	text, err := json.Marshal(&w)
-	if err != nil {
-		setErrMsg(errMsg, err.Error())
-		return C.GODDP_ERR_INTERNAL
-	}
-	*reply = C.CString(string(text))
-	return C.GODDP_OK
+	return answer("goddp_plan_notes", request, reply, errMsg, func(text string) (any, error) {
+		req, err := planNotesRequestFromJSON(text)
+		if err != nil {
+			return nil, err
+		}
+		notes := planner.NotesFor(req)
+		w := wirePlanNotes{Notes: make([]wirePlanNote, len(notes.Notes))}
+		if notes.Settings != "" {
+			w.Settings = &notes.Settings
+		}
+		for i, n := range notes.Notes {
+			w.Notes[i] = wirePlanNote{Text: n.Text, Once: n.Once}
+		}
+		return &w, nil
+	})
 }
 
 func planNotesRequestFromJSON(text string) (*planner.PlanNotesRequest, error) {
