@@ -254,6 +254,8 @@ func agreeRound(req *AgreeRequest) (*Verdict, error) {
 //   - no statement, a repeated rank, or a negative rank (-1 is the verdict's
 //     "no layout");
 //   - a layout without its digest, or a digest without a layout;
+//   - a negative piece count (a record-only field, but no rank runs fewer
+//     than no pieces);
 //   - a digest that is not LayoutDigest of its layout (Agree recomputes it:
 //     equal digests must mean equal layouts, or two ranks could install
 //     different caps), or a layout no DDP module could have;
@@ -295,6 +297,8 @@ func (a *agreement) check() error {
 			return errorf(ErrInvalidConfig, "planner: rank %d gave a layout digest without a layout", s.Rank)
 		case s.Layout != nil && s.Digest == nil:
 			return errorf(ErrInvalidConfig, "planner: rank %d gave a layout without its digest", s.Rank)
+		case s.Pieces < 0:
+			return errorf(ErrInvalidConfig, "planner: rank %d runs %d pieces (a count is 0 or more)", s.Rank, s.Pieces)
 		case s.Layout == nil:
 			continue
 		}

@@ -185,6 +185,7 @@ func TestAgreeRefusesMalformedRounds(t *testing.T) {
 		{"the lowest rank negative", []Statement{good(math.MinInt), good(0)}, nil, nil, "is not a rank"},
 		{"a digest without a layout everywhere", []Statement{noLayout(good(0)), noLayout(good(1))}, nil, nil, "rank 0 gave a layout digest without a layout"},
 		{"a layout without a digest", []Statement{good(0), noDigest(good(1))}, nil, nil, "rank 1 gave a layout without its digest"},
+		{"a negative piece count", []Statement{good(0), func() Statement { s := keeps(1, "a"); s.Pieces = -2; return s }()}, nil, nil, "rank 1 runs -2 pieces"},
 		{"a digest that is not the layout's", []Statement{good(0), withDigest(proposes(t, 1, otherCaps), aDigest)}, nil, nil, "rank 1 gave layout digest"},
 		{"a digest off by one", []Statement{withDigest(good(0), aDigest+1)}, nil, nil, "rank 0 gave layout digest"},
 		{"a layout no DDP module could have", []Statement{withDigest(proposes(t, 0, agreeA), aDigest), {Rank: 1, Layout: badCaps, Digest: &aDigest}}, nil, nil, "rank 1"},
