@@ -109,6 +109,9 @@ def _ask(question: str, request: dict[str, Any], doing: str) -> tuple[str | None
     error is itself the refusal (goddp then leaves DDP alone)."""
     try:
         reply = _native.ddp_refusal({"question": question, **request})
+        refusal, unread = reply["refusal"], reply["unread"]
+        if not all(v is None or isinstance(v, str) for v in (refusal, unread)):
+            raise TypeError(f"a reply of another shape: {reply!r}")
     except Exception as exc:
         return f"goddp could not decide whether to {doing} ({type(exc).__name__}: {exc})", None
-    return reply["refusal"], reply["unread"]
+    return refusal, unread

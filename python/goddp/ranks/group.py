@@ -11,6 +11,7 @@ call (goddp.ranks.agreement) and goddp.trace (entering and leaving).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import warnings
 from typing import Any, Callable
@@ -72,9 +73,9 @@ def env_seconds(name: str) -> float | None:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if value > 0:
+    if value > 0 and math.isfinite(value):
         return value
-    warnings.warn(f"goddp: ignoring {name}={raw!r} (not a positive number of seconds)")
+    warnings.warn(f"goddp: ignoring {name}={raw!r} (not a positive, finite number of seconds)")
     return None
 
 
@@ -83,8 +84,8 @@ def timeout_s(env: str, default: float | Callable[[], float], given: float | Non
     ValueError naming `what`), else environment variable `env`, else
     `default` (a number, or a function called only when needed)."""
     if given is not None:
-        if given <= 0:
-            raise ValueError(f"{what}: timeout must be positive seconds, got {given!r}")
+        if not given > 0 or not math.isfinite(given):
+            raise ValueError(f"{what}: timeout must be positive seconds (and finite), got {given!r}")
         return float(given)
     from_env = env_seconds(env)
     if from_env is not None:
@@ -121,9 +122,11 @@ def round_error(meeting: str, group: Group, ended: Any, keeps: bool = False, tim
     except Exception as exc:
         if not ended.gave_up and ended.outcome == "go":
             return None
+        said = "; ".join(f"rank {r}: {v}" for r, v in sorted(ended.statements.items()) if v != "ok")
         return (
             f"goddp: rank {group.rank}: the round ({meeting}) of process group {group.name!r} ended "
-            f"{ended.outcome!r}, not 'go' (the planner could not word it: {type(exc).__name__}: {exc})"
+            f"{ended.outcome!r}, not 'go'{f' ({said})' if said else ''}; the planner could not word it "
+            f"({type(exc).__name__}: {exc}){f'; {timeout_env} sets the wait' if timeout_env else ''}"
         )
 
 

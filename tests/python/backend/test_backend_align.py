@@ -346,3 +346,8 @@ def test_trace_and_rebuild_refusals_are_the_planners_and_a_planner_error_refuses
     monkeypatch.setattr(extension, "ddp_refusal", fails)
     assert refusals.trace_refusal(ddp) == "goddp could not decide whether to trace this DDP module (PlannerError: injected)"
     assert refusals.rebuild_blocker(ddp) == "goddp could not decide whether to rebuild DDP's reducer (PlannerError: injected)"
+    # A reply of another shape (a mismatched library, say) is no answer either.
+    for reply in ({}, {"refusal": 3, "unread": None}, None):
+        monkeypatch.setattr(extension, "ddp_refusal", lambda request, reply=reply: reply)
+        assert refusals.trace_refusal(ddp).startswith("goddp could not decide whether to trace this DDP module (")
+        assert refusals.rebuild_blocker(ddp).startswith("goddp could not decide whether to rebuild DDP's reducer (")
