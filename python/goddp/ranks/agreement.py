@@ -106,7 +106,6 @@ from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_or_reset, remove_bucket_c
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
 from goddp.ddp.refusals import rebuild_blocker
-from goddp.ddp.settings import module_type_name
 from goddp.ranks.group import Group, group_of, store_for
 from goddp.ranks.plan_check import (
     INSTALL,
@@ -353,14 +352,7 @@ def _namer(ddp: Any) -> Callable[[int], str]:
 
 
 def _model_key(ddp: Any) -> str:
-    try:
-        names = ddp_parameter_names(ddp)
-    except Exception:  # a DDP whose private API differs: the shapes alone, on every rank alike
-        names = [""] * len(ddp_parameters(ddp))
-    return model_key(
-        module_type_name(ddp),
-        [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, ddp_parameters(ddp))],
-    )
+    return model_key([(tuple(p.shape), str(p.dtype)) for p in ddp_parameters(ddp)])
 
 
 def _put_ddp_buckets_back(ddp: Any) -> None:

@@ -298,13 +298,11 @@ def agreement_key(group_name: str, model: str) -> str:
     return f"{STORE_PREFIX}/{attempt()}/{group_name}/{model}"
 
 
-def model_key(module_type: str, params: Sequence[tuple[str, tuple[int, ...], str]]) -> str:
-    """A key every rank of a DDP module derives identically: the wrapped
-    module's qualified class name and, in DDP order, each parameter's name,
-    shape and dtype (DDP checks at construction that the shapes agree
-    across the group; the names and the class come from the same code on
-    every rank). Two DDP modules of one group thus meet in rounds of their
-    own unless they are of one class with the same parameters (README,
-    "Limits")."""
-    text = module_type + "|" + ";".join(f"{name}={'x'.join(map(str, shape))}:{dtype}" for name, shape, dtype in params)
+def model_key(shapes: Sequence[tuple[tuple[int, ...], str]]) -> str:
+    """A key every rank of a DDP module derives identically: its parameters'
+    shapes and dtypes in DDP order (DDP checks at construction that these
+    agree across the group). Nothing else: ranks may name or declare the
+    same parameters differently (another class, another declaration order)
+    and must still meet, to find that their layouts differ."""
+    text = ";".join(f"{'x'.join(map(str, shape))}:{dtype}" for shape, dtype in shapes)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

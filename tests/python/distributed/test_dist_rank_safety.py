@@ -214,52 +214,6 @@ def test_a_rank_missing_from_the_agreement_leaves_every_rank_on_ddps_buckets(gro
         assert "rank 0 stopped waiting before this rank had seen every rank's statement" in reason, reason
 
 
-class CriticStack(ZOO["mlp"].model_cls):
-    """The zoo MLP under another class: a second DDP module of the very same
-    parameter names, shapes and dtypes."""
-
-
-@needs_two_ranks
-def test_two_modules_of_one_shape_never_pair_when_one_rank_runs_the_first_eagerly(monkeypatch):
-    """Two DDP modules of the same parameters in one group, the second fed
-    the first's output; rank 1 runs the first eagerly (it never comes to
-    that module's agreement) and compiles the second. Its statement for the
-    second must not land in the round rank 0 holds for the first: had they
-    paired (one store key for both modules), rank 0 would install on the
-    first module and rank 1 on the second, and their allreduces would no
-    longer pair. Each module's buckets end alike on both ranks, and
-    training equals eager DDP. Rank 0 waits 15 s at the first module, time
-    enough for rank 1 to reach the second."""
-    monkeypatch.setenv(TIMEOUT_ENV, "15")
-    group = short_timeout_group(60)
-    entry = ZOO["mlp"]
-    batches = [_batch(100 * rank() + s) for s in range(STEPS)]
-    runs = []
-    for compile_it in (False, True):
-        torch._dynamo.reset()
-        goddp.clear_plans()
-        modules = []
-        for kind in (None, CriticStack):
-            model = entry.build(seed=len(modules))
-            if kind is not None:
-                model.__class__ = kind
-            modules.append(entry.wrap(model, process_group=group, bucket_cap_mb=entry.ddp_cap_mb))
-        first, second = modules
-        if compile_it:
-            options = {"inner": "aot_eager", "log_plan": False}
-            second = torch.compile(second, backend="goddp", options=options)
-            if rank() == 0:
-                first = torch.compile(first, backend="goddp", options=options)
-        both = torch.nn.ModuleList(modules)
-        runs += [both, _train(both, lambda x: second(first(x).repeat(1, 4)), batches)]
-    eager, eager_losses, compiled, losses = runs
-    for k in range(2):
-        _assert_same_training(eager[k], eager_losses, compiled[k], losses)
-    for k, ddp in enumerate(compiled):
-        caps = getattr(ddp, ALIGNED_CAPS_ATTR, None)
-        assert len({repr(c) for c in _gather(caps, group)}) == 1, f"module {k}: the ranks' buckets differ"
-
-
 # --------------------------------------------------------------------------
 # Issue 7, situation 3: an uneven last batch recompiles on one rank only.
 
@@ -331,4 +285,4 @@ def test_manual_backward_finalization_survives_aligning(group):
 @pytest.mark.single_process
 def test_rank_safety_under_torchrun():
     """Plain pytest: run this file's two-rank cases under torchrun."""
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=8, timeout=480)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=7, timeout=480)
