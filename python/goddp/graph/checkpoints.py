@@ -83,7 +83,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 
-from goddp.graph.nodes import example_value, is_compute, resolve_attr
+from goddp.graph.nodes import example_value, resolve_attr
 from goddp.native import extension as _native
 
 logger = logging.getLogger("goddp")

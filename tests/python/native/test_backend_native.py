@@ -8,7 +8,6 @@ import copy
 import os
 import threading
 
-import pytest
 import torch
 from torch import fx, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
