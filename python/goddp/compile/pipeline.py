@@ -119,6 +119,7 @@ class _DDPGraphCompile:
         self.settings = read_ddp_settings(ddp)
         self.frame = frame_info(gm)
         self.stages = Stages(options.strict, new_timings())
+        self._outer: tuple[fx.GraphModule, ExportedGraph] | None = None
 
     def run(self) -> Callable[..., Any]:
         if logger.isEnabledFor(logging.DEBUG):
@@ -171,21 +172,23 @@ class _DDPGraphCompile:
             # checkpoint per block or bucket before planning.
             self.gm, splits = split_checkpoints(self.gm, _body_block_ids, self.body_buckets, self.cut_at_blocks)
             log_splits(splits)
-        return export_graph(
-            self.gm,
-            param_name_of=self.settings.param_name_of,
-            ignored_names=self.settings.ignored_names,
-        )
+        return self.export_outer(self.gm)
+
+    def export_outer(self, gm: fx.GraphModule) -> ExportedGraph:
+        """gm in the planner's arrays with this DDP module's names, exported
+        once: cut_at_blocks exports the graph the splitter may leave as it
+        is, and export then reuses it."""
+        if self._outer is None or self._outer[0] is not gm:
+            exported = export_graph(gm, param_name_of=self.settings.param_name_of, ignored_names=self.settings.ignored_names)
+            self._outer = (gm, exported)
+        return self._outer[1]
 
     def cut_at_blocks(self, gm: fx.GraphModule) -> bool:
         """Whether the planner cuts gm at block runs (GraphPlan.block_runs),
         planned as this graph would be: this DDP module's settings, aligned
         where it would be (under find_unused_parameters=True, declaration
         order, the planner cuts by bytes even across blocks)."""
-        exported = export_graph(
-            gm, param_name_of=self.settings.param_name_of, ignored_names=self.settings.ignored_names
-        )
-        return self.plan(exported).plan.block_runs
+        return self.plan(self.export_outer(gm)).plan.block_runs
 
     def body_buckets(self, gm: fx.GraphModule, call: fx.Node, body: fx.GraphModule) -> BodyBuckets | None:
         """A checkpoint body planned alone, by buckets: ddp mode, this DDP
