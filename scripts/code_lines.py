@@ -1,6 +1,8 @@
-"""Code lines of the Python shim and of the Go planner (README,
-"Architecture"): Python without blank, comment and docstring lines; Go
-without blank and comment lines; planner tests apart.
+"""Code lines of goddp's production code (docs/architecture.md): the
+Python shim, the Go planner, the cgo bridge and the C sources. Python
+without blank, comment and docstring lines; Go and C without blank and
+comment lines; Go tests and test-only files (testsupport.go, debugpanic.go:
+built only with the goddp_testhooks tag) apart.
 
     python scripts/code_lines.py [ROOT]
 """
@@ -46,13 +48,24 @@ def go_lines(path: pathlib.Path) -> int:
     return count
 
 
+def _test_only(path: pathlib.Path) -> bool:
+    if path.name.endswith("_test.go"):
+        return True
+    head = path.read_text().lstrip()
+    return head.startswith("//go:build") and "goddp_testhooks" in head.splitlines()[0] and "!" not in head.splitlines()[0]
+
+
 def main() -> None:
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
-    shim = sum(python_lines(p) for p in (root / "python/goddp").rglob("*.py"))
-    go = sorted((root / "planner").glob("*.go"))
-    core = sum(go_lines(p) for p in go if not p.name.endswith("_test.go"))
-    tests = sum(go_lines(p) for p in go if p.name.endswith("_test.go"))
-    print(f"python/goddp: {shim} code lines; planner/: {core} (its tests: {tests}); shim/core {shim / core:.2f}")
+    counts = {"python/goddp": sum(python_lines(p) for p in (root / "python/goddp").rglob("*.py"))}
+    tests = 0
+    for folder in ("planner", "bridge"):
+        files = sorted((root / folder).glob("*.go"))
+        counts[f"{folder}/"] = sum(go_lines(p) for p in files if not _test_only(p))
+        tests += sum(go_lines(p) for p in files if _test_only(p))
+    counts["csrc/"] = sum(go_lines(p) for p in sorted((root / "csrc").glob("*.[ch]")))
+    total = sum(counts.values())
+    print("; ".join(f"{k}: {v}" for k, v in counts.items()) + f"; production total: {total} (Go tests: {tests})")
 
 
 if __name__ == "__main__":
