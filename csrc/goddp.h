@@ -620,25 +620,6 @@ goddp_status goddp_plan_notes(const char *request, char **reply, char **err_msg)
  * without it). */
 goddp_status goddp_ddp_refusal(const char *request, char **reply, char **err_msg);
 
-/* The error text of an agreement round (goddp.ranks.store_round) that did
- * not end in "go" (planner.RoundError, planner/rounds.go, Note [Rounds that
- * did not settle]; ABI 10). JSON text, as goddp_agree:
- *   request: {"meeting": "first step"|"install"|"enter"|"leave",
- *                 (the plan check's rounds; goddp.trace's)
- *             "keeps": bool,   (first step only: the ranks keep DDP's buckets)
- *             "timeout_env": str,   (the plan check's wait's variable)
- *             "group": {"name": str, "ranks": [int], "rank": int,
- *                       "timeout_s": float},
- *             "round": {"outcome": str, "gave_up": bool, "complete": bool,
- *                       "waited_s": float,
- *                       "statements": {"<rank>": str}}}   (the ranks seen)
- *   reply: {"error": str|null}   (null: the round ended in "go")
- * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
- * for a request of another shape, an unknown meeting, "keeps" outside the
- * first step, a plan-check round without "timeout_env", or an outcome other
- * than "go" of a plan-check round not given up. */
-goddp_status goddp_round_error(const char *request, char **reply, char **err_msg);
-
 /* The plans of a DDP module that goddp.trace's record lists, from the plan
  * records (planner.TracePlansOf, planner/traceplans.go, Note [A trace's
  * plans]; ABI 10). JSON text, as goddp_agree:

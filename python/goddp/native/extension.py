@@ -192,12 +192,6 @@ def ddp_refusal(request: Mapping[str, Any]) -> dict[str, Any]:
     return _json_call("ddp_refusal", request)
 
 
-def round_error(request: Mapping[str, Any]) -> str | None:
-    """The error text of an agreement round that did not end in "go", None
-    when it did (goddp_round_error in csrc/goddp.h)."""
-    return _json_call("round_error", request)["error"]
-
-
 def trace_plans(module: str, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The plans of DDP module `module` (its "ddp_module" key) that
     goddp.trace's record lists, from plan records (goddp_trace_plans in

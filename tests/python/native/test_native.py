@@ -822,7 +822,6 @@ _FORK_ARGS = {
     "follow": lambda: ("{}",),
     "plan_notes": lambda: ("{}",),
     "ddp_refusal": lambda: ("{}",),
-    "round_error": lambda: ("{}",),
     "trace_plans": lambda: ("{}",),
     "debug_panic": lambda: (),
 }
