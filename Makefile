@@ -88,9 +88,7 @@ gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, th
 	$(GO) test -run '^$$' -fuzz '^FuzzAgree$$' -fuzztime 80000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzPlanForward$$' -fuzztime 80000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckpointRegions$$' -fuzztime 60000x ./planner
-	$(GO) test -run '^$$' -fuzz '^FuzzRoundError$$' -fuzztime 40000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzTracePlansOf$$' -fuzztime 20000x ./planner
-	$(GO) test -run '^$$' -fuzz '^FuzzTraceRefusal$$' -fuzztime 20000x ./planner
 
 pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo group)
 	$(PYTEST_ENV) $(PY) -m pytest -q tests/python

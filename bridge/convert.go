@@ -298,10 +298,13 @@ func ddpFromC(d *C.goddp_ddp) (*planner.DDPSettings, error) {
 	if d == nil {
 		return nil, nil
 	}
-	out, err := ddpFlags(uint32(d.flags), planFlags, "ddp.flags")
-	if err != nil {
-		return nil, err
+	const knownFlags = C.GODDP_DDP_FIND_UNUSED_PARAMETERS | C.GODDP_DDP_STATIC_GRAPH | C.GODDP_DDP_CAP_IS_DEFAULT |
+		C.GODDP_DDP_NO_PER_BUCKET_CAPS | C.GODDP_DDP_PYTHON_REDUCER | C.GODDP_DDP_MIXED_PRECISION |
+		C.GODDP_DDP_BUILTIN_COMM_HOOK | C.GODDP_DDP_DELAYS_ALLREDUCE | C.GODDP_DDP_SEVERAL_PARAM_GROUPS
+	if d.flags&^knownFlags != 0 {
+		return nil, invalidConfig("goddp: ddp.flags = %#x has unknown bits (valid: the GODDP_DDP_* bits of goddp.h, mask %#x)", uint32(d.flags), uint32(knownFlags))
 	}
+	has := func(bit C.uint32_t) bool { return d.flags&bit != 0 }
 	caps, err := cCopy[int64](unsafe.Pointer(d.bucket_caps_bytes), int64(d.num_bucket_caps), "ddp.bucket_caps_bytes", planner.ErrInvalidConfig)
 	if err != nil {
 		return nil, err
@@ -310,29 +313,11 @@ func ddpFromC(d *C.goddp_ddp) (*planner.DDPSettings, error) {
 	if numParams < 0 || numParams >= maxArrayLen {
 		return nil, invalidConfig("goddp: ddp.num_params = %d is out of range [0, %d)", numParams, int64(maxArrayLen))
 	}
-	out.BucketCapBytes, out.FirstBucketCapBytes = int64(d.bucket_cap_bytes), int64(d.first_bucket_cap_bytes)
-	out.BucketCapsBytes, out.NumParams = caps, int(numParams)
-	return out, nil
-}
-
-// The goddp_ddp flags goddp_plan reads; goddp_ddp_refusal reads every one
-// (Note [DDP refusals]).
-const (
-	planFlags = C.GODDP_DDP_FIND_UNUSED_PARAMETERS | C.GODDP_DDP_STATIC_GRAPH | C.GODDP_DDP_CAP_IS_DEFAULT |
-		C.GODDP_DDP_NO_PER_BUCKET_CAPS | C.GODDP_DDP_PYTHON_REDUCER | C.GODDP_DDP_MIXED_PRECISION |
-		C.GODDP_DDP_BUILTIN_COMM_HOOK | C.GODDP_DDP_DELAYS_ALLREDUCE | C.GODDP_DDP_SEVERAL_PARAM_GROUPS
-	refusalFlags = planFlags | C.GODDP_DDP_TRACED | C.GODDP_DDP_DELAYS_EVERY_ALLREDUCE | C.GODDP_DDP_JOIN
-)
-
-// ddpFlags is the DDPSettings of the goddp_ddp flags alone, the one reading
-// of those bits; a bit outside known is an error.
-func ddpFlags(flags, known uint32, field string) (*planner.DDPSettings, error) {
-	if flags&^known != 0 {
-		return nil, invalidConfig("goddp: %s = %#x has unknown bits (valid: the GODDP_DDP_* bits of goddp.h, mask %#x)", field, flags, known)
-	}
-	has := func(bit uint32) bool { return flags&bit != 0 }
 	return &planner.DDPSettings{
+		BucketCapBytes:       int64(d.bucket_cap_bytes),
 		CapIsDefault:         has(C.GODDP_DDP_CAP_IS_DEFAULT),
+		FirstBucketCapBytes:  int64(d.first_bucket_cap_bytes),
+		BucketCapsBytes:      caps,
 		FindUnusedParameters: has(C.GODDP_DDP_FIND_UNUSED_PARAMETERS),
 		StaticGraph:          has(C.GODDP_DDP_STATIC_GRAPH),
 		NoPerBucketCaps:      has(C.GODDP_DDP_NO_PER_BUCKET_CAPS),
@@ -341,9 +326,7 @@ func ddpFlags(flags, known uint32, field string) (*planner.DDPSettings, error) {
 		BuiltinCommHook:      has(C.GODDP_DDP_BUILTIN_COMM_HOOK),
 		DelaysAllReduce:      has(C.GODDP_DDP_DELAYS_ALLREDUCE),
 		SeveralParamGroups:   has(C.GODDP_DDP_SEVERAL_PARAM_GROUPS),
-		Traced:               has(C.GODDP_DDP_TRACED),
-		DelaysEveryAllReduce: has(C.GODDP_DDP_DELAYS_EVERY_ALLREDUCE),
-		JoinEnabled:          has(C.GODDP_DDP_JOIN),
+		NumParams:            int(numParams),
 	}, nil
 }
 

@@ -39,22 +39,6 @@ func callPlanNotes(request string) reportCall {
 	return collectReport(goddp_plan_notes((*C.goddp_text_in)(in), &out, &msg), out, msg)
 }
 
-// callDDPRefusal calls goddp_ddp_refusal with request.
-func callDDPRefusal(request string) reportCall {
-	in := C.CString(request)
-	defer C.free(unsafe.Pointer(in))
-	var out, msg *C.char
-	return collectReport(goddp_ddp_refusal((*C.goddp_text_in)(in), &out, &msg), out, msg)
-}
-
-// callRoundError calls goddp_round_error with request.
-func callRoundError(request string) reportCall {
-	in := C.CString(request)
-	defer C.free(unsafe.Pointer(in))
-	var out, msg *C.char
-	return collectReport(goddp_round_error((*C.goddp_text_in)(in), &out, &msg), out, msg)
-}
-
 // callTracePlans calls goddp_trace_plans with request.
 func callTracePlans(request string) reportCall {
 	in := C.CString(request)

@@ -190,14 +190,6 @@ enum goddp_edges {
 #define GODDP_DDP_BUILTIN_COMM_HOOK 0x40u /* a built-in (C++) comm hook is registered */
 #define GODDP_DDP_DELAYS_ALLREDUCE 0x80u /* delay_all_reduce_named_params is set */
 #define GODDP_DDP_SEVERAL_PARAM_GROUPS 0x100u /* DDP's parameters span several (dtype, device) groups */
-/* ABI 10: facts that refuse goddp.trace or the reducer rebuild
- * (planner/ddprefusals.go, Note [DDP refusals]; goddp_ddp_refusal). With
- * GODDP_DDP_PYTHON_REDUCER, GODDP_DDP_STATIC_GRAPH and
- * GODDP_DDP_BUILTIN_COMM_HOOK they are that export's flags (it accepts
- * every GODDP_DDP_* bit); goddp_plan refuses them as unknown bits. */
-#define GODDP_DDP_TRACED 0x200u /* a goddp.trace is installed on the module */
-#define GODDP_DDP_DELAYS_EVERY_ALLREDUCE 0x400u /* every parameter is in DDP's delayed allreduce */
-#define GODDP_DDP_JOIN 0x800u /* this training step runs inside a Join context */
 
 typedef enum goddp_status {
     GODDP_OK = 0,
@@ -595,49 +587,6 @@ goddp_status goddp_follow(const char *request, char **reply, char **err_msg);
  * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
  * for a request of another shape, an unknown mode or order. */
 goddp_status goddp_plan_notes(const char *request, char **reply, char **err_msg);
-
-/* Why goddp.trace, or the reducer rebuild that aligns DDP's buckets, leaves
- * a DDP module alone (planner.TraceRefusal and RebuildRefusal,
- * planner/ddprefusals.go, Note [DDP refusals]; ABI 10). JSON text, as
- * goddp_agree:
- *   request: {"question": "trace"|"rebuild",
- *             "flags": uint32,    (GODDP_DDP_* bits: trace reads TRACED,
- *                                  PYTHON_REDUCER, STATIC_GRAPH,
- *                                  DELAYS_EVERY_ALLREDUCE, BUILTIN_COMM_HOOK;
- *                                  rebuild reads JOIN)
- *             "comm_hooks": int|null,        (Python comm hooks DDP lists;
- *                                             null: could not be read)
- *             "builtin_comm_hook": str|null, (its name, exactly when
- *                                             BUILTIN_COMM_HOOK is set)
- *             "logging_error": str|null}     ("Type: message" when DDP's
- *                                             logging data could not be read)
- *   reply: {"refusal": str|null, "unread": "comm_hooks"|null}
- *     the reason, in goddp's words; or, with refusal null, the fact a rule
- *     needed that was not read (the caller raises what reading it raised).
- * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
- * for a request of another shape, an unknown question or flag bit, a
- * negative comm_hooks, or a BUILTIN_COMM_HOOK bit without a name (or a name
- * without it). */
-goddp_status goddp_ddp_refusal(const char *request, char **reply, char **err_msg);
-
-/* The error text of an agreement round (goddp.ranks.store_round) that did
- * not end in "go" (planner.RoundError, planner/rounds.go, Note [Rounds that
- * did not settle]; ABI 10). JSON text, as goddp_agree:
- *   request: {"meeting": "first step"|"install"|"enter"|"leave",
- *                 (the plan check's rounds; goddp.trace's)
- *             "keeps": bool,   (first step only: the ranks keep DDP's buckets)
- *             "timeout_env": str,   (the plan check's wait's variable)
- *             "group": {"name": str, "ranks": [int], "rank": int,
- *                       "timeout_s": float},
- *             "round": {"outcome": str, "gave_up": bool, "complete": bool,
- *                       "waited_s": float,
- *                       "statements": {"<rank>": str}}}   (the ranks seen)
- *   reply: {"error": str|null}   (null: the round ended in "go")
- * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
- * for a request of another shape, an unknown meeting, "keeps" outside the
- * first step, a plan-check round without "timeout_env", or an outcome other
- * than "go" of a plan-check round not given up. */
-goddp_status goddp_round_error(const char *request, char **reply, char **err_msg);
 
 /* The plans of a DDP module that goddp.trace's record lists, from the plan
  * records (planner.TracePlansOf, planner/traceplans.go, Note [A trace's

@@ -1211,8 +1211,8 @@ done:
 
 /* A report (goddp.h, "Reports"), goddp_agree or another JSON operation
  * (goddp_checkpoint_split, goddp_forward_layout, goddp_follow,
- * goddp_plan_notes, goddp_round_error, goddp_trace_plans,
- * goddp_ddp_refusal): one JSON document in, one string out. */
+ * goddp_plan_notes, goddp_trace_plans): one JSON document in, one string
+ * out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
 static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
@@ -1312,26 +1312,6 @@ static PyObject *py_plan_notes(PyObject *self, PyObject *args) {
     return call_report(args, "s:plan_notes", goddp_plan_notes);
 }
 
-PyDoc_STRVAR(ddp_refusal_doc,
-             "ddp_refusal(request) -> str\n\n"
-             "Why goddp.trace or the reducer rebuild leaves a DDP module alone\n"
-             "(goddp_ddp_refusal in goddp.h): JSON text in and out.");
-
-static PyObject *py_ddp_refusal(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:ddp_refusal", goddp_ddp_refusal);
-}
-
-PyDoc_STRVAR(round_error_doc,
-             "round_error(request) -> str\n\n"
-             "The error text of an agreement round that did not end in \"go\"\n"
-             "(goddp_round_error in goddp.h): JSON text in and out.");
-
-static PyObject *py_round_error(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:round_error", goddp_round_error);
-}
-
 PyDoc_STRVAR(trace_plans_doc,
              "trace_plans(request) -> str\n\n"
              "A DDP module's plans in goddp.trace's record, from the plan records\n"
@@ -1379,8 +1359,6 @@ static PyMethodDef goddp_methods[] = {
     {"forward_layout", py_forward_layout, METH_VARARGS, forward_layout_doc},
     {"follow", py_follow, METH_VARARGS, follow_doc},
     {"plan_notes", py_plan_notes, METH_VARARGS, plan_notes_doc},
-    {"ddp_refusal", py_ddp_refusal, METH_VARARGS, ddp_refusal_doc},
-    {"round_error", py_round_error, METH_VARARGS, round_error_doc},
     {"trace_plans", py_trace_plans, METH_VARARGS, trace_plans_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
@@ -1461,9 +1439,6 @@ static int add_constants(PyObject *m) {
         {"DDP_BUILTIN_COMM_HOOK", GODDP_DDP_BUILTIN_COMM_HOOK},
         {"DDP_DELAYS_ALLREDUCE", GODDP_DDP_DELAYS_ALLREDUCE},
         {"DDP_SEVERAL_PARAM_GROUPS", GODDP_DDP_SEVERAL_PARAM_GROUPS},
-        {"DDP_TRACED", GODDP_DDP_TRACED},
-        {"DDP_DELAYS_EVERY_ALLREDUCE", GODDP_DDP_DELAYS_EVERY_ALLREDUCE},
-        {"DDP_JOIN", GODDP_DDP_JOIN},
         {"OK", GODDP_OK},
         {"ERR_INVALID_CONFIG", GODDP_ERR_INVALID_CONFIG},
         {"ERR_INVALID_GRAPH", GODDP_ERR_INVALID_GRAPH},

@@ -44,11 +44,6 @@ type DDPSettings struct {
 	BuiltinCommHook    bool // a built-in (C++) comm hook is registered
 	DelaysAllReduce    bool // delay_all_reduce_named_params is set
 	SeveralParamGroups bool // DDP's parameters span several (dtype, device) groups
-	// Facts that refuse a trace or a rebuild (Note [DDP refusals]); Decide
-	// ignores them.
-	Traced               bool // a goddp.trace is installed on the module
-	DelaysEveryAllReduce bool // every parameter is in DDP's delayed allreduce
-	JoinEnabled          bool // this step runs inside a Join context
 	// NumParams is the number of parameters DDP reduces, 0 when unknown.
 	// With it (and Graph's DDPPosition for every parameter), Decide checks
 	// that aligned buckets hold exactly DDP's parameters.

@@ -9,8 +9,8 @@ known to be safe, with a reason the user reads:
   DDP's own buckets. Whether the plan's buckets hold exactly DDP's
   parameters is the planner's decision too (GODDP_REASON_NOT_COVERED);
 - goddp.trace: ``trace_refusal``; the trace is then refused on every rank.
-The rebuild's and the trace's reasons are the planner's too (Note [DDP
-refusals] in planner/ddprefusals.go): this module reads the facts.
+The rebuild's and the trace's reasons are this module's (Note [DDP
+refusals]).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 from goddp.ddp import private
-from goddp.native import extension as _native
 from goddp.native.plan import AlignmentFacts
 
 # Set on a DDP module while a goddp.trace is installed on it.
@@ -66,52 +65,58 @@ def could_not_inspect(exc: Exception) -> str:
     return f"could not inspect DDP ({type(exc).__name__}: {exc})"
 
 
+# Note [DDP refusals]: besides alignment (Note [Alignment refusals] in
+# planner/refusals.go), goddp changes a DDP module in two more ways, each
+# refused here from facts read off the module, each fact read once and only
+# where its rule is reached.
+#   - goddp.trace wraps DDP's comm hook in a fresh reducer. It is refused,
+#     first that applies: a trace is already installed on the module; DDP
+#     runs its Python reducer (no comm hooks to wrap); static_graph is set
+#     (a fresh reducer would repeat the static-graph first step); every
+#     parameter is in DDP's delayed allreduce (nothing reduced in
+#     backward); DDP lists several comm hooks; DDP's logging data, which
+#     names a built-in hook, cannot be read; a built-in (C++) comm hook is
+#     registered (it cannot be wrapped). Reading the comm hooks may raise:
+#     that error is goddp.trace's.
+#   - The reducer rebuild that installs aligned buckets is refused at the
+#     first training call when that step runs inside a Join context (DDP
+#     has just handed the old reducer this step's Join state, which cannot
+#     be read back).
+
+
 def rebuild_blocker(ddp: Any) -> str | None:
-    """Why DDP's reducer cannot be replaced right now, or None (the planner's
-    words, Note [DDP refusals]). Asked at the first training call, where the
-    rebuild would happen; a planner error keeps DDP's buckets."""
-    flags = _native.DDP_JOIN if private.join_enabled(ddp) else 0
-    return _ask("rebuild", {"flags": flags}, "rebuild DDP's reducer")[0]
+    """Why DDP's reducer cannot be replaced right now, or None (Note [DDP
+    refusals]). Asked at the first training call, where the rebuild would
+    happen."""
+    if private.join_enabled(ddp):
+        return "the first training step runs inside a Join context, whose state lives in DDP's reducer"
+    # A module that trained before (DDP rebuilt its buckets) can still be
+    # aligned: nobody installs before the ranks decided, and a failed install
+    # gives every rank a fresh reducer alike (Note [Agreeing on DDP's layout]).
+    return None
 
 
 def trace_refusal(ddp: Any) -> str | None:
-    """Why this DDP module cannot be traced (goddp.trace), or None: the facts
-    read here, the reason the planner's (Note [DDP refusals])."""
-    facts = (
-        (getattr(ddp, TRACE_ACTIVE_ATTR, None) is not None, _native.DDP_TRACED),
-        (private.uses_python_reducer(ddp), _native.DDP_PYTHON_REDUCER),
-        (ddp.static_graph, _native.DDP_STATIC_GRAPH),
-        (private.delays_every_allreduce(ddp), _native.DDP_DELAYS_EVERY_ALLREDUCE),
-    )
-    hooks, unread = _read(lambda: len(private.comm_hooks(ddp)))
-    builtin, failed = _read(lambda: private.builtin_comm_hook(ddp) or None)
-    request = {
-        "flags": sum(bit for fact, bit in facts if fact) | (_native.DDP_BUILTIN_COMM_HOOK if builtin else 0),
-        "comm_hooks": hooks,
-        "builtin_comm_hook": builtin,
-        "logging_error": None if failed is None else f"{type(failed).__name__}: {failed}",
-    }
-    refusal, needs = _ask("trace", request, "trace this DDP module")
-    if needs is not None and unread is not None:
-        raise unread  # what reading the comm hooks raised, where the planner needs them
-    return refusal
-
-
-def _read(fact: Any) -> tuple[Any, Exception | None]:
+    """Why this DDP module cannot be traced (goddp.trace), or None (Note
+    [DDP refusals])."""
+    if getattr(ddp, TRACE_ACTIVE_ATTR, None) is not None:
+        return "this DDP module is already being traced (one goddp.trace at a time)"
+    if private.uses_python_reducer(ddp):
+        return "DDP uses the Python reducer (compiled autograd): it has no comm hooks"
+    if ddp.static_graph:
+        return "static_graph=True: a fresh reducer would repeat DDP's static-graph first step"
+    if private.delays_every_allreduce(ddp):
+        return "every parameter is in DDP's delayed allreduce: DDP reduces nothing in backward"
+    hooks = len(private.comm_hooks(ddp))
+    if hooks > 1:
+        return f"DDP lists {hooks} comm hooks; expected at most one"
     try:
-        return fact(), None
+        builtin = private.builtin_comm_hook(ddp)
     except Exception as exc:
-        return None, exc
-
-
-def _ask(question: str, request: dict[str, Any], doing: str) -> tuple[str | None, str | None]:
-    """The planner's refusal and the fact it could not do without; a planner
-    error is itself the refusal (goddp then leaves DDP alone)."""
-    try:
-        reply = _native.ddp_refusal({"question": question, **request})
-        refusal, unread = reply["refusal"], reply["unread"]
-        if not all(v is None or isinstance(v, str) for v in (refusal, unread)):
-            raise TypeError(f"a reply of another shape: {reply!r}")
-    except Exception as exc:
-        return f"goddp could not decide whether to {doing} ({type(exc).__name__}: {exc})", None
-    return refusal, unread
+        return f"could not read DDP's logging data ({type(exc).__name__}: {exc})"
+    if builtin:
+        return (
+            f"a built-in C++ comm hook ({builtin}) is registered; it cannot be wrapped "
+            "(register it as a Python hook, e.g. torch.distributed.algorithms.ddp_comm_hooks, to trace it)"
+        )
+    return None

@@ -72,9 +72,6 @@ DDP_MIXED_PRECISION = 0x20
 DDP_BUILTIN_COMM_HOOK = 0x40
 DDP_DELAYS_ALLREDUCE = 0x80
 DDP_SEVERAL_PARAM_GROUPS = 0x100
-DDP_TRACED = 0x200
-DDP_DELAYS_EVERY_ALLREDUCE = 0x400
-DDP_JOIN = 0x800
 OK = 0
 ERR_INVALID_CONFIG = 1
 ERR_INVALID_GRAPH = 2
@@ -184,18 +181,6 @@ def follow(request: Mapping[str, Any]) -> dict[str, Any]:
 def plan_notes(request: Mapping[str, Any]) -> dict[str, Any]:
     """The INFO lines a plan deserves (goddp_plan_notes in csrc/goddp.h)."""
     return _json_call("plan_notes", request)
-
-
-def ddp_refusal(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Why goddp.trace or the reducer rebuild leaves a DDP module alone
-    (goddp_ddp_refusal in csrc/goddp.h)."""
-    return _json_call("ddp_refusal", request)
-
-
-def round_error(request: Mapping[str, Any]) -> str | None:
-    """The error text of an agreement round that did not end in "go", None
-    when it did (goddp_round_error in csrc/goddp.h)."""
-    return _json_call("round_error", request)["error"]
 
 
 def trace_plans(module: str, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:

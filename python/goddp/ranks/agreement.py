@@ -83,7 +83,7 @@ from __future__ import annotations
 # cuts, because every rank proposed the same parameters per bucket.
 #
 # What cannot align (KEEP on every rank, and why): the first training step
-# inside a Join context (Note [DDP refusals] in planner/ddprefusals.go);
+# inside a Join context (Note [DDP refusals] in goddp.ddp.refusals);
 # static_graph, DDP mixed precision, a built-in comm hook, the Python
 # reducer, delay_all_reduce_named_params, parameters over several (dtype,
 # device) groups (Note [Alignment refusals] in planner/refusals.go); ranks whose layouts differ; a module that

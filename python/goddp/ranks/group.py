@@ -2,8 +2,8 @@
 
 One group type (``Group``, made by ``group_of``), one timeout parser
 (``timeout_s``), the store every agreement goes through (``store_for``),
-and one way to say why a round did not settle (``round_error``, the
-planner's words).
+and one way to say why a round did not settle (``round_error``, Note
+[Rounds that did not settle]).
 Two agreements use them: the plan check at a DDP module's first training
 call (goddp.ranks.agreement) and goddp.trace (entering and leaving).
 """
@@ -18,8 +18,6 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-
-from goddp.native import extension as _native
 
 # Used when the process group's timeout cannot be read: torch's own default.
 FALLBACK_TIMEOUT_S = 1800.0
@@ -107,40 +105,82 @@ def process_group_timeout_s(process_group: Any) -> float:
 # --------------------------------------------------------------------------
 # Rounds that did not settle
 
+# Note [Rounds that did not settle]
+#
+# Two agreements meet in rounds of goddp.ranks.store_round: the plan check
+# at a DDP module's first training call (and its install round) and
+# goddp.trace (entering and leaving). A round that does not end in "go"
+# becomes one error text, decided here from the round's facts: either this
+# rank waited for ranks that never arrived, or it came after the others
+# had given up on it (then it stops too, or, where the meeting lets the
+# ranks keep DDP's own buckets, Note [A round given up], it keeps them),
+# or, for the trace, some rank refused. Each meeting names where the ranks
+# were to meet and the rule every rank must follow; the callers only raise
+# or log the text.
+
+# Where the ranks of a round were to meet: the plan check's two rounds,
+# goddp.trace's two.
+PLAN_CHECK_EVENTS = {"first step": "the first training step", "install": "installing DDP's new buckets"}
+TRACE_EVENTS = {"enter": "entering the trace", "leave": "leaving the trace"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Meeting:
+    """A meeting's words: who speaks, where the ranks were to meet, the rule
+    every rank follows, and what a rank that came late does."""
+
+    who: str
+    event: str
+    rule: str
+    late: str = "it stops too rather than go on alone"
+
+
+def _meeting(meeting: str, group: Group, keeps: bool, timeout_env: str) -> _Meeting:
+    if keeps and meeting != "first step":
+        raise ValueError(f"goddp: round_error: only the first-step round keeps DDP's buckets, not {meeting!r}")
+    if meeting in TRACE_EVENTS:
+        return _Meeting("goddp.trace", TRACE_EVENTS[meeting], f"Every rank must {meeting} it at the same step")
+    if meeting not in PLAN_CHECK_EVENTS:
+        raise ValueError(f"goddp: round_error: meeting {meeting!r}; want one of {[*PLAN_CHECK_EVENTS, *TRACE_EVENTS]}")
+    if not timeout_env:
+        raise ValueError(f"goddp: round_error: the {meeting} round needs the name of its timeout's variable")
+    if keeps:  # Note [A round given up]
+        rule = (
+            "Every rank keeps DDP's own buckets and trains on (Note [A round given up] in planner/agree.go); "
+            f"{timeout_env}=<seconds> sets how long the ranks wait for each other here."
+        )
+        return _Meeting("goddp", PLAN_CHECK_EVENTS[meeting], rule, "it keeps DDP's own buckets, as they do")
+    rule = (
+        f"Every rank of a DDP module must run its first training step within {group.timeout_s:.0f} s of the first; "
+        "a rank that crashed, or one still compiling then, stops here (raise the limit with "
+        f"{timeout_env}=<seconds> or the process group's timeout)."
+    )
+    return _Meeting("goddp", PLAN_CHECK_EVENTS[meeting], rule)
+
 
 def round_error(meeting: str, group: Group, ended: Any, keeps: bool = False, timeout_env: str = "") -> str | None:
     """The error text of a round (goddp.ranks.store_round.Round `ended`) of
-    `meeting` that did not end in "go", None when it did: the planner's
-    (Note [Rounds that did not settle] in planner/rounds.go). meeting:
-    "first step" or "install" (the plan check), "enter" or "leave"
-    (goddp.trace); keeps: the ranks keep DDP's buckets rather than stop;
-    timeout_env: the plan check's variable for its wait. Never raises: a
-    planner that cannot word it (a forked child, say) gets a plain line, so
-    that the caller still raises its own error or keeps DDP's buckets."""
-    try:
-        return _round_error(meeting, group, ended, keeps, timeout_env)
-    except Exception as exc:
-        if not ended.gave_up and ended.outcome == "go":
-            return None
-        said = "; ".join(f"rank {r}: {v}" for r, v in sorted(ended.statements.items()) if v != "ok")
+    `meeting` that did not end in "go", None when it did (Note [Rounds that
+    did not settle]). meeting: "first step" or "install" (the plan check),
+    "enter" or "leave" (goddp.trace); keeps: the ranks keep DDP's buckets
+    rather than stop; timeout_env: the plan check's variable for its wait.
+    ValueError for a meeting, or an ending, no caller has."""
+    words = _meeting(meeting, group, keeps, timeout_env)
+    where = f"a DDP module (process group {group.name!r}, ranks {list(group.ranks)})"
+    if ended.gave_up and ended.complete:
         return (
-            f"goddp: rank {group.rank}: the round ({meeting}) of process group {group.name!r} ended "
-            f"{ended.outcome!r}, not 'go'{f' ({said})' if said else ''}; the planner could not word it "
-            f"({type(exc).__name__}: {exc}){f'; {timeout_env} sets the wait' if timeout_env else ''}"
+            f"{words.who}: rank {group.rank} reached {words.event} of {where} after the others had stopped waiting "
+            f"for it ({ended.outcome}), {group.timeout_s:g} s after the first arrival; {words.late}. {words.rule}"
         )
-
-
-def _round_error(meeting: str, group: Group, ended: Any, keeps: bool, timeout_env: str) -> str | None:
-    return _native.round_error({
-        "meeting": meeting,
-        "keeps": keeps,
-        "timeout_env": timeout_env,
-        "group": {"name": group.name, "ranks": list(group.ranks), "rank": group.rank, "timeout_s": group.timeout_s},
-        "round": {
-            "outcome": ended.outcome,
-            "gave_up": ended.gave_up,
-            "complete": ended.complete,
-            "waited_s": ended.waited_s,
-            "statements": dict(ended.statements),
-        },
-    })
+    if ended.gave_up:
+        missing = [r for r in group.ranks if r not in ended.statements]
+        return (
+            f"{words.who}: rank {group.rank} waited {ended.waited_s:.0f} s at {words.event} of {where} for rank(s) "
+            f"{missing}, which never arrived. {words.rule}"
+        )
+    if ended.outcome == "go":
+        return None
+    if meeting not in TRACE_EVENTS:
+        raise ValueError(f"goddp: round_error: the {meeting} round ended in {ended.outcome!r}, which only a round given up may")
+    reasons = "; ".join(f"rank {r}: {v}" for r, v in sorted(ended.statements.items()) if v != "ok")
+    return f"goddp.trace: cannot {meeting} the trace ({reasons})"

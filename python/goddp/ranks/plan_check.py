@@ -274,7 +274,7 @@ def exchange(
     the ranks that did not come; a rank that comes after the others gave
     up on it raises it too. meeting: "first step" or "install"; keeps: the
     message says the rank keeps DDP's buckets rather than stop (see
-    Note [Rounds that did not settle] in planner/rounds.go)."""
+    Note [Rounds that did not settle] in goddp.ranks.group)."""
     arrival = int(store.add(f"{key}/arrivals", 1))
     base = f"{key}/{(arrival - 1) // len(group.ranks)}"
     ended = settle(store, base, group, payload, lambda _: "go", waiting_for)

@@ -152,7 +152,7 @@ def csr(offsets: bytes, values: bytes) -> list[list[int]]:
 
 def test_constants_mirror_the_extension(ext):
     names = [n for n in dir(_native) if n.isupper() and isinstance(getattr(_native, n), int)]
-    assert len(names) == 51
+    assert len(names) == 48
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
     assert ext.abi_version() == ext.ABI_VERSION
@@ -821,8 +821,6 @@ _FORK_ARGS = {
     "forward_layout": lambda: ("{}",),
     "follow": lambda: ("{}",),
     "plan_notes": lambda: ("{}",),
-    "ddp_refusal": lambda: ("{}",),
-    "round_error": lambda: ("{}",),
     "trace_plans": lambda: ("{}",),
     "debug_panic": lambda: (),
 }

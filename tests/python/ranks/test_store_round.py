@@ -65,25 +65,7 @@ def test_env_seconds(monkeypatch):
 
 @pytest.mark.parametrize("given", [0.0, -1.0, float("inf"), float("nan")])
 def test_a_timeout_must_be_positive_and_finite(given):
-    # A round's wait is written into its error text (JSON has no infinity).
+    # A round's wait is written into its error text.
     with pytest.raises(ValueError, match="timeout must be positive seconds"):
         timeout_s("GODDP_TEST_SECONDS", 5.0, given, "goddp.test")
 
-
-def test_a_round_error_the_planner_cannot_word_is_still_an_error_text(monkeypatch):
-    """round_error never raises (a forked child cannot call the planner): a
-    round that did not end in "go" still gets a line, one that did none."""
-    from goddp.ranks import group as _group
-    from goddp.ranks.store_round import Round
-
-    def refuse(request):
-        raise RuntimeError("forked after it was loaded")
-
-    monkeypatch.setattr(_group._native, "round_error", refuse)
-    who = Group(name="7", ranks=(0, 1), rank=1, timeout_s=4.0)
-    text = _group.round_error("enter", who, Round(f"{GAVE_UP}0", {1: "ok"}, False, 4.0))
-    assert "rank 1: the round (enter) of process group '7' ended 'gave up: rank 0', not 'go';" in text
-    assert "the planner could not word it (RuntimeError: forked after it was loaded)" in text
-    refused = _group.round_error("leave", who, Round("refused", {0: "ok", 1: "static_graph"}, True, 0.2), timeout_env="X_T")
-    assert "ended 'refused', not 'go' (rank 1: static_graph);" in refused and refused.endswith("; X_T sets the wait")
-    assert _group.round_error("enter", who, Round("go", {0: "ok", 1: "ok"}, True, 0.1)) is None
