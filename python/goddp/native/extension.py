@@ -163,6 +163,13 @@ def set_max_procs(n: int) -> int:
     return load().set_max_procs(n)
 
 
+def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any, bucket_params: Any) -> dict[str, Any]:
+    """One DDP bucket layout for the graphs of a forward (goddp_combine_forward
+    in csrc/goddp.h; see goddp._goddp.combine_forward). Raises PlannerError
+    like plan_graph."""
+    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
+
+
 def agree(request: Mapping[str, Any]) -> dict[str, Any]:
     """The verdict of one agreement round (goddp_agree in csrc/goddp.h, which
     gives both JSON shapes). Raises PlannerError like plan_graph."""
