@@ -104,7 +104,7 @@ func (req *RoundRequest) words() (who, event, rule, late string, err error) {
 			if req.Meeting != MeetFirstStep {
 				return "", "", "", "", errorf(ErrInvalidConfig, "planner: RoundError: only the first-step round keeps DDP's buckets")
 			}
-			rule = fmt.Sprintf("Every rank keeps DDP's own buckets and trains on (Note [A round given up] in planner/agree.go); "+
+			rule = fmt.Sprintf("Every rank keeps DDP's own buckets and trains on (Note [A round given up] in goddp.ranks.verdict); "+
 				"%s=<seconds> sets how long the ranks wait for each other here.", req.TimeoutEnv)
 			late = "it keeps DDP's own buckets, as they do"
 		}

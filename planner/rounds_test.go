@@ -36,7 +36,7 @@ func TestRoundError(t *testing.T) {
 		{"late, keeps", roundReq(MeetFirstStep, true, "gave up: rank 0", true, true, seen),
 			"goddp: rank 1 reached the first training step of a DDP module (process group '0', ranks [0, 1, 2]) after the others had stopped waiting for it " +
 				"(gave up: rank 0), 1800 s after the first arrival; it keeps DDP's own buckets, as they do. Every rank keeps DDP's own buckets and trains on " +
-				"(Note [A round given up] in planner/agree.go); GODDP_PLAN_CHECK_TIMEOUT=<seconds> sets how long the ranks wait for each other here."},
+				"(Note [A round given up] in goddp.ranks.verdict); GODDP_PLAN_CHECK_TIMEOUT=<seconds> sets how long the ranks wait for each other here."},
 		{"install, late", roundReq(MeetInstall, false, "gave up: rank 0", true, true, seen),
 			"goddp: rank 1 reached installing DDP's new buckets of a DDP module (process group '0', ranks [0, 1, 2]) after the others had stopped waiting for it " +
 				"(gave up: rank 0), 1800 s after the first arrival; it stops too rather than go on alone. Every rank of a DDP module must run its first training " +

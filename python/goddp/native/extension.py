@@ -170,29 +170,6 @@ def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_of
     return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
 
 
-def agree(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The verdict of one agreement round (goddp_agree in csrc/goddp.h, which
-    gives both JSON shapes). Raises PlannerError like plan_graph."""
-    return _json_call("agree", request)
-
-
-def forward_layout(request: Mapping[str, Any]) -> dict[str, Any]:
-    """A forward's one layout, or why none, and its line (goddp_forward_layout
-    in csrc/goddp.h, which gives both JSON shapes)."""
-    return _json_call("forward_layout", request)
-
-
-def follow(request: Mapping[str, Any]) -> dict[str, Any]:
-    """How a later graph of a decided DDP module follows the decision
-    (goddp_follow in csrc/goddp.h)."""
-    return _json_call("follow", request)
-
-
-def plan_notes(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The INFO lines a plan deserves (goddp_plan_notes in csrc/goddp.h)."""
-    return _json_call("plan_notes", request)
-
-
 def ddp_refusal(request: Mapping[str, Any]) -> dict[str, Any]:
     """Why goddp.trace or the reducer rebuild leaves a DDP module alone
     (goddp_ddp_refusal in csrc/goddp.h)."""
