@@ -16,8 +16,8 @@ import (
 	"github.com/goddp/goddp/planner"
 )
 
-// goddp_checkpoint_split takes and returns JSON text, as goddp_agree does
-// (Note [Agreement as JSON]): a graph's checkpoint calls are few, their
+// goddp_checkpoint_split takes and returns JSON text
+// (Note [JSON operations] in bridge/respond.go): a graph's checkpoint calls are few, their
 // facts nested (per call a body, per body node its inputs) and the reply a
 // question or a decision. goddp.h and docs/planner.md ("Checkpoint
 // regions") document both shapes; the types below are them.

@@ -35,7 +35,13 @@ func respond(name string, in *C.goddp_text_in, out, errMsg **C.char, produce fun
 	return C.GODDP_OK
 }
 
-// answer is respond for a JSON operation (Note [Agreement as JSON]):
+// Note [JSON operations]: some requests are nested, optional and few (a
+// graph's checkpoint calls, per call a body, per body node its inputs), and
+// their replies a question or a decision; such an export takes and returns
+// JSON text rather than flat arrays. goddp.h and docs/planner.md document
+// both shapes of each; the wire types beside each export are them.
+
+// answer is respond for a JSON operation (Note [JSON operations]):
 // produce converts the request, makes the one planner call and returns the
 // reply's wire value, which goes back as JSON text (an unencodable value
 // is GODDP_ERR_INTERNAL).

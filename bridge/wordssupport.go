@@ -1,7 +1,7 @@
 package main
 
-// Helpers for words_test.go (test files cannot use cgo; see testsupport.go):
-// goddp_forward_layout called as C would. None of it is reachable from the
+// Helpers for the JSON operations' tests (test files cannot use cgo; see
+// testsupport.go): each called as C would. None of it is reachable from the
 // exports.
 
 /*
@@ -14,30 +14,6 @@ typedef const char goddp_text_in;
 import "C"
 
 import "unsafe"
-
-// callForwardLayout calls goddp_forward_layout with request.
-func callForwardLayout(request string) reportCall {
-	in := C.CString(request)
-	defer C.free(unsafe.Pointer(in))
-	var out, msg *C.char
-	return collectReport(goddp_forward_layout((*C.goddp_text_in)(in), &out, &msg), out, msg)
-}
-
-// callFollow calls goddp_follow with request.
-func callFollow(request string) reportCall {
-	in := C.CString(request)
-	defer C.free(unsafe.Pointer(in))
-	var out, msg *C.char
-	return collectReport(goddp_follow((*C.goddp_text_in)(in), &out, &msg), out, msg)
-}
-
-// callPlanNotes calls goddp_plan_notes with request.
-func callPlanNotes(request string) reportCall {
-	in := C.CString(request)
-	defer C.free(unsafe.Pointer(in))
-	var out, msg *C.char
-	return collectReport(goddp_plan_notes((*C.goddp_text_in)(in), &out, &msg), out, msg)
-}
 
 // callTracePlans calls goddp_trace_plans with request.
 func callTracePlans(request string) reportCall {

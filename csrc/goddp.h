@@ -80,9 +80,9 @@ extern "C" {
  * 10: goddp_checkpoint_split (how to split a graph's activation checkpoints
  *    into regions, JSON text in and out; docs/planner.md, "Checkpoint
  *    regions"); and
- *    the planner words the agreement's lines (Note [Words from the
- *    planner] in planner/words.go): goddp_agree's request takes "group" and
- *    its verdict gives "log"; goddp_forward_layout (a forward's members in,
+ *    the planner words the agreement's lines (planner/words.go):
+ *    goddp_agree's request takes "group" and its verdict gives "log";
+ *    goddp_forward_layout (a forward's members in,
  *    its one layout or refusal and its line out, JSON); goddp_follow (a
  *    later graph of a decided DDP module, JSON); goddp_plan_notes (the INFO
  *    lines a plan deserves, JSON); goddp_round_error (the error text of an
@@ -455,47 +455,10 @@ typedef struct goddp_layout {
  * negative position, a cap below one byte). */
 goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, char **err_msg);
 
-/* The verdict of one agreement round of a DDP module's ranks
- * (planner/agree.go, Note [The agreement verdict]; ABI 9). request and
- * *verdict are NUL-terminated JSON text (Note [Agreement as JSON] in
- * bridge/agree.go says why; docs/planner.md, "Agreement", gives both shapes):
- *   request: {"statements": {"<rank>": statement, ...},
- *             "names": {"<DDP position>": "<parameter name>", ...},
- *             "may_defer": bool,
- *             "installed": {"<rank>": {"failed": str|null, "lost": str|null}},
- *             "unsettled": {"stopped_by": int, "missing": [int]},
- *             "group": {"name": str, "size": int}}   (ABI 10, optional)
- *     statement: {"layout": {"buckets": [[int]], "caps": [int],
- *                            "order": "ready"|"declaration", "build": str}|null,
- *                 "digest": hex|null, "reason": str|null, "later": bool,
- *                 "strict": bool, "lost": str|null, "fingerprint": hex|null,
- *                 "pieces": int}   (hex: 16 hex digits)
- *     "installed", when present, makes it the install round; "unsettled",
- *     a round given up (statements: those this rank saw), which is "keep"
- *     on every rank (Note [A round given up] in planner/agree.go).
- *   verdict: {"error": "peer_failed"|"plan_mismatch"|null, "message": str|null,
- *             "action": "install"|"keep"|"later"|null, "layout_rank": int|null,
- *             "reason": str|null, "disagreed": bool, "record": {...}|null,
- *             "log": {"level": "info"|"warning", "text": str}}
- *     "log" (ABI 10): the line every rank logs for the verdict, present
- *     when the request names its "group" and the verdict is not an error.
- * Keys are ranks and positions in decimal as written by Python's str()
- * ("0", never "00" or "+0").
- * On GODDP_OK, *verdict is released with goddp_string_free; on error it
- * stays NULL. GODDP_ERR_INVALID_CONFIG (Note [What Agree refuses] in
- * planner/agree.go) for a request that is not of that shape, has no
- * statement, a repeated or negative rank, a digest without its layout or
- * a layout without its digest, a digest that is not the layout's, a layout
- * no DDP module could have, or is an install round without agreeing
- * statements or without a report from exactly the ranks that made them, or
- * a given-up round with a negative rank, a missing rank it heard from, or
- * "installed", or a "group" of no rank. */
-goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
-
 /* How to split one graph's activation checkpoint calls into consecutive
  * checkpoints, one per region of each body (planner/ckptsplit.go, Note
  * [Checkpoint regions]; ABI 10). request and *reply are NUL-terminated JSON
- * text, as for goddp_agree (Note [Agreement as JSON]); docs/planner.md,
+ * text (Note [JSON operations] in bridge/respond.go); docs/planner.md,
  * "Checkpoint regions", gives both shapes:
  *   request: {"calls": [call, ...], "bucket_splits": bool,
  *             "cut_at_blocks": bool|null, "buckets_planned": bool}
@@ -534,59 +497,6 @@ goddp_status goddp_agree(const char *request, char **verdict, char **err_msg);
  * per node, or too many nodes. The error message names the call and node. */
 goddp_status goddp_checkpoint_split(const char *request, char **reply, char **err_msg);
 
-/* One DDP bucket layout for the graphs of a forward, or why there is none,
- * and the INFO line that says so (planner.PlanForward, planner/words.go;
- * ABI 10). JSON text, as goddp_agree (docs/planner.md, "A forward across
- * graphs"):
- *   request: {"members": [{"layout": layout|null, "reason": str|null,
- *                          "describe": str}, ...],   (call order)
- *             "param_bytes": [int],   (per DDP position)
- *             "build": str}           (the combined layout's build)
- *     layout: as a goddp_agree statement's
- *   reply: {"layout": layout|null, "digest": hex|null, "refusal": str|null,
- *           "info": {"graphs": [str], "bucket_graphs": [int], "moved": int,
- *                    "dropped": int},
- *           "note": {"level": "info", "text": str}}
- *     "refusal" says why "layout" is null: a member without a layout, a
- *     member not in "ready" order (or no member), or goddp_combine_forward's
- *     error; "info" has bucket_graphs, moved and dropped only where the
- *     buckets were combined.
- * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
- * for a request that is not of that shape or names an unknown order. */
-goddp_status goddp_forward_layout(const char *request, char **reply, char **err_msg);
-
-/* A graph that first runs after its DDP module decided: it follows the
- * decision and never re-buckets training (planner.Follow, planner/words.go;
- * ABI 10). JSON text, as goddp_agree:
- *   request: {"action": "install"|"keep"|"later", "reason": str|null,
- *             "decided": layout|null,   (the installed layout; install only)
- *             "mine": layout|null,      (the layout this graph proposes)
- *             "part": layout|null}      (its layout for its part of DDP's
- *                                        parameters, where mine is null)
- *   reply: {"plan_check": {"aligned": bool, "followed": str},
- *           "ddp_buckets": {"aligned": bool, "reason": str|null},
- *           "log": {"level": "info", "text": str}|null}
- *     the graph's plan record entries, and the line it logs when DDP's
- *     installed buckets are not its own.
- * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
- * for a request of another shape, an unknown action or order, or "install"
- * without "decided". */
-goddp_status goddp_follow(const char *request, char **reply, char **err_msg);
-
-/* The INFO lines a graph's plan deserves (planner.NotesFor, planner/notes.go,
- * Note [A plan's notes]; ABI 10). JSON text, as goddp_agree:
- *   request: {"mode": "ddp"|"torch", "align_requested": bool,
- *             "ddp_bucket_order": "ready"|"declaration",   (goddp_plan's)
- *             "aligned": bool, "caps_order": "ready"|"declaration",
- *                 (the plan's settings: align_buckets, bucket_order)
- *             "alignment": str, "merged_cuts": int, "num_pieces": int,
- *             "not_aligned": str|null,   (why DDP's buckets are not the pieces)
- *             "stand_in": bool, "part_of_forward": bool, "frame": str}
- *   reply: {"settings": str|null,   (logged at a DDP module's first plan only)
- *           "notes": [{"text": str, "once": bool}]}   (once: per DDP module)
- * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
- * for a request of another shape, an unknown mode or order. */
-goddp_status goddp_plan_notes(const char *request, char **reply, char **err_msg);
 
 /* The plans of a DDP module that goddp.trace's record lists, from the plan
  * records (planner.TracePlansOf, planner/traceplans.go, Note [A trace's

@@ -1209,10 +1209,8 @@ done:
     return result;
 }
 
-/* A report (goddp.h, "Reports"), goddp_agree or another JSON operation
- * (goddp_checkpoint_split, goddp_forward_layout, goddp_follow,
- * goddp_plan_notes, goddp_trace_plans): one JSON document in, one string
- * out. */
+/* A report (goddp.h, "Reports") or a JSON operation (goddp_checkpoint_split,
+ * goddp_trace_plans): one JSON document in, one string out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
 static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
@@ -1261,16 +1259,6 @@ static PyObject *py_trace_report(PyObject *self, PyObject *args) {
     return call_report(args, "s:trace_report", goddp_trace_report);
 }
 
-PyDoc_STRVAR(agree_doc,
-             "agree(request) -> str\n\n"
-             "The verdict of one agreement round of a DDP module's ranks (goddp_agree in\n"
-             "goddp.h): request and the result are JSON text of the shapes goddp.h gives.");
-
-static PyObject *py_agree(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:agree", goddp_agree);
-}
-
 PyDoc_STRVAR(checkpoint_split_doc,
              "checkpoint_split(request) -> str\n\n"
              "How to split a graph's activation checkpoints into regions\n"
@@ -1280,36 +1268,6 @@ PyDoc_STRVAR(checkpoint_split_doc,
 static PyObject *py_checkpoint_split(PyObject *self, PyObject *args) {
     (void)self;
     return call_report(args, "s:checkpoint_split", goddp_checkpoint_split);
-}
-
-PyDoc_STRVAR(forward_layout_doc,
-             "forward_layout(request) -> str\n\n"
-             "One DDP bucket layout for the graphs of a forward, or why none, and its\n"
-             "line (goddp_forward_layout in goddp.h): JSON text in and out.");
-
-static PyObject *py_forward_layout(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:forward_layout", goddp_forward_layout);
-}
-
-PyDoc_STRVAR(follow_doc,
-             "follow(request) -> str\n\n"
-             "How a later graph of a decided DDP module follows the decision (goddp_follow\n"
-             "in goddp.h): JSON text in and out.");
-
-static PyObject *py_follow(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:follow", goddp_follow);
-}
-
-PyDoc_STRVAR(plan_notes_doc,
-             "plan_notes(request) -> str\n\n"
-             "The INFO lines a plan deserves (goddp_plan_notes in goddp.h): JSON text in\n"
-             "and out.");
-
-static PyObject *py_plan_notes(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:plan_notes", goddp_plan_notes);
 }
 
 PyDoc_STRVAR(trace_plans_doc,
@@ -1354,11 +1312,7 @@ static PyMethodDef goddp_methods[] = {
     {"plan_table", py_plan_table, METH_VARARGS, plan_table_doc},
     {"trace_report", py_trace_report, METH_VARARGS, trace_report_doc},
 
-    {"agree", py_agree, METH_VARARGS, agree_doc},
     {"checkpoint_split", py_checkpoint_split, METH_VARARGS, checkpoint_split_doc},
-    {"forward_layout", py_forward_layout, METH_VARARGS, forward_layout_doc},
-    {"follow", py_follow, METH_VARARGS, follow_doc},
-    {"plan_notes", py_plan_notes, METH_VARARGS, plan_notes_doc},
     {"trace_plans", py_trace_plans, METH_VARARGS, trace_plans_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},

@@ -422,7 +422,7 @@ func sizeText(n int64) string {
 }
 
 // intOrNone prints a missing record field as Python's None (as orNone,
-// agree.go).
+// text.go).
 func intOrNone(n *int) string {
 	if n == nil {
 		return "None"

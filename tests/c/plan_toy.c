@@ -654,60 +654,31 @@ static void check_reports(void) {
     goddp_string_free(msg);
 }
 
-/* The agreement verdict (goddp_agree): JSON text in, JSON text out. */
-static void check_agree(void) {
-    /* Each statement carries its layout's real digest: goddp_agree
-     * recomputes it and refuses one that differs. */
-    const int64_t offsets[] = {0, 1}, caps[] = {4};
+/* A layout's digest (goddp_layout_digest): the same for the same layout,
+ * another for other caps; a layout no DDP module could have is refused. */
+static void check_layout_digest(void) {
+    const int64_t offsets[] = {0, 1}, caps[] = {4}, other_caps[] = {5}, no_caps[] = {0};
     const int32_t positions[] = {0};
     goddp_layout layout = {1, offsets, positions, GODDP_ORDER_READY, "b", 1, caps};
-    uint64_t digest = 0;
+    uint64_t digest = 0, again = 0, other = 0;
     char *msg = NULL;
     goddp_status st = goddp_layout_digest(&layout, &digest, &msg);
-    CHECK(st == GODDP_OK, "agree: layout digest: status %d, message %s", st, msg ? msg : "(none)");
-    goddp_string_free(msg);
-    const char *statement = "{\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": \"ready\", \"build\": \"b\"},"
-                            " \"digest\": \"%016llx\", \"pieces\": 1}";
-    char one[256], two_ranks[600];
-    snprintf(one, sizeof one, statement, (unsigned long long)digest);
-    snprintf(two_ranks, sizeof two_ranks,
-             "{\"may_defer\": true, \"names\": {\"0\": \"w\"}, \"statements\": {\"1\": %s, \"0\": %s}}", one, one);
-    char *verdict = NULL;
+    CHECK(st == GODDP_OK && msg == NULL, "layout digest: status %d, message %s", st, msg ? msg : "(none)");
+    st = goddp_layout_digest(&layout, &again, NULL);
+    CHECK(st == GODDP_OK && again == digest, "layout digest again: status %d, %016llx vs %016llx", st,
+          (unsigned long long)again, (unsigned long long)digest);
+    layout.caps = other_caps;
+    st = goddp_layout_digest(&layout, &other, NULL);
+    CHECK(st == GODDP_OK && other != digest, "layout digest of other caps: status %d", st);
+
+    layout.caps = no_caps;
     msg = NULL;
-    st = goddp_agree(two_ranks, &verdict, &msg);
-    CHECK(st == GODDP_OK && verdict != NULL && msg == NULL, "agree: status %d, message %s", st, msg ? msg : "(none)");
-    CHECK(verdict != NULL && strstr(verdict, "\"action\":\"install\"") != NULL &&
-              strstr(verdict, "\"layout_rank\":0") != NULL,
-          "agree: verdict %s", verdict ? verdict : "(none)");
-    goddp_string_free(verdict);
+    st = goddp_layout_digest(&layout, &other, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && msg != NULL, "layout digest of a cap below one byte: status %d", st);
     goddp_string_free(msg);
 
-    verdict = NULL;
-    msg = NULL;
-    st = goddp_agree("{\"statements\": {}}", &verdict, &msg);
-    CHECK(st == GODDP_ERR_INVALID_CONFIG && verdict == NULL && msg != NULL && strstr(msg, "at least one") != NULL,
-          "agree without statements: status %d, message %s", st, msg ? msg : "(none)");
-    goddp_string_free(msg);
-
-    msg = NULL;
-    st = goddp_agree("not json", &verdict, &msg);
-    CHECK(st == GODDP_ERR_INVALID_CONFIG && verdict == NULL && msg != NULL && strstr(msg, "not valid JSON") != NULL,
-          "agree on bad JSON: status %d, message %s", st, msg ? msg : "(none)");
-    goddp_string_free(msg);
-
-    /* A digest that is not the layout's: refused, nothing handed out. */
-    snprintf(two_ranks, sizeof two_ranks,
-             "{\"statements\": {\"0\": %s, \"1\": {\"layout\": {\"buckets\": [[0]], \"caps\": [4], \"order\": "
-             "\"ready\", \"build\": \"b\"}, \"digest\": \"%016llx\"}}}",
-             one, (unsigned long long)(digest ^ 1));
-    msg = NULL;
-    st = goddp_agree(two_ranks, &verdict, &msg);
-    CHECK(st == GODDP_ERR_INVALID_CONFIG && verdict == NULL && msg != NULL && strstr(msg, "rank 1 gave layout digest") != NULL,
-          "agree on a forged digest: status %d, message %s", st, msg ? msg : "(none)");
-    goddp_string_free(msg);
-
-    st = goddp_agree(NULL, &verdict, NULL);
-    CHECK(st == GODDP_ERR_INVALID_CONFIG, "agree on NULL: status %d", st);
+    st = goddp_layout_digest(NULL, &digest, NULL);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG, "layout digest of NULL: status %d", st);
 }
 
 /* The checkpoint split (goddp_checkpoint_split): JSON text in, JSON text out. */
@@ -756,7 +727,7 @@ int main(void) {
     check_errors(&g);
     check_max_procs();
     check_reports();
-    check_agree();
+    check_layout_digest();
     check_checkpoint_split();
     check_threads(&g, fp_ddp);
 

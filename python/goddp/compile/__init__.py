@@ -6,5 +6,6 @@
   own control flow (never a failure).
 - ``inner``: the inner compiler each piece goes to.
 - ``pieces``: compiling the pieces (example inputs, the compile loop).
+- ``notes``: the INFO lines a graph's plan deserves.
 - ``ddp_optimizer``: torch's DDPOptimizer, which must not cut as well.
 """

@@ -42,6 +42,7 @@ from torch import fx
 from goddp.compile import ddp_optimizer
 from goddp.compile.fallback import FellBack, Stages, warn_fallback
 from goddp.compile.inner import inner_name, resolve_inner
+from goddp.compile.notes import PlanFacts, plan_notes, settings_note
 from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
@@ -53,7 +54,6 @@ from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, body_parameters, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
-from goddp.native import extension as _native
 from goddp.native.extension import REASON_PART_OF_FORWARD
 from goddp.native.plan import MIB, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan, plan_graph_module
 from goddp.options import Options
@@ -310,38 +310,30 @@ class _DDPGraphCompile:
     # -- what the graph leaves behind: notes, the record, the gate
 
     def note(self, planned: Planned) -> None:
-        """The INFO notes a plan deserves (the planner's, Note [A plan's
-        notes] in planner/notes.go), each once per DDP module unless it says
-        otherwise. Notes are words only: a planner error here costs no
-        compile (logged at DEBUG)."""
-        try:
-            notes = self._notes(planned)
-        except Exception:
-            logger.debug("goddp: the plan's notes could not be worded", exc_info=True)
-            return
-        note_ddp_settings(self.ddp, notes["settings"])
-        for note in notes["notes"]:
-            if note["once"]:
-                note_once(self.ddp, note["text"])
-            else:
-                logger.info("%s", note["text"])
-
-    def _notes(self, planned: Planned) -> dict[str, Any]:
+        """The INFO notes a plan deserves (Note [A plan's notes] in
+        goddp.compile.notes), each once per DDP module unless it says
+        otherwise."""
         plan = planned.plan
-        return _native.plan_notes({
-            "mode": self.options.mode,
-            "align_requested": self.options.aligns_buckets,
-            "ddp_bucket_order": plan.ddp_bucket_order,
-            "aligned": planned.caps.align_buckets,
-            "caps_order": planned.caps.bucket_order,
-            "alignment": plan.alignment,
-            "merged_cuts": plan.merged_cuts,
-            "num_pieces": plan.num_pieces,
-            "not_aligned": planned.not_aligned,
-            "stand_in": planned.not_aligned == STAND_IN,
-            "part_of_forward": planned.part_of_forward,
-            "frame": self.frame.describe(),
-        })
+        facts = PlanFacts(
+            mode=self.options.mode,
+            align_requested=self.options.aligns_buckets,
+            ddp_bucket_order=plan.ddp_bucket_order,
+            aligned=planned.caps.align_buckets,
+            caps_order=planned.caps.bucket_order,
+            alignment=plan.alignment,
+            merged_cuts=plan.merged_cuts,
+            num_pieces=plan.num_pieces,
+            not_aligned=planned.not_aligned,
+            stand_in=planned.not_aligned == STAND_IN,
+            part_of_forward=planned.part_of_forward,
+            frame=self.frame.describe(),
+        )
+        note_ddp_settings(self.ddp, settings_note(facts))
+        for note in plan_notes(facts):
+            if note.once:
+                note_once(self.ddp, note.text)
+            else:
+                logger.info("%s", note.text)
 
     def log_table(self, plan: GraphPlan, identified: Identified | None = None) -> None:
         """The plan table at INFO (log_plan), with the frame the graph came

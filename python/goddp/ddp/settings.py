@@ -122,8 +122,8 @@ def note_once(ddp: Any, message: str) -> None:
 
 
 def note_ddp_settings(ddp: Any, message: str | None) -> None:
-    """Logs message (the planner's settings note, Note [A plan's notes] in
-    planner/notes.go) at INFO if this is the DDP module's first plan."""
+    """Logs message (a plan's settings note, Note [A plan's notes] in
+    goddp.compile.notes) at INFO if this is the DDP module's first plan."""
     try:
         if ddp in _noted_modules:
             return

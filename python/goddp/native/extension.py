@@ -160,27 +160,11 @@ def set_max_procs(n: int) -> int:
     return load().set_max_procs(n)
 
 
-def agree(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The verdict of one agreement round (goddp_agree in csrc/goddp.h, which
-    gives both JSON shapes). Raises PlannerError like plan_graph."""
-    return _json_call("agree", request)
-
-
-def forward_layout(request: Mapping[str, Any]) -> dict[str, Any]:
-    """A forward's one layout, or why none, and its line (goddp_forward_layout
-    in csrc/goddp.h, which gives both JSON shapes)."""
-    return _json_call("forward_layout", request)
-
-
-def follow(request: Mapping[str, Any]) -> dict[str, Any]:
-    """How a later graph of a decided DDP module follows the decision
-    (goddp_follow in csrc/goddp.h)."""
-    return _json_call("follow", request)
-
-
-def plan_notes(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The INFO lines a plan deserves (goddp_plan_notes in csrc/goddp.h)."""
-    return _json_call("plan_notes", request)
+def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any, bucket_params: Any) -> dict[str, Any]:
+    """One DDP bucket layout for the graphs of a forward (goddp_combine_forward
+    in csrc/goddp.h; see goddp._goddp.combine_forward). Raises PlannerError
+    like plan_graph."""
+    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
 
 
 def trace_plans(module: str, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -51,8 +51,8 @@ from __future__ import annotations
 #    the step's allreduces), at a training call every rank of the module's
 #    group is certain to reach, the proposals go through one bounded store
 #    round (goddp.ranks.store_round) and every rank computes the same Decision
-#    (decide: the Go planner's verdict, planner/agree.go, Note [The
-#    agreement verdict]; pure, from the same statements): INSTALL when every rank
+#    (decide: the round's verdict, Note [The agreement verdict] in
+#    goddp.ranks.verdict; pure, from the same statements): INSTALL when every rank
 #    proposed the same layout digest; LATER when some rank said later and
 #    the round may still wait for it (may_defer); otherwise KEEP
 #    DDP's own buckets, with one WARNING naming the rank, bucket and
@@ -100,13 +100,13 @@ from typing import Any, Callable
 
 import torch
 
-from goddp.native import extension as _native
 from goddp.ranks import forward as _forward
 from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_or_reset, remove_bucket_caps
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
 from goddp.ddp.refusals import rebuild_blocker
 from goddp.ranks.group import Group, group_of, store_for
+from goddp.ranks.layout import Layout
 from goddp.ranks.plan_check import (
     INSTALL,
     LATER,
@@ -234,25 +234,47 @@ class TrainingGate:
 
     def _follow(self, decision: Decision) -> None:
         """A graph that first runs after the module decided follows the
-        decision (the Go planner's words, goddp_follow). Never raises: this
-        rank alone runs it, so a failure must not cost it the step."""
-        part = None if self.member is None or self.member.layout is None else self.member.layout.to_dict()
-        followed = {"aligned": decision.action == INSTALL, "followed": "the decision of the module's first training call"}
-        try:
-            following = _native.follow({
-                "action": decision.action,
-                "reason": decision.reason,
-                "decided": None if decision.layout is None else decision.layout.to_dict(),
-                "mine": None if self.statement.layout is None else self.statement.layout.to_dict(),
-                "part": part,
-            })
-        except Exception as exc:
-            reason = f"followed the module's decision ({decision.action}); could not word it ({type(exc).__name__}: {exc})"
-            self._report(followed, {"aligned": False, "reason": reason})
-            return
-        if following["log"] is not None:
-            logger.info("%s", following["log"]["text"])
-        self._report(following["plan_check"], following["ddp_buckets"])
+        decision (follow); this rank alone runs it."""
+        part = None if self.member is None else self.member.layout
+        plan_check, ddp_buckets, line = follow(decision, self.statement.layout, part)
+        if line is not None:
+            logger.info("%s", line)
+        self._report(plan_check, ddp_buckets)
+
+
+# The plan record's "followed" of a later graph.
+FOLLOWED = "the decision of the module's first training call"
+
+
+def follow(
+    decision: Decision, mine: Layout | None, part: Layout | None
+) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """How a graph that first runs after its DDP module decided stands with
+    the decision (Note [Where the ranks meet]; its words,
+    Note [The agreement's lines] in goddp.ranks.verdict): its plan record's
+    "plan_check" and "ddp_buckets" entries, and its INFO line (None where
+    DDP's buckets are its own, or not goddp's). mine: the layout the graph
+    proposes; part, where mine is None, its layout for its part of DDP's
+    parameters (a graph of a forward planned across graphs)."""
+    installed = decision.action == INSTALL
+    plan_check = {"aligned": installed, "followed": FOLLOWED}
+    if decision.action == LATER:
+        return plan_check, {"aligned": False, "reason": "the ranks decide at this DDP module's next training call"}, None
+    if not installed:
+        reason = f"decided at this DDP module's first training call: {decision.reason}"
+        return plan_check, {"aligned": False, "reason": reason}, None
+    if mine is not None and mine == decision.layout:
+        return plan_check, {"aligned": True, "reason": None}, None
+    proposed = "none"
+    if mine is not None:
+        proposed = str(list(mine.caps))
+    elif part is not None:
+        proposed = f"{list(part.caps)} for its part of DDP's parameters"
+    reason = (
+        f"DDP's buckets were set at this DDP module's first training call ({list(decision.layout.caps)} bytes) and "
+        f"never change mid-training; this graph proposed {proposed}"
+    )
+    return plan_check, {"aligned": False, "reason": reason}, f"goddp: a later graph of a DDP module keeps its buckets: {reason}"
 
 
 def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True) -> Decision:

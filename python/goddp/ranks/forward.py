@@ -17,11 +17,11 @@ forward together:
    that same forward, with its aligned buckets (by DDP position).
 2. At the module's next training forward, the first call of any of its
    graphs holds the second agreement: each rank combines its recorded
-   graphs into one layout in the Go planner (``goddp_forward_layout``,
-   planner/words.go and planner/forward.go: the later graph's buckets first,
-   since DDP's backward runs it first; a parameter of several graphs counted
-   in the earliest; a graph without a layout, or in declaration order,
-   refuses the whole forward),
+   graphs into one layout (``combine``: a graph without a layout, or in
+   declaration order, refuses the whole forward; the combining is the Go
+   planner's, ``goddp_combine_forward`` in planner/forward.go: the later
+   graph's buckets first, since DDP's backward runs it first; a parameter
+   of several graphs counted in the earliest),
    and the ranks install it on all of them or on none, before any of that
    step's allreduces. DDP rebuilds its buckets after that step's backward,
    so they close at the cuts of every graph from the step after.
@@ -46,8 +46,10 @@ combined layouts differ (every rank keeps DDP's buckets, one WARNING).
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import logging
+import re
 import weakref
 from typing import Any, Callable
 
@@ -141,32 +143,78 @@ def finish(ddp: Any) -> list[Member]:
 
 def combine(members: list[Member], param_bytes: list[int]) -> Combined:
     """The one layout for the members (Note [Graphs of one forward]), or
-    None and why, and the line that says so: the Go planner's
-    (goddp_forward_layout). param_bytes: the byte size of each of DDP's
+    None and why, and the line that says so (Note [The agreement's lines] in
+    goddp.ranks.verdict). param_bytes: the byte size of each of DDP's
     parameters, by DDP position. Never raises: a rank whose planner call
     fails still brings a statement (no layout, and why) to the round the
     other ranks hold, so that every rank keeps DDP's buckets alike."""
     try:
-        return _combined(members, param_bytes)
+        return _Forward(members, param_bytes).combined()
     except Exception as exc:
         why = f"could not combine the forward's layouts ({type(exc).__name__}: {exc})"
         return Combined(None, None, why, {"graphs": [m.describe for m in members]}, f"goddp: {why}")
 
 
-def _combined(members: list[Member], param_bytes: list[int]) -> Combined:
-    reply = _native.forward_layout({
-        "members": [
-            {"layout": None if m.layout is None else m.layout.to_dict(), "reason": m.reason, "describe": m.describe}
-            for m in members
-        ],
-        "param_bytes": list(param_bytes),
-        "build": build_id(),
-    })
-    layout, digest = reply["layout"], reply["digest"]
-    return Combined(
-        layout=None if layout is None else Layout.from_dict(layout),
-        digest=None if digest is None else int(digest, 16),
-        reason=reply["refusal"],
-        info=reply["info"],
-        note=reply["note"]["text"],
-    )
+class _Forward:
+    """The steps of combine: refuse, combine, state the digest, say so."""
+
+    def __init__(self, members: list[Member], param_bytes: list[int]) -> None:
+        self.members = members
+        self.param_bytes = param_bytes
+        self.info: dict[str, Any] = {"graphs": [m.describe for m in members]}
+
+    def combined(self) -> Combined:
+        layout, digest, refusal = None, None, self.refusal()
+        if refusal is None:
+            layout, refusal = self.layout()
+        if layout is not None:
+            try:
+                digest = layout.digest()
+            except _native.load().PlannerError as exc:
+                layout, refusal = None, f"could not state DDP's layout (PlannerError: {exc})"
+        how = f"DDP buckets {list(layout.caps)} bytes" if layout is not None else f"no layout: {refusal}"
+        note = (
+            f"goddp: planning the {len(self.members)} graph(s) of this DDP module's first training forward "
+            f"together: {'; '.join(self.info['graphs'])}; {how}"
+        )
+        return Combined(layout, digest, refusal, self.info, note)
+
+    def refusal(self) -> str | None:
+        """Why the members cannot be combined, before looking at their
+        buckets: a member without a layout (the first such), or an order
+        other than "ready" (which also refuses a forward of no graph)."""
+        for m in self.members:
+            if m.layout is None:
+                return f"a graph of the forward has no layout to combine ({m.describe}: {m.reason})"
+        if not self.members or any(m.layout.order != "ready" for m in self.members):
+            return "the forward's graphs are bucketed in declaration order, which DDP never rebuilds"
+        return None
+
+    def layout(self) -> tuple[Layout | None, str | None]:
+        """The planner's combined layout ("ready" order, this build), or
+        its refusal: the first line of its error."""
+        graph_offsets, bucket_offsets, params = [0], [0], []
+        for m in self.members:
+            for bucket in m.layout.buckets:
+                params.extend(bucket)
+                bucket_offsets.append(len(params))
+            graph_offsets.append(len(bucket_offsets) - 1)
+        try:
+            reply = _native.combine_forward(
+                array.array("q", self.param_bytes),
+                array.array("q", graph_offsets),
+                array.array("q", bucket_offsets),
+                array.array("i", params),
+            )
+        except _native.load().PlannerError as exc:
+            return None, re.split(r"[\r\n]", str(exc).strip())[0] or "PlannerError"
+        caps = array.array("q", reply["ddp_caps"]).tolist()
+        offsets = array.array("q", reply["bucket_param_offsets"]).tolist()
+        positions = array.array("i", reply["bucket_params"]).tolist()
+        self.info.update(
+            bucket_graphs=array.array("i", reply["bucket_graphs"]).tolist(),
+            moved=reply["moved"],
+            dropped=reply["dropped"],
+        )
+        buckets = tuple(tuple(positions[offsets[k] : offsets[k + 1]]) for k in range(len(caps)))
+        return Layout(buckets=buckets, caps=tuple(caps), order="ready", build=build_id()), None

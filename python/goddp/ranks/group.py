@@ -146,7 +146,7 @@ def _meeting(meeting: str, group: Group, keeps: bool, timeout_env: str) -> _Meet
         raise ValueError(f"goddp: round_error: the {meeting} round needs the name of its timeout's variable")
     if keeps:  # Note [A round given up]
         rule = (
-            "Every rank keeps DDP's own buckets and trains on (Note [A round given up] in planner/agree.go); "
+            "Every rank keeps DDP's own buckets and trains on (Note [A round given up] in goddp.ranks.verdict); "
             f"{timeout_env}=<seconds> sets how long the ranks wait for each other here."
         )
         return _Meeting("goddp", PLAN_CHECK_EVENTS[meeting], rule, "it keeps DDP's own buckets, as they do")

@@ -4,8 +4,8 @@ DDP module agree on (goddp.ranks.agreement, Note [Agreeing on DDP's layout]).
 A Layout names DDP's parameters by their position in DDP's own parameter
 list (``ddp_parameters``), which DDP checks at construction to be the same
 on every rank, never by graph node or graph-local index. Its digest comes
-from the Go planner (planner/layout.go), and so do the words for how two
-layouts differ (planner/agree.go, LayoutDifference).
+from the Go planner (planner/layout.go); goddp.ranks.verdict words how two
+layouts differ (layout_difference).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Every rank of a DDP module's process group publishes one ``Statement``: the
 layout it proposes for DDP's buckets (goddp.ranks.layout) with its digest, or
 why it proposes none, or that it will propose later. ``exchange`` passes
 the statements through the default c10d store; ``decide`` turns them into
-one ``Decision``: the Go planner's verdict (planner/agree.go, Note [The
-agreement verdict]), a pure function of all statements; every rank reads
+one ``Decision``: the verdict of goddp.ranks.verdict
+(Note [The agreement verdict]), a pure function of all statements; every rank reads
 the same statements, so every rank reaches the same
 decision or raises the same error. The plan's fingerprint travels along for
 the record only: graphs may differ (Note [Agreeing on DDP's layout]).
@@ -35,33 +35,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 from typing import Any, Callable, Mapping, Sequence
 
-from goddp.native import extension as _native
 from goddp.ranks.group import Group, env_seconds, process_group_timeout_s, round_error
 from goddp.ranks.group import timeout_s as group_timeout_s
 from goddp.ranks.layout import Layout
 from goddp.ranks.store_round import GAVE_UP, settle
+# Decision.action and the verdict's errors are goddp.ranks.verdict's, named here too.
+from goddp.ranks.verdict import INSTALL, KEEP, LATER, PeerFailedError, PlanMismatchError, Round, Verdict  # noqa: F401
 
 TIMEOUT_ENV = "GODDP_PLAN_CHECK_TIMEOUT"
-
-# Decision.action
-INSTALL = "install"
-KEEP = "keep"
-LATER = "later"
-
-
-class PlanMismatchError(RuntimeError):
-    """Ranks of one DDP module proposed different layouts for DDP's buckets
-    and some rank runs with strict=True."""
-
 
 class RanksMissingError(RuntimeError):
     """Some ranks of a DDP module's group never reached the agreement.
 
-    unsettled: how the given-up round ended, as the planner reads it
+    unsettled: how the given-up round ended, as decide reads it
     ({"stopped_by": rank, "missing": [ranks]}); seen: the payloads this rank
     read (rank -> text)."""
 
@@ -69,10 +58,6 @@ class RanksMissingError(RuntimeError):
         super().__init__(message)
         self.unsettled = unsettled
         self.seen = dict(seen or {})
-
-
-class PeerFailedError(RuntimeError):
-    """Another rank of the group cannot train on (its DDP reducer is lost)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +90,7 @@ class Statement:
         return None if self.layout is None else self.layout.caps
 
     def to_dict(self) -> dict[str, Any]:
-        """The statement as it crosses the store and goes to the planner
-        (goddp_agree in csrc/goddp.h)."""
+        """The statement as it crosses the store."""
         return {
             "layout": None if self.layout is None else self.layout.to_dict(),
             "digest": None if self.digest is None else f"{self.digest:016x}",
@@ -139,7 +123,7 @@ class Statement:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """What every rank of the group does (the planner's verdict).
+    """What every rank of the group does (the round's verdict).
 
     action: INSTALL (the layout, on every rank), KEEP (DDP's own buckets,
         on every rank) or LATER (decide at the module's next training call).
@@ -147,10 +131,10 @@ class Decision:
     reason: why not INSTALL (naming what each rank said when they differ).
     disagreed: the ranks said different things, which is worth a WARNING.
     statements: what each rank (global rank numbers) said.
-    record: the planner's plan-record view of it (summary()).
+    record: the verdict's plan-record view of it (summary()).
     log: the line every rank logs for it, (logging level, text), where the
-        planner was told the group (Note [Words from the planner] in
-        planner/words.go).
+        verdict was told the group (Note [The agreement's lines] in
+        goddp.ranks.verdict).
     """
 
     action: str
@@ -170,10 +154,6 @@ class Decision:
         return json.loads(json.dumps(self.record))
 
 
-# The Python exception each error the planner's verdict names raises.
-_ERRORS = {"peer_failed": PeerFailedError, "plan_mismatch": PlanMismatchError}
-
-
 def decide(
     statements: Mapping[int, Statement],
     name_of: Callable[[int], str] = str,
@@ -181,8 +161,8 @@ def decide(
     unsettled: Mapping[str, Any] | None = None,
     group: Group | None = None,
 ) -> Decision:
-    """The group's decision from every rank's statement: the planner's
-    verdict (planner/agree.go, Note [The agreement verdict]), naming
+    """The group's decision from every rank's statement: the round's
+    verdict (goddp.ranks.verdict, Note [The agreement verdict]), naming
     parameters by name_of(DDP position).
 
     Raises PeerFailedError when a rank lost its reducer, and
@@ -193,16 +173,12 @@ def decide(
     (may_defer: not where that call has come). unsettled (a
     RanksMissingError's): the round was given up, and statements are the
     ones this rank saw; KEEP on every rank (Note [A round given up] in
-    planner/agree.go). group: the round's group, for the decision's log line.
+    goddp.ranks.verdict). group: the round's group, for the decision's log line.
     """
-    request: dict[str, Any] = {"may_defer": may_defer, **_group_of(group)}
-    if unsettled is not None:
-        request["unsettled"] = dict(unsettled)
-    decision = _verdict(request, statements, name_of)
-    if unsettled is not None and decision.action != KEEP:
-        # a planner that does not read "unsettled" (an older build)
-        raise RuntimeError(f"goddp: the planner decided {decision.action!r} for a round given up; expected 'keep'")
-    return decision
+    round_ = Round(statements, name_of, group)
+    if unsettled is None:
+        return _decision(round_.propose(may_defer), statements)
+    return _decision(round_.given_up(unsettled["stopped_by"], unsettled["missing"]), statements)
 
 
 def confirm_install(
@@ -212,30 +188,13 @@ def confirm_install(
     each rank said ({"failed": why or None, "lost": why or None}). Raises
     PeerFailedError when a rank lost its reducer; KEEP on every rank when
     some rank failed to install; else the decision stands."""
-    said = {str(r): {"failed": s.get("failed"), "lost": s.get("lost")} for r, s in installed.items()}
-    return _verdict({"installed": said, **_group_of(group)}, decision.statements, str)
+    return _decision(Round(decision.statements, str, group).confirm(installed), decision.statements)
 
 
-def _group_of(group: Group | None) -> dict[str, Any]:
-    return {} if group is None else {"group": {"name": group.name, "size": len(group.ranks)}}
-
-
-_LEVELS = {"info": logging.INFO, "warning": logging.WARNING}
-
-
-def _verdict(request: dict[str, Any], statements: Mapping[int, Statement], name_of: Callable[[int], str]) -> Decision:
-    positions = sorted({p for s in statements.values() if s.layout is not None for b in s.layout.buckets for p in b})
-    request["statements"] = {str(r): s.to_dict() for r, s in statements.items()}
-    request["names"] = {str(p): name_of(p) for p in positions}
-    verdict = _native.agree(request)
-    if verdict["error"] is not None:
-        raise _ERRORS[verdict["error"]](verdict["message"])
-    rank = verdict["layout_rank"]
-    layout = None if rank is None else statements[rank].layout
-    log = verdict.get("log")
+def _decision(verdict: Verdict, statements: Mapping[int, Statement]) -> Decision:
+    layout = None if verdict.layout_rank is None else statements[verdict.layout_rank].layout
     return Decision(
-        verdict["action"], layout, verdict["reason"], verdict["disagreed"], dict(statements), verdict["record"],
-        None if log is None else (_LEVELS[log["level"]], log["text"]),
+        verdict.action, layout, verdict.reason, verdict.disagreed, dict(statements), verdict.record, verdict.log
     )
 
 
@@ -246,7 +205,7 @@ def _verdict(request: dict[str, Any], statements: Mapping[int, Statement], name_
 def first_round_timeout_s(group: Group) -> float:
     """How long a module's agreement (not its install round) waits:
     GODDP_PLAN_CHECK_TIMEOUT, else half the group's timeout, so that ranks
-    that give up (Note [A round given up] in planner/agree.go) still meet a
+    that give up (Note [A round given up] in goddp.ranks.verdict) still meet a
     rank that never came in DDP's first allreduce before that collective's
     own timeout ends it."""
     return env_seconds(TIMEOUT_ENV) or group.timeout_s / 2

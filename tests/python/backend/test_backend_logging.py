@@ -202,22 +202,3 @@ def test_find_unused_parameters_without_static_graph_is_explained(dist_group, na
     with caplog.at_level(logging.INFO, logger="goddp"):
         compiled(torch.randn(2, 32)).sum().backward()
     assert any("never rebuilds its buckets" in r.getMessage() for r in caplog.records)
-
-
-def test_a_planner_error_wording_the_notes_costs_no_compile(dist_group, native_module, monkeypatch, caplog):
-    """The notes are words only (Note [A plan's notes]): should the planner
-    fail to word them, the graph is still cut and trains, and no WARNING or
-    fallback follows."""
-
-    def broken(request):
-        raise RuntimeError("goddp planner: no words today")
-
-    monkeypatch.setattr(goddp.compile.pipeline._native, "plan_notes", broken)
-    goddp.clear_plans()
-    _, compiled = compile_trio()
-    with caplog.at_level(logging.DEBUG, logger="goddp"):
-        compiled(torch.randn(2, 32)).sum().backward()
-    (plan,) = goddp.last_plans()
-    assert plan["num_pieces"] == 3 and plan["fallback"] is None
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "goddp"]
-    assert any("notes could not be worded" in r.getMessage() for r in caplog.records)

@@ -5,7 +5,7 @@ two ranks (pytest under torchrun, gloo, CPU) with goddp's default settings
 (the inner compiler aside) and no timeout override, except where a rank
 is missing from the agreement on purpose. goddp's wait is bounded (half
 the DDP group's timeout); a rank that gave up keeps DDP's buckets and so
-does every other (Note [A round given up] in planner/agree.go), and the
+does every other (Note [A round given up] in goddp.ranks.verdict), and the
 group's short timeout turns a collective that never pairs up into an error
 instead of a hang.
 

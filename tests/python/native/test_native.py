@@ -816,11 +816,7 @@ _FORK_ARGS = {
                               array("q", [8]).tobytes(), 0, "build"),
     "plan_table": lambda: ("{}",),
     "trace_report": lambda: ("{}",),
-    "agree": lambda: ("{}",),
     "checkpoint_split": lambda: ("{}",),
-    "forward_layout": lambda: ("{}",),
-    "follow": lambda: ("{}",),
-    "plan_notes": lambda: ("{}",),
     "trace_plans": lambda: ("{}",),
     "debug_panic": lambda: (),
 }
@@ -1024,26 +1020,3 @@ def test_checkpoint_split_is_json_in_json_out(ext):
     with pytest.raises(ext.PlannerError, match="does not come before it") as info:
         _native.checkpoint_split({"calls": [{**call, "nodes": [{"kind": "compute", "inputs": [0]}, nodes[-1]]}]})
     assert info.value.code == ext.ERR_INVALID_GRAPH
-
-
-def test_agree_is_json_in_json_out(ext):
-    """goddp_agree (csrc/goddp.h): the verdict of one agreement round."""
-    layout = {"buckets": [[1], [0]], "caps": [8, 4], "order": "ready", "build": "b"}
-    from goddp.ranks.layout import Layout
-
-    digest = f"{Layout.from_dict(layout).digest():016x}"
-    said = {"layout": layout, "digest": digest, "fingerprint": "0000000000000001", "pieces": 2}
-    verdict = _native.agree({"statements": {"1": said, "0": said}, "names": {}, "may_defer": True})
-    assert verdict["error"] is None and verdict["action"] == "install" and verdict["layout_rank"] == 0
-    assert verdict["record"]["caps"] == [8, 4] and [r["rank"] for r in verdict["record"]["ranks"]] == [0, 1]
-    with pytest.raises(ext.PlannerError, match="not valid JSON") as info:
-        ext.agree("{")
-    assert info.value.code == ext.ERR_INVALID_CONFIG
-    with pytest.raises(ext.PlannerError, match="layout order 'sideways'|layout order \"sideways\""):
-        _native.agree({"statements": {"0": {**said, "layout": {**layout, "order": "sideways"}}}})
-    with pytest.raises(TypeError):
-        ext.agree(b"{}")
-    # the planner recomputes each digest (Note [What Agree refuses] in planner/agree.go)
-    with pytest.raises(ext.PlannerError, match="rank 1 gave layout digest 00000000000000aa") as info:
-        _native.agree({"statements": {"0": said, "1": {**said, "digest": "00000000000000aa"}}})
-    assert info.value.code == ext.ERR_INVALID_CONFIG

@@ -73,27 +73,16 @@ def test_a_planner_error_combining_a_forward_is_a_statement_without_a_layout(mon
     round the other ranks hold (Note [Graphs of one forward]): no layout,
     and why, so that every rank keeps DDP's buckets alike."""
     from goddp.ranks import forward as _forward
+    from goddp.ranks.layout import Layout
 
-    def broken(request):
+    def broken(*arrays):
         raise RuntimeError("goddp planner: panic in CombineForward")
 
-    monkeypatch.setattr(_forward._native, "forward_layout", broken)
-    members = [_forward.Member(None, "r", f"graph {k}", lambda *a: None, lambda info: None) for k in range(2)]
+    monkeypatch.setattr(_forward._native, "combine_forward", broken)
+    layout = Layout(((0,),), (4,), "ready", "b")
+    members = [_forward.Member(layout, None, f"graph {k}", lambda *a: None, lambda info: None) for k in range(2)]
     combined = _forward.combine(members, [4, 4])
     assert combined.layout is None and combined.digest is None
     assert "could not combine the forward's layouts (RuntimeError: goddp planner: panic" in combined.reason
     assert combined.info == {"graphs": ["graph 0", "graph 1"]}
-
-
-def test_a_planner_error_following_a_decision_still_reports(monkeypatch):
-    """A later graph of a decided module follows the decision on its own
-    rank: a planner error wording it costs no step, and the record says
-    what it followed."""
-    monkeypatch.setattr(_agreement._native, "follow", lambda request: (_ for _ in ()).throw(RuntimeError("no words")))
-    reports = []
-    gate = _agreement.TrainingGate(torch.nn.Linear(1, 1), Statement(layout=None), lambda *r: reports.append(r))
-    decision = _agreement.Decision("keep", None, "the ranks differ", True, {})
-    gate._follow(decision)
-    ((plan_check, ddp_buckets),) = reports
-    assert plan_check == {"aligned": False, "followed": "the decision of the module's first training call"}
-    assert ddp_buckets["aligned"] is False and "could not word it (RuntimeError: no words)" in ddp_buckets["reason"]
+    assert combined.note == f"goddp: {combined.reason}"

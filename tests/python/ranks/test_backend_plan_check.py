@@ -231,7 +231,7 @@ def test_a_latecomer_does_not_wait_on_a_round_already_given_up():
 def test_a_rank_that_comes_after_the_others_gave_up_is_told_so():
     """Without the round's outcome the late rank would find every statement
     and decide alone (what the agreement then does: Note [A round given up]
-    in planner/agree.go)."""
+    in goddp.ranks.verdict)."""
     store = dist.HashStore()
     early = _play(store, "k", (0, 1), {0: "x", 1: "y"}, timeout=0.5, arrive=(0,))
     assert isinstance(early[0], RanksMissingError) and "for rank(s) [1]" in str(early[0])

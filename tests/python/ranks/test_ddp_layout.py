@@ -56,9 +56,9 @@ def test_round_trip():
 
 
 def _difference(first, second):
-    """What the planner says differs, rank 1 (second) against rank 0 (first):
-    its words, planner/agree.go's LayoutDifference (testdata/agree_wording.golden
-    has more)."""
+    """What the verdict says differs, rank 1 (second) against rank 0 (first):
+    goddp.ranks.verdict's layout_difference (goldens/agree_wording.golden has
+    more)."""
     from goddp.ranks.plan_check import Statement, decide
 
     said = {0: Statement(first, digest=first.digest(), fingerprint=1),
@@ -70,7 +70,7 @@ def _difference(first, second):
     return reason[len(prefix):]
 
 
-def test_the_planner_says_what_differs(native_module):
+def test_the_verdict_says_what_differs(native_module):
     other = Layout(buckets=((1, 0), (3, 2), (5, 4)), caps=SAMPLE.caps, order="ready", build=SAMPLE.build)
     said = _difference(other, SAMPLE)
     assert said == "bucket 0: rank 1 holds [layers.5.weight, layers.4.weight] where rank 0 holds [layers.1.weight, layers.0.weight]", said
@@ -89,16 +89,16 @@ def test_the_planner_says_what_differs(native_module):
 
 
 def test_a_digest_that_is_not_the_layouts_is_refused(native_module):
-    """Equal digests must mean equal layouts: the planner recomputes each
-    rank's digest (Note [What Agree refuses] in planner/agree.go)."""
-    from goddp.native.extension import load
+    """Equal digests must mean equal layouts: the verdict recomputes each
+    rank's digest through the planner (Note [What the verdict refuses] in
+    goddp.ranks.verdict)."""
     from goddp.ranks.plan_check import Statement, decide
 
     other = dataclasses.replace(SAMPLE, caps=(1, 2, 3))
     said = {0: Statement(SAMPLE, digest=SAMPLE.digest()), 1: Statement(other, digest=SAMPLE.digest())}
-    with pytest.raises(load().PlannerError, match="rank 1 gave layout digest"):
+    with pytest.raises(ValueError, match="rank 1 gave layout digest"):
         decide(said)
-    with pytest.raises(load().PlannerError, match="rank 0 gave a layout digest without a layout"):
+    with pytest.raises(ValueError, match="rank 0 gave a layout digest without a layout"):
         decide({0: Statement(None, digest=1), 1: Statement(None, digest=1)})
 
 

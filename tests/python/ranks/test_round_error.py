@@ -46,7 +46,7 @@ WHERE = "a DDP module (process group '0', ranks [0, 1, 2])"
         ("first step", True, ended(f"{GAVE_UP}0", True, SEEN),
          f"goddp: rank 1 reached the first training step of {WHERE} after the others had stopped waiting for it "
          "(gave up: rank 0), 1800 s after the first arrival; it keeps DDP's own buckets, as they do. Every rank keeps "
-         "DDP's own buckets and trains on (Note [A round given up] in planner/agree.go); GODDP_PLAN_CHECK_TIMEOUT=<seconds> "
+         "DDP's own buckets and trains on (Note [A round given up] in goddp.ranks.verdict); GODDP_PLAN_CHECK_TIMEOUT=<seconds> "
          "sets how long the ranks wait for each other here."),
         ("install", False, ended(f"{GAVE_UP}0", True, SEEN),
          f"goddp: rank 1 reached installing DDP's new buckets of {WHERE} after the others had stopped waiting for it "
