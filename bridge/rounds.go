@@ -15,8 +15,8 @@ import (
 	"github.com/goddp/goddp/planner"
 )
 
-// goddp_round_error and goddp_trace_plans take and return JSON text, as
-// goddp_agree does; goddp.h gives both shapes, the types below are them.
+// goddp_round_error takes and returns JSON text, as goddp_agree does;
+// goddp.h gives both shapes, the types below are them.
 
 type wireRoundGroup struct {
 	Name     string  `json:"name"`
@@ -59,28 +59,6 @@ func goddp_round_error(request *C.goddp_text_in, reply **C.char, errMsg **C.char
 			return "", err
 		}
 		out, err := json.Marshal(wireRoundReply{Error: text})
-		return string(out), err
-	})
-}
-
-type wireTracePlansRequest struct {
-	Module string               `json:"module"`
-	Plans  []planner.PlanRecord `json:"plans"`
-}
-
-type wireTracePlansReply struct {
-	Plans []planner.TracedPlan `json:"plans"`
-}
-
-//export goddp_trace_plans
-func goddp_trace_plans(request *C.goddp_text_in, reply **C.char, errMsg **C.char) (status C.goddp_status) {
-	defer recoverAsStatus(&status, errMsg)
-	return report("goddp_trace_plans", request, reply, errMsg, func(w *wireTracePlansRequest) (string, error) {
-		plans, err := planner.TracePlansOf(w.Module, w.Plans)
-		if err != nil {
-			return "", err
-		}
-		out, err := json.Marshal(wireTracePlansReply{Plans: plans})
 		return string(out), err
 	})
 }

@@ -54,11 +54,3 @@ func callRoundError(request string) reportCall {
 	var out, msg *C.char
 	return collectReport(goddp_round_error((*C.goddp_text_in)(in), &out, &msg), out, msg)
 }
-
-// callTracePlans calls goddp_trace_plans with request.
-func callTracePlans(request string) reportCall {
-	in := C.CString(request)
-	defer C.free(unsafe.Pointer(in))
-	var out, msg *C.char
-	return collectReport(goddp_trace_plans((*C.goddp_text_in)(in), &out, &msg), out, msg)
-}

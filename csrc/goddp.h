@@ -87,7 +87,8 @@ extern "C" {
  *    later graph of a decided DDP module, JSON); goddp_plan_notes (the INFO
  *    lines a plan deserves, JSON); goddp_round_error (the error text of an
  *    agreement round that did not end in "go", JSON); goddp_trace_plans
- *    (a DDP module's plans in goddp.trace's record, JSON); goddp_ddp_refusal
+ *    (a DDP module's plans in goddp.trace's record, JSON; gone in 11, the
+ *    shim's again); goddp_ddp_refusal
  *    (why goddp.trace or the reducer rebuild leaves a DDP module alone,
  *    JSON; Note [DDP refusals]) with goddp_ddp.flags GODDP_DDP_TRACED,
  *    GODDP_DDP_DELAYS_EVERY_ALLREDUCE and GODDP_DDP_JOIN.
@@ -638,21 +639,6 @@ goddp_status goddp_ddp_refusal(const char *request, char **reply, char **err_msg
  * first step, a plan-check round without "timeout_env", or an outcome other
  * than "go" of a plan-check round not given up. */
 goddp_status goddp_round_error(const char *request, char **reply, char **err_msg);
-
-/* The plans of a DDP module that goddp.trace's record lists, from the plan
- * records (planner.TracePlansOf, planner/traceplans.go, Note [A trace's
- * plans]; ABI 10). JSON text, as goddp_agree:
- *   request: {"module": str,   (the module's "ddp_module" key)
- *             "plans": [record]}   (goddp.last_plans(), oldest first)
- *   reply: {"plans": [{"fingerprint": "<16 hex digits>"|null, "mode": any,
- *                      "num_pieces": any, "bucket_bytes": [any],
- *                      "bucket_param_names": [[any]], "ddp_buckets": any,
- *                      "fallback": any, "ddp_module": any, "forward": any}]}
- *     the records' own values where "any" (null where absent).
- * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
- * for a request of another shape, or a selected record whose buckets lack
- * "bytes" or have "param_names" that are not a list. */
-goddp_status goddp_trace_plans(const char *request, char **reply, char **err_msg);
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);

@@ -1211,7 +1211,7 @@ done:
 
 /* A report (goddp.h, "Reports"), goddp_agree or another JSON operation
  * (goddp_checkpoint_split, goddp_forward_layout, goddp_follow,
- * goddp_plan_notes, goddp_round_error, goddp_trace_plans,
+ * goddp_plan_notes, goddp_round_error,
  * goddp_ddp_refusal): one JSON document in, one string out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
@@ -1332,16 +1332,6 @@ static PyObject *py_round_error(PyObject *self, PyObject *args) {
     return call_report(args, "s:round_error", goddp_round_error);
 }
 
-PyDoc_STRVAR(trace_plans_doc,
-             "trace_plans(request) -> str\n\n"
-             "A DDP module's plans in goddp.trace's record, from the plan records\n"
-             "(goddp_trace_plans in goddp.h): JSON text in and out.");
-
-static PyObject *py_trace_plans(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:trace_plans", goddp_trace_plans);
-}
-
 #ifdef GODDP_TESTHOOKS
 /* Only in the test build of the extension (see goddp.h). */
 PyDoc_STRVAR(debug_panic_doc,
@@ -1381,7 +1371,6 @@ static PyMethodDef goddp_methods[] = {
     {"plan_notes", py_plan_notes, METH_VARARGS, plan_notes_doc},
     {"ddp_refusal", py_ddp_refusal, METH_VARARGS, ddp_refusal_doc},
     {"round_error", py_round_error, METH_VARARGS, round_error_doc},
-    {"trace_plans", py_trace_plans, METH_VARARGS, trace_plans_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif

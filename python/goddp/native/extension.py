@@ -198,14 +198,6 @@ def round_error(request: Mapping[str, Any]) -> str | None:
     return _json_call("round_error", request)["error"]
 
 
-def trace_plans(module: str, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The plans of DDP module `module` (its "ddp_module" key) that
-    goddp.trace's record lists, from plan records (goddp_trace_plans in
-    csrc/goddp.h)."""
-    # Not _json_call: the records' own values keep their keys' order.
-    return json.loads(load().trace_plans(json.dumps({"module": module, "plans": plans})))["plans"]
-
-
 def _json_call(name: str, request: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(getattr(load(), name)(json.dumps(request, sort_keys=True)))
 

@@ -823,7 +823,6 @@ _FORK_ARGS = {
     "plan_notes": lambda: ("{}",),
     "ddp_refusal": lambda: ("{}",),
     "round_error": lambda: ("{}",),
-    "trace_plans": lambda: ("{}",),
     "debug_panic": lambda: (),
 }
 
