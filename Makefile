@@ -76,13 +76,12 @@ ctest: $(BUILD)/plan_toy $(HOOKDIR)/plan_toy ## Plan a toy graph from C through 
 # duration, Go's fuzz coordinator can report a spurious "context deadline
 # exceeded" failure when the time runs out on a loaded machine
 # (golang/go#75804, fixed in Go 1.27); a count has no deadline to race.
-gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, the trace figures, Decide, the body stacks, Agree, PlanForward, the checkpoint regions, the rounds' texts, the trace refusals)
+gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, Decide, the body stacks, Agree, PlanForward, the checkpoint regions, the rounds' texts, the trace refusals)
 	$(GO) vet ./...
 	$(GO) vet -tags goddp_testhooks ./...
 	$(GO) test -race -count=1 -tags goddp_testhooks ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime 100000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzBlockRule$$' -fuzztime 40000x ./planner
-	$(GO) test -run '^$$' -fuzz '^FuzzTraceFigures$$' -fuzztime 100000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzDecide$$' -fuzztime 25000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzBodies$$' -fuzztime 50000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzAgree$$' -fuzztime 80000x ./planner

@@ -16,7 +16,7 @@ import (
 	"github.com/goddp/goddp/planner"
 )
 
-// The reports (goddp.h, "Reports"): a JSON document in, text out. Each
+// The reports (goddp.h, "Reports"): a JSON document in, text out. The
 // export decodes, makes one call into the planner and hands the text back
 // as a malloc'd C string.
 
@@ -25,18 +25,6 @@ func goddp_plan_table(viewJSON *C.goddp_text_in, table **C.char, errMsg **C.char
 	defer recoverAsStatus(&status, errMsg)
 	return report("goddp_plan_table", viewJSON, table, errMsg, func(v *planner.TableView) (string, error) {
 		return v.Table(), nil
-	})
-}
-
-//export goddp_trace_report
-func goddp_trace_report(recordJSON *C.goddp_text_in, reportJSON **C.char, errMsg **C.char) (status C.goddp_status) {
-	defer recoverAsStatus(&status, errMsg)
-	return report("goddp_trace_report", recordJSON, reportJSON, errMsg, func(rec *planner.TraceRecord) (string, error) {
-		out, err := json.Marshal(planner.AnalyzeTrace(rec))
-		if err != nil { // a time that is not finite: JSON has no word for it
-			return "", invalidConfig("goddp: goddp_trace_report: %v", err)
-		}
-		return string(out), nil
 	})
 }
 

@@ -1,7 +1,7 @@
 package main
 
 // Helpers for reports_test.go (test files cannot use cgo; see
-// testsupport.go): each calls one report export as C would.
+// testsupport.go): the report export called as C would.
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../csrc
@@ -21,9 +21,9 @@ type reportCall struct {
 	textSet   bool // *out was non-NULL
 }
 
-// callReport calls goddp_plan_table (table) or goddp_trace_report with
-// doc; nullIn and nullOut pass NULL for the input or the output.
-func callReport(table bool, doc string, nullIn, nullOut bool) reportCall {
+// callReport calls goddp_plan_table with doc; nullIn and nullOut pass
+// NULL for the input or the output.
+func callReport(doc string, nullIn, nullOut bool) reportCall {
 	var in *C.char
 	if !nullIn {
 		in = C.CString(doc)
@@ -34,13 +34,7 @@ func callReport(table bool, doc string, nullIn, nullOut bool) reportCall {
 	if nullOut {
 		outp = nil
 	}
-	var status C.goddp_status
-	if table {
-		status = goddp_plan_table((*C.goddp_text_in)(in), outp, &msg)
-	} else {
-		status = goddp_trace_report((*C.goddp_text_in)(in), outp, &msg)
-	}
-	return collectReport(status, out, msg)
+	return collectReport(goddp_plan_table((*C.goddp_text_in)(in), outp, &msg), out, msg)
 }
 
 // collectReport turns what an export returned into a reportCall and frees

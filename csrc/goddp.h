@@ -73,7 +73,8 @@ extern "C" {
  *    (at the end of the struct). Layout digests name the build,
  *    so builds of ABI 8 and 9 never agree with each other.
  *    Also 9: the reports, goddp_plan_table and goddp_trace_report (JSON in,
- *    text out; see "Reports" below).
+ *    text out; see "Reports" below; goddp_trace_report gone in 11, the
+ *    shim's again).
  *    Also 9: goddp_config.uniform_caps (at the end of the struct).
  *    Also 9: goddp_plan.block_runs and checkpoint_regions (at the end of
  *    the struct).
@@ -683,12 +684,10 @@ void goddp_forward_plan_free(goddp_forward_plan *plan);
 /* Releases an error message, or a report's text. NULL is a no-op. */
 void goddp_string_free(char *s);
 
-/* Reports (ABI 9): pure formatting and arithmetic over what the caller
- * already holds, so that every rule of what goddp tells its users lives in
- * the planner (planner/table.go, planner/trace.go). Reports are documents,
- * not hot paths: the input is a NUL-terminated UTF-8 JSON object under the
- * names of the Python records (goddp.last_plans(), goddp.trace's
- * to_dict()); keys a report does not read are ignored, missing ones are
+/* Reports (ABI 9): pure formatting over what the caller already holds
+ * (planner/table.go). Reports are documents, not hot paths: the input is a
+ * NUL-terminated UTF-8 JSON object under the names of the Python records
+ * (goddp.last_plans()); keys a report does not read are ignored, missing ones are
  * zero, empty or null. On GODDP_OK, *out holds a malloc'd NUL-terminated
  * UTF-8 string to release with goddp_string_free. Input that is not such a
  * JSON object is GODDP_ERR_INVALID_CONFIG. */
@@ -702,20 +701,6 @@ void goddp_string_free(char *s);
  * the piece whose compiled callable it runs; null: not compared) and eager
  * (the pieces run eagerly). *table: the table's lines, '\n'-separated. */
 goddp_status goddp_plan_table(const char *view_json, char **table, char **err_msg);
-
-/* goddp.trace's figures of one rank's record (planner/trace.go, Note
- * [Trace figures]). The object: rank, ranks, module, comm_hook,
- * goddp_plans [{fingerprint, mode, num_pieces, bucket_bytes, fallback,
- * forward {graphs, aligned, reason, bucket_graphs}}], dropped_steps and
- * steps [{start_seen, compute_end_s (null: not seen), finalized_s,
- * buckets [{index, bytes, params, param_names, launch_s, done_s (null:
- * never completed)}]}], times in seconds from backward start.
- * *report_json: a JSON object {steps (normalized: a compute end, every
- * bucket done, buckets in launch order), step_stats [{backward_s,
- * last_done_s, exposed_s, comm_busy_s, overlapped, buckets,
- * launched_during_backward, head_start_s}], median_step (an index into
- * steps, -1 without steps), verdict, summary (the text)}. */
-goddp_status goddp_trace_report(const char *record_json, char **report_json, char **err_msg);
 
 #ifdef GODDP_TESTHOOKS
 /* Test hook, only in libraries built with the goddp_testhooks Go tag (never

@@ -1250,17 +1250,6 @@ static PyObject *py_plan_table(PyObject *self, PyObject *args) {
     return call_report(args, "s:plan_table", goddp_plan_table);
 }
 
-PyDoc_STRVAR(trace_report_doc,
-             "trace_report(record_json) -> str\n\n"
-             "goddp.trace's figures of one rank's record (goddp_trace_report in\n"
-             "csrc/goddp.h), as a JSON object: steps, step_stats, median_step, verdict,\n"
-             "summary.");
-
-static PyObject *py_trace_report(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:trace_report", goddp_trace_report);
-}
-
 PyDoc_STRVAR(agree_doc,
              "agree(request) -> str\n\n"
              "The verdict of one agreement round of a DDP module's ranks (goddp_agree in\n"
@@ -1362,7 +1351,6 @@ static PyMethodDef goddp_methods[] = {
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
     {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
     {"plan_table", py_plan_table, METH_VARARGS, plan_table_doc},
-    {"trace_report", py_trace_report, METH_VARARGS, trace_report_doc},
 
     {"agree", py_agree, METH_VARARGS, agree_doc},
     {"checkpoint_split", py_checkpoint_split, METH_VARARGS, checkpoint_split_doc},

@@ -639,17 +639,9 @@ static void check_reports(void) {
     goddp_string_free(text);
 
     text = NULL;
-    st = goddp_trace_report("{\"steps\": [{\"compute_end_s\": 1.0, \"buckets\": [{\"bytes\": 8, \"launch_s\": 0.5, "
-                            "\"done_s\": 1.25}]}]}",
-                            &text, &msg);
-    CHECK(st == GODDP_OK && text != NULL, "trace report: status %d", st);
-    CHECK(text != NULL && strstr(text, "\"exposed_s\":0.25") != NULL, "trace report: %s", text ? text : "(none)");
-    goddp_string_free(text);
-
-    text = NULL;
-    st = goddp_trace_report("not json", &text, &msg);
-    CHECK(st == GODDP_ERR_INVALID_CONFIG && text == NULL, "bad trace document: status %d", st);
-    CHECK(msg != NULL && strstr(msg, "not a valid document") != NULL, "bad trace document: message %s",
+    st = goddp_plan_table("not json", &text, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && text == NULL, "bad table document: status %d", st);
+    CHECK(msg != NULL && strstr(msg, "not a valid document") != NULL, "bad table document: message %s",
           msg ? msg : "(none)");
     goddp_string_free(msg);
 }

@@ -213,8 +213,3 @@ def plan_table(view: Mapping[str, Any]) -> str:
     """The plan table of a plan view (goddp_plan_table in csrc/goddp.h)."""
     return load().plan_table(json.dumps(view, allow_nan=False))
 
-
-def trace_report(record: Mapping[str, Any]) -> dict[str, Any]:
-    """goddp.trace's figures of a record (goddp_trace_report in
-    csrc/goddp.h): steps, step_stats, median_step, verdict, summary."""
-    return json.loads(load().trace_report(json.dumps(record, allow_nan=False)))
