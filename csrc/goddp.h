@@ -73,8 +73,7 @@ extern "C" {
  *    (at the end of the struct). Layout digests name the build,
  *    so builds of ABI 8 and 9 never agree with each other.
  *    Also 9: the reports, goddp_plan_table and goddp_trace_report (JSON in,
- *    text out; see "Reports" below; goddp_trace_report gone in 11, the
- *    shim's again).
+ *    text out; gone in 11, the shim's again).
  *    Also 9: goddp_config.uniform_caps (at the end of the struct).
  *    Also 9: goddp_plan.block_runs and checkpoint_regions (at the end of
  *    the struct).
@@ -683,24 +682,6 @@ void goddp_forward_plan_free(goddp_forward_plan *plan);
 
 /* Releases an error message, or a report's text. NULL is a no-op. */
 void goddp_string_free(char *s);
-
-/* Reports (ABI 9): pure formatting over what the caller already holds
- * (planner/table.go). Reports are documents, not hot paths: the input is a
- * NUL-terminated UTF-8 JSON object under the names of the Python records
- * (goddp.last_plans()); keys a report does not read are ignored, missing ones are
- * zero, empty or null. On GODDP_OK, *out holds a malloc'd NUL-terminated
- * UTF-8 string to release with goddp_string_free. Input that is not such a
- * JSON object is GODDP_ERR_INVALID_CONFIG. */
-
-/* The plan table, as the backend logs it at INFO (option log_plan). The
- * object: fingerprint (unsigned 64-bit), mode ("ddp" or "torch"),
- * num_pieces, caps {bucket_cap_bytes, first_bucket_cap_bytes,
- * bucket_caps_bytes, max_pieces (0 or null: no limit), align_buckets},
- * buckets [{index, bytes, param_names, piece, extended}] in DDP order,
- * alignment (goddp_plan.alignment_name), merged_cuts, same_as (per piece,
- * the piece whose compiled callable it runs; null: not compared) and eager
- * (the pieces run eagerly). *table: the table's lines, '\n'-separated. */
-goddp_status goddp_plan_table(const char *view_json, char **table, char **err_msg);
 
 #ifdef GODDP_TESTHOOKS
 /* Test hook, only in libraries built with the goddp_testhooks Go tag (never

@@ -1209,7 +1209,7 @@ done:
     return result;
 }
 
-/* A report (goddp.h, "Reports"), goddp_agree or another JSON operation
+/* goddp_agree or another JSON operation
  * (goddp_checkpoint_split, goddp_forward_layout, goddp_follow,
  * goddp_plan_notes, goddp_round_error,
  * goddp_ddp_refusal): one JSON document in, one string out. */
@@ -1238,16 +1238,6 @@ static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
     PyObject *result = PyUnicode_FromString(text);
     goddp_string_free(text);
     return result;
-}
-
-PyDoc_STRVAR(plan_table_doc,
-             "plan_table(view_json) -> str\n\n"
-             "The plan table of a plan (goddp_plan_table in csrc/goddp.h): view_json is a\n"
-             "JSON object with the plan record's fields, same_as and eager.");
-
-static PyObject *py_plan_table(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:plan_table", goddp_plan_table);
 }
 
 PyDoc_STRVAR(agree_doc,
@@ -1350,7 +1340,6 @@ static PyMethodDef goddp_methods[] = {
     {"combine_forward", py_combine_forward, METH_VARARGS, combine_forward_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
     {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
-    {"plan_table", py_plan_table, METH_VARARGS, plan_table_doc},
 
     {"agree", py_agree, METH_VARARGS, agree_doc},
     {"checkpoint_split", py_checkpoint_split, METH_VARARGS, checkpoint_split_doc},

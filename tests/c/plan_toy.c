@@ -553,9 +553,6 @@ static void check_decisions(const goddp_graph *base) {
     goddp_string_free(msg);
 }
 
-/* The reports (ABI 9): a JSON document in, a string out, freed by
- * goddp_string_free; a bad document is GODDP_ERR_INVALID_CONFIG and hands
- * nothing out. */
 /* The body facts (ABI 10, Note [Body stacks]): each layer as if one
  * higher-order-op call, its linear the call (a body of two nodes inside
  * the layer), its relu the call's companion, no layer node with a stack of
@@ -623,27 +620,6 @@ static void check_bodies(const goddp_graph *base) {
           "bodies: bad call: status %d, message: %s", st, msg ? msg : "(none)");
     goddp_string_free(msg);
     goddp_plan_free(plan);
-}
-
-static void check_reports(void) {
-    char *text = NULL, *msg = NULL;
-    goddp_status st = goddp_plan_table(
-        "{\"fingerprint\": 171, \"mode\": \"ddp\", \"num_pieces\": 1, \"caps\": {\"bucket_cap_bytes\": 1048576,"
-        " \"first_bucket_cap_bytes\": 1048576}, \"buckets\": [{\"index\": 0, \"bytes\": 1048576, \"param_names\": [\"w\"],"
-        " \"piece\": 0}], \"alignment\": \"none\"}",
-        &text, &msg);
-    CHECK(st == GODDP_OK && text != NULL && msg == NULL, "plan table: status %d", st);
-    CHECK(text != NULL && strstr(text, "goddp plan: mode=ddp fingerprint=00000000000000ab pieces=1 buckets=1") == text,
-          "plan table: %s", text ? text : "(none)");
-    CHECK(text != NULL && strstr(text, "\n0       1.000  0      w") != NULL, "plan table rows: %s", text ? text : "(none)");
-    goddp_string_free(text);
-
-    text = NULL;
-    st = goddp_plan_table("not json", &text, &msg);
-    CHECK(st == GODDP_ERR_INVALID_CONFIG && text == NULL, "bad table document: status %d", st);
-    CHECK(msg != NULL && strstr(msg, "not a valid document") != NULL, "bad table document: message %s",
-          msg ? msg : "(none)");
-    goddp_string_free(msg);
 }
 
 /* The agreement verdict (goddp_agree): JSON text in, JSON text out. */
@@ -747,7 +723,6 @@ int main(void) {
     check_bodies(&g);
     check_errors(&g);
     check_max_procs();
-    check_reports();
     check_agree();
     check_checkpoint_split();
     check_threads(&g, fp_ddp);

@@ -208,8 +208,3 @@ def checkpoint_split(request: Mapping[str, Any]) -> dict[str, Any]:
     plan_graph."""
     return _json_call("checkpoint_split", request)
 
-
-def plan_table(view: Mapping[str, Any]) -> str:
-    """The plan table of a plan view (goddp_plan_table in csrc/goddp.h)."""
-    return load().plan_table(json.dumps(view, allow_nan=False))
-

@@ -359,24 +359,6 @@ def test_decisions_cross_the_extension(ext):
     assert info.value.code == _native.ERR_INVALID_GRAPH
 
 
-def test_reports_cross_the_extension(ext):
-    # The plan table: a JSON document in, text out (goddp_plan_table); a
-    # bad document is the planner's invalid-config error, a NUL in it a
-    # ValueError.
-    table = ext.plan_table(
-        '{"fingerprint": 18446744073709551615, "mode": "torch", "num_pieces": 1, "alignment": "none",'
-        ' "caps": {"bucket_cap_bytes": 1048576, "first_bucket_cap_bytes": 1048576},'
-        ' "buckets": [{"index": 0, "bytes": 3, "param_names": ["w"], "piece": 0}]}'
-    )
-    assert table.splitlines()[0].startswith("goddp plan: mode=torch fingerprint=ffffffffffffffff pieces=1 buckets=1")
-    assert table.splitlines()[-1].split() == ["0", "0.000", "0", "w"]
-    with pytest.raises(ext.PlannerError, match="not a valid document") as info:
-        ext.plan_table("[1]")
-    assert info.value.code == _native.ERR_INVALID_CONFIG
-    with pytest.raises(ValueError):
-        ext.plan_table("{\0}")
-
-
 def test_exceptions_are_runtime_errors(ext):
     assert issubclass(ext.PlannerError, RuntimeError)
     assert issubclass(ext.ForkedChildError, RuntimeError)
@@ -807,7 +789,6 @@ _FORK_ARGS = {
     "combine_forward": lambda: (b"", b"", b"", b""),
     "layout_digest": lambda: (array("q", [0, 1]).tobytes(), array("i", [0]).tobytes(),
                               array("q", [8]).tobytes(), 0, "build"),
-    "plan_table": lambda: ("{}",),
     "agree": lambda: ("{}",),
     "checkpoint_split": lambda: ("{}",),
     "forward_layout": lambda: ("{}",),
