@@ -76,17 +76,15 @@ ctest: $(BUILD)/plan_toy $(HOOKDIR)/plan_toy ## Plan a toy graph from C through 
 # duration, Go's fuzz coordinator can report a spurious "context deadline
 # exceeded" failure when the time runs out on a loaded machine
 # (golang/go#75804, fixed in Go 1.27); a count has no deadline to race.
-gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, the trace figures, Decide, the body stacks, the checkpoint regions, the rounds' texts, a trace's plans, the trace refusals)
+gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, the block rule, Decide, the body stacks, the checkpoint regions)
 	$(GO) vet ./...
 	$(GO) vet -tags goddp_testhooks ./...
 	$(GO) test -race -count=1 -tags goddp_testhooks ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime 100000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzBlockRule$$' -fuzztime 40000x ./planner
-	$(GO) test -run '^$$' -fuzz '^FuzzTraceFigures$$' -fuzztime 100000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzDecide$$' -fuzztime 25000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzBodies$$' -fuzztime 50000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckpointRegions$$' -fuzztime 60000x ./planner
-	$(GO) test -run '^$$' -fuzz '^FuzzTracePlansOf$$' -fuzztime 20000x ./planner
 
 pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo group)
 	$(PYTEST_ENV) $(PY) -m pytest -q tests/python

@@ -13,7 +13,7 @@ import "C"
 import "encoding/json"
 
 // respond is the body of every export that takes text and gives text (the
-// reports and the JSON operations, goddp.h): it clears the outputs, refuses
+// JSON operations, goddp.h): it clears the outputs, refuses
 // NULL ones, and hands produce's text for the request to *out, or its
 // error to *errMsg with the error's status. The export defers
 // recoverAsStatus itself (recover works only in the deferred call).
@@ -53,5 +53,17 @@ func answer(name string, in *C.goddp_text_in, out, errMsg **C.char, produce func
 		}
 		text, err := json.Marshal(value)
 		return string(text), err
+	})
+}
+
+// report is respond for an export whose request decodes into a T and
+// whose render gives the reply's text (goddp_round_error).
+func report[T any](name string, in *C.goddp_text_in, out, errMsg **C.char, render func(*T) (string, error)) C.goddp_status {
+	return respond(name, in, out, errMsg, func(request string) (string, error) {
+		var doc T
+		if err := json.Unmarshal([]byte(request), &doc); err != nil {
+			return "", invalidConfig("goddp: %s: not a valid document: %v", name, err)
+		}
+		return render(&doc)
 	})
 }

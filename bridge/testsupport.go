@@ -384,3 +384,25 @@ func callStringFreeNil() { goddp_string_free(nil) }
 
 // statusOfInt exposes statusOf to tests as an int.
 func statusOfInt(err error) int { return int(statusOf(err)) }
+
+// reportCall is what an export that takes and gives text returned.
+type reportCall struct {
+	status    int
+	text, msg string
+	textSet   bool // *out was non-NULL
+}
+
+// collectReport turns what such an export returned into a reportCall and
+// frees the returned strings, as a C caller must.
+func collectReport(status C.goddp_status, out, msg *C.char) reportCall {
+	r := reportCall{status: int(status), textSet: out != nil}
+	if out != nil {
+		r.text = C.GoString(out)
+		goddp_string_free(out)
+	}
+	if msg != nil {
+		r.msg = C.GoString(msg)
+		goddp_string_free(msg)
+	}
+	return r
+}

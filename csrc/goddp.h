@@ -73,7 +73,7 @@ extern "C" {
  *    (at the end of the struct). Layout digests name the build,
  *    so builds of ABI 8 and 9 never agree with each other.
  *    Also 9: the reports, goddp_plan_table and goddp_trace_report (JSON in,
- *    text out; see "Reports" below).
+ *    text out; gone in 11, the shim's again).
  *    Also 9: goddp_config.uniform_caps (at the end of the struct).
  *    Also 9: goddp_plan.block_runs and checkpoint_regions (at the end of
  *    the struct).
@@ -87,7 +87,8 @@ extern "C" {
  *    later graph of a decided DDP module, JSON); goddp_plan_notes (the INFO
  *    lines a plan deserves, JSON); goddp_round_error (the error text of an
  *    agreement round that did not end in "go", JSON); goddp_trace_plans
- *    (a DDP module's plans in goddp.trace's record, JSON); goddp_ddp_refusal
+ *    (a DDP module's plans in goddp.trace's record, JSON; gone in 11, the
+ *    shim's again); goddp_ddp_refusal
  *    (why goddp.trace or the reducer rebuild leaves a DDP module alone,
  *    JSON; Note [DDP refusals]) with goddp_ddp.flags GODDP_DDP_TRACED,
  *    GODDP_DDP_DELAYS_EVERY_ALLREDUCE and GODDP_DDP_JOIN.
@@ -498,21 +499,6 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
 goddp_status goddp_checkpoint_split(const char *request, char **reply, char **err_msg);
 
 
-/* The plans of a DDP module that goddp.trace's record lists, from the plan
- * records (planner.TracePlansOf, planner/traceplans.go, Note [A trace's
- * plans]; ABI 10). JSON text, as goddp_agree:
- *   request: {"module": str,   (the module's "ddp_module" key)
- *             "plans": [record]}   (goddp.last_plans(), oldest first)
- *   reply: {"plans": [{"fingerprint": "<16 hex digits>"|null, "mode": any,
- *                      "num_pieces": any, "bucket_bytes": [any],
- *                      "bucket_param_names": [[any]], "ddp_buckets": any,
- *                      "fallback": any, "ddp_module": any, "forward": any}]}
- *     the records' own values where "any" (null where absent).
- * On GODDP_OK, *reply is released with goddp_string_free. GODDP_ERR_INVALID_CONFIG
- * for a request of another shape, or a selected record whose buckets lack
- * "bytes" or have "param_names" that are not a list. */
-goddp_status goddp_trace_plans(const char *request, char **reply, char **err_msg);
-
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */
 void goddp_plan_free(goddp_plan *plan);
 
@@ -555,40 +541,6 @@ void goddp_forward_plan_free(goddp_forward_plan *plan);
 
 /* Releases an error message, or a report's text. NULL is a no-op. */
 void goddp_string_free(char *s);
-
-/* Reports (ABI 9): pure formatting and arithmetic over what the caller
- * already holds, so that every rule of what goddp tells its users lives in
- * the planner (planner/table.go, planner/trace.go). Reports are documents,
- * not hot paths: the input is a NUL-terminated UTF-8 JSON object under the
- * names of the Python records (goddp.last_plans(), goddp.trace's
- * to_dict()); keys a report does not read are ignored, missing ones are
- * zero, empty or null. On GODDP_OK, *out holds a malloc'd NUL-terminated
- * UTF-8 string to release with goddp_string_free. Input that is not such a
- * JSON object is GODDP_ERR_INVALID_CONFIG. */
-
-/* The plan table, as the backend logs it at INFO (option log_plan). The
- * object: fingerprint (unsigned 64-bit), mode ("ddp" or "torch"),
- * num_pieces, caps {bucket_cap_bytes, first_bucket_cap_bytes,
- * bucket_caps_bytes, max_pieces (0 or null: no limit), align_buckets},
- * buckets [{index, bytes, param_names, piece, extended}] in DDP order,
- * alignment (goddp_plan.alignment_name), merged_cuts, same_as (per piece,
- * the piece whose compiled callable it runs; null: not compared) and eager
- * (the pieces run eagerly). *table: the table's lines, '\n'-separated. */
-goddp_status goddp_plan_table(const char *view_json, char **table, char **err_msg);
-
-/* goddp.trace's figures of one rank's record (planner/trace.go, Note
- * [Trace figures]). The object: rank, ranks, module, comm_hook,
- * goddp_plans [{fingerprint, mode, num_pieces, bucket_bytes, fallback,
- * forward {graphs, aligned, reason, bucket_graphs}}], dropped_steps and
- * steps [{start_seen, compute_end_s (null: not seen), finalized_s,
- * buckets [{index, bytes, params, param_names, launch_s, done_s (null:
- * never completed)}]}], times in seconds from backward start.
- * *report_json: a JSON object {steps (normalized: a compute end, every
- * bucket done, buckets in launch order), step_stats [{backward_s,
- * last_done_s, exposed_s, comm_busy_s, overlapped, buckets,
- * launched_during_backward, head_start_s}], median_step (an index into
- * steps, -1 without steps), verdict, summary (the text)}. */
-goddp_status goddp_trace_report(const char *record_json, char **report_json, char **err_msg);
 
 #ifdef GODDP_TESTHOOKS
 /* Test hook, only in libraries built with the goddp_testhooks Go tag (never

@@ -1209,8 +1209,8 @@ done:
     return result;
 }
 
-/* A report (goddp.h, "Reports") or a JSON operation (goddp_checkpoint_split,
- * goddp_trace_plans): one JSON document in, one string out. */
+/* The one JSON operation (goddp_checkpoint_split): one JSON document in,
+ * one string out. */
 typedef goddp_status (*report_fn)(const char *, char **, char **);
 
 static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
@@ -1238,27 +1238,6 @@ static PyObject *call_report(PyObject *args, const char *format, report_fn fn) {
     return result;
 }
 
-PyDoc_STRVAR(plan_table_doc,
-             "plan_table(view_json) -> str\n\n"
-             "The plan table of a plan (goddp_plan_table in csrc/goddp.h): view_json is a\n"
-             "JSON object with the plan record's fields, same_as and eager.");
-
-static PyObject *py_plan_table(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:plan_table", goddp_plan_table);
-}
-
-PyDoc_STRVAR(trace_report_doc,
-             "trace_report(record_json) -> str\n\n"
-             "goddp.trace's figures of one rank's record (goddp_trace_report in\n"
-             "csrc/goddp.h), as a JSON object: steps, step_stats, median_step, verdict,\n"
-             "summary.");
-
-static PyObject *py_trace_report(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:trace_report", goddp_trace_report);
-}
-
 PyDoc_STRVAR(checkpoint_split_doc,
              "checkpoint_split(request) -> str\n\n"
              "How to split a graph's activation checkpoints into regions\n"
@@ -1268,16 +1247,6 @@ PyDoc_STRVAR(checkpoint_split_doc,
 static PyObject *py_checkpoint_split(PyObject *self, PyObject *args) {
     (void)self;
     return call_report(args, "s:checkpoint_split", goddp_checkpoint_split);
-}
-
-PyDoc_STRVAR(trace_plans_doc,
-             "trace_plans(request) -> str\n\n"
-             "A DDP module's plans in goddp.trace's record, from the plan records\n"
-             "(goddp_trace_plans in goddp.h): JSON text in and out.");
-
-static PyObject *py_trace_plans(PyObject *self, PyObject *args) {
-    (void)self;
-    return call_report(args, "s:trace_plans", goddp_trace_plans);
 }
 
 #ifdef GODDP_TESTHOOKS
@@ -1309,11 +1278,8 @@ static PyMethodDef goddp_methods[] = {
     {"combine_forward", py_combine_forward, METH_VARARGS, combine_forward_doc},
     {"set_max_procs", py_set_max_procs, METH_O, set_max_procs_doc},
     {"layout_digest", py_layout_digest, METH_VARARGS, layout_digest_doc},
-    {"plan_table", py_plan_table, METH_VARARGS, plan_table_doc},
-    {"trace_report", py_trace_report, METH_VARARGS, trace_report_doc},
 
     {"checkpoint_split", py_checkpoint_split, METH_VARARGS, checkpoint_split_doc},
-    {"trace_plans", py_trace_plans, METH_VARARGS, trace_plans_doc},
 #ifdef GODDP_TESTHOOKS
     {"debug_panic", py_debug_panic, METH_NOARGS, debug_panic_doc},
 #endif

@@ -493,8 +493,8 @@ func renderDecision(g *Graph, names []string, dec *Decision) string {
 }
 
 // goldenDecision is one case of the decision goldens: a model and the
-// settings it is decided under. The plan-table goldens render the same
-// decisions (TestPlanTableGolden).
+// settings it is decided under. The plan-table goldens of the shim
+// (tests/python/backend/test_plan_table.py) show the same decisions.
 type goldenDecision struct {
 	name     string
 	build    func() (*graphBuilder, *ModuleStacks)

@@ -31,6 +31,17 @@ const (
 	ModeTorch Mode = 1
 )
 
+// String is the mode as options and records name it.
+func (m Mode) String() string {
+	switch m {
+	case ModeDDP:
+		return "ddp"
+	case ModeTorch:
+		return "torch"
+	}
+	return "unknown"
+}
+
 // Param is one entry of the parameter table.
 type Param struct {
 	Name         string // fully qualified name

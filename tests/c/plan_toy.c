@@ -553,9 +553,6 @@ static void check_decisions(const goddp_graph *base) {
     goddp_string_free(msg);
 }
 
-/* The reports (ABI 9): a JSON document in, a string out, freed by
- * goddp_string_free; a bad document is GODDP_ERR_INVALID_CONFIG and hands
- * nothing out. */
 /* The body facts (ABI 10, Note [Body stacks]): each layer as if one
  * higher-order-op call, its linear the call (a body of two nodes inside
  * the layer), its relu the call's companion, no layer node with a stack of
@@ -623,35 +620,6 @@ static void check_bodies(const goddp_graph *base) {
           "bodies: bad call: status %d, message: %s", st, msg ? msg : "(none)");
     goddp_string_free(msg);
     goddp_plan_free(plan);
-}
-
-static void check_reports(void) {
-    char *text = NULL, *msg = NULL;
-    goddp_status st = goddp_plan_table(
-        "{\"fingerprint\": 171, \"mode\": \"ddp\", \"num_pieces\": 1, \"caps\": {\"bucket_cap_bytes\": 1048576,"
-        " \"first_bucket_cap_bytes\": 1048576}, \"buckets\": [{\"index\": 0, \"bytes\": 1048576, \"param_names\": [\"w\"],"
-        " \"piece\": 0}], \"alignment\": \"none\"}",
-        &text, &msg);
-    CHECK(st == GODDP_OK && text != NULL && msg == NULL, "plan table: status %d", st);
-    CHECK(text != NULL && strstr(text, "goddp plan: mode=ddp fingerprint=00000000000000ab pieces=1 buckets=1") == text,
-          "plan table: %s", text ? text : "(none)");
-    CHECK(text != NULL && strstr(text, "\n0       1.000  0      w") != NULL, "plan table rows: %s", text ? text : "(none)");
-    goddp_string_free(text);
-
-    text = NULL;
-    st = goddp_trace_report("{\"steps\": [{\"compute_end_s\": 1.0, \"buckets\": [{\"bytes\": 8, \"launch_s\": 0.5, "
-                            "\"done_s\": 1.25}]}]}",
-                            &text, &msg);
-    CHECK(st == GODDP_OK && text != NULL, "trace report: status %d", st);
-    CHECK(text != NULL && strstr(text, "\"exposed_s\":0.25") != NULL, "trace report: %s", text ? text : "(none)");
-    goddp_string_free(text);
-
-    text = NULL;
-    st = goddp_trace_report("not json", &text, &msg);
-    CHECK(st == GODDP_ERR_INVALID_CONFIG && text == NULL, "bad trace document: status %d", st);
-    CHECK(msg != NULL && strstr(msg, "not a valid document") != NULL, "bad trace document: message %s",
-          msg ? msg : "(none)");
-    goddp_string_free(msg);
 }
 
 /* A layout's digest (goddp_layout_digest): the same for the same layout,
@@ -726,7 +694,6 @@ int main(void) {
     check_bodies(&g);
     check_errors(&g);
     check_max_procs();
-    check_reports();
     check_layout_digest();
     check_checkpoint_split();
     check_threads(&g, fp_ddp);

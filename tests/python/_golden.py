@@ -1,6 +1,6 @@
-"""Golden files of the Python suites: text a test renders, compared with
-the file beside it. GODDP_UPDATE_GOLDENS=1 rewrites the files instead (after
-an intended change of words; review the diff)."""
+"""Golden files: expected text kept beside a test, in its folder's
+``testdata/``. ``GODDP_UPDATE_GOLDENS=1`` rewrites them from what the code
+now gives (review the diff before committing)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from pathlib import Path
 UPDATE_ENV = "GODDP_UPDATE_GOLDENS"
 
 
-def check_golden(path: Path, got: str) -> None:
-    """Asserts that path holds got, or writes it there under GODDP_UPDATE_GOLDENS=1."""
+def check_golden(test_file: str, name: str, got: str) -> None:
+    """Asserts that got is testdata/<name>.golden beside test_file, byte for
+    byte (or writes it, under GODDP_UPDATE_GOLDENS=1)."""
+    path = Path(test_file).resolve().parent / "testdata" / f"{name}.golden"
     if os.environ.get(UPDATE_ENV) == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(got, encoding="utf-8")
+        path.write_bytes(got.encode("utf-8"))
         return
-    assert path.is_file(), f"{path} is missing; {UPDATE_ENV}=1 writes it"
-    want = path.read_text(encoding="utf-8")
+    assert path.is_file(), f"{path} is missing (run with {UPDATE_ENV}=1 to create it)"
+    want = path.read_bytes().decode("utf-8")
     if got != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(path), "rendered", n=1))
-        raise AssertionError(f"{path.name} differs from what the test renders ({UPDATE_ENV}=1 rewrites it):\n{diff}")
+        diff = "\n".join(difflib.unified_diff(want.split("\n"), got.split("\n"), "golden", "got", lineterm=""))
+        raise AssertionError(f"{path.name} differs (run with {UPDATE_ENV}=1 if intended):\n{diff}")

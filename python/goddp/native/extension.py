@@ -167,14 +167,6 @@ def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_of
     return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
 
 
-def trace_plans(module: str, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The plans of DDP module `module` (its "ddp_module" key) that
-    goddp.trace's record lists, from plan records (goddp_trace_plans in
-    csrc/goddp.h)."""
-    # Not _json_call: the records' own values keep their keys' order.
-    return json.loads(load().trace_plans(json.dumps({"module": module, "plans": plans})))["plans"]
-
-
 def _json_call(name: str, request: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(getattr(load(), name)(json.dumps(request, sort_keys=True)))
 
@@ -185,13 +177,3 @@ def checkpoint_split(request: Mapping[str, Any]) -> dict[str, Any]:
     plan_graph."""
     return _json_call("checkpoint_split", request)
 
-
-def plan_table(view: Mapping[str, Any]) -> str:
-    """The plan table of a plan view (goddp_plan_table in csrc/goddp.h)."""
-    return load().plan_table(json.dumps(view, allow_nan=False))
-
-
-def trace_report(record: Mapping[str, Any]) -> dict[str, Any]:
-    """goddp.trace's figures of a record (goddp_trace_report in
-    csrc/goddp.h): steps, step_stats, median_step, verdict, summary."""
-    return json.loads(load().trace_report(json.dumps(record, allow_nan=False)))

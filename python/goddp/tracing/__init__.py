@@ -1,8 +1,8 @@
 """goddp.trace: when does each DDP bucket's allreduce run, relative to backward?
 
 (This package is goddp.tracing; ``goddp.trace`` is its ``trace`` function.
-Its modules: ``recorder``, what is recorded; ``figures``, what the planner
-derives from it, the summary text included (planner/trace.go); ``install``,
+Its modules: ``recorder``, what is recorded; ``figures``, what is derived
+from it, the summary text included; ``install``,
 the hooks on DDP; ``session``, the ``Trace`` object and its agreement
 across ranks; ``summary``, the picture.)
 
@@ -37,7 +37,7 @@ What is recorded, per step (one backward pass that reduced gradients):
 
 What the figures mean (exposed communication, the overlapped share, a
 bucket launched during backward, the median step) is Note [Trace figures]
-in planner/trace.go, which computes them.
+in goddp.tracing.figures, which computes them.
 
 How it hooks DDP (goddp.tracing.install): DDP's C++ reducer takes one comm
 hook, once, and cannot forget it. Entering the trace registers a timing hook

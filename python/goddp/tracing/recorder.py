@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from goddp.tracing.figures import normalized
+from goddp.tracing.figures import normalize_step
 
 
 class TraceError(RuntimeError):
@@ -110,9 +110,9 @@ class StepRecord:
         }
 
     def to_dict(self, names: dict[int, str]) -> dict[str, Any]:
-        """The step dict: raw(), normalized by the planner (a compute end,
-        every bucket done, buckets in launch order; goddp.tracing.figures)."""
-        return normalized([self.raw(names)])[0]
+        """The step dict: raw(), normalized (a compute end, every bucket
+        done, buckets in launch order; goddp.tracing.figures)."""
+        return normalize_step(self.raw(names))
 
 
 # --------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import torch.distributed as dist
 from goddp.ddp.refusals import trace_refusal
 from goddp.ddp.settings import module_key
 from goddp.graph.export import parameter_names
-from goddp.native import extension as _native
 from goddp.ranks.group import group_of, round_error, store_for, timeout_s
 from goddp.ranks.store_round import agree, gather, publish
 from goddp.reports.records import last_plans
@@ -88,12 +87,54 @@ def _attributed_plans(ddp: Any) -> list[dict[str, Any]]:
 def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
     """The goddp plans (from ``goddp.last_plans()``) of this DDP module's
     graphs, oldest first, one per fingerprint; empty when goddp did not
-    compile it (the planner selects them: Note [A trace's plans] in
-    planner/traceplans.go)."""
+    compile it (Note [A trace's plans])."""
     key = module_key(ddp, create=False)
     if key is None:
         return []
-    return _native.trace_plans(key, last_plans())
+    return traced_plans(key, last_plans())
+
+
+# Note [A trace's plans]
+#
+# A trace record lists the goddp plans of its DDP module's graphs: the
+# plan records (goddp.last_plans()) whose "ddp_module" key is the
+# module's, one per fingerprint (the latest record of a fingerprint wins
+# and takes its place, so the list stays oldest first), and only records
+# with buckets (a graph without DDP's parameters has none). Each is
+# projected to what the trace shows: the fingerprint as 16 hex digits
+# (None when planning failed), the buckets' bytes and parameter names, and
+# mode, num_pieces, ddp_buckets, fallback, ddp_module and forward as the
+# record has them (None where absent).
+
+
+def traced_plans(key: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The plans of the DDP module whose key is `key` among plan records,
+    as a trace record lists them (Note [A trace's plans])."""
+    found: dict[Any, dict[str, Any]] = {}
+    for record in records:
+        buckets = record.get("buckets") or []
+        if not buckets or (record.get("ddp_module") or {}).get("key") != key:
+            continue
+        fingerprint = record.get("fingerprint")
+        found.pop(fingerprint, None)
+        found[fingerprint] = _traced_plan(record, buckets)
+    return list(found.values())
+
+
+def _traced_plan(record: dict[str, Any], buckets: list[dict[str, Any]]) -> dict[str, Any]:
+    fingerprint = record.get("fingerprint")
+    return {
+        "fingerprint": f"{fingerprint:016x}" if isinstance(fingerprint, int) else None,
+        "mode": record.get("mode"),
+        "num_pieces": record.get("num_pieces"),
+        "bucket_bytes": [b["bytes"] for b in buckets],
+        "bucket_param_names": [list(b.get("param_names", ())) for b in buckets],
+        "ddp_buckets": record.get("ddp_buckets"),
+        "fallback": record.get("fallback"),
+        "ddp_module": record.get("ddp_module"),
+        # The graphs planned together with this one (goddp.ranks.forward).
+        "forward": record.get("forward"),
+    }
 
 
 # --------------------------------------------------------------------------

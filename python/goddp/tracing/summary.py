@@ -1,5 +1,5 @@
-"""goddp.trace's picture: launch timelines (the summary text is the
-planner's, goddp.tracing.figures)."""
+"""goddp.trace's picture: launch timelines (goddp.tracing.figures writes
+the summary text)."""
 
 from __future__ import annotations
 

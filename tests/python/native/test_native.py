@@ -359,31 +359,6 @@ def test_decisions_cross_the_extension(ext):
     assert info.value.code == _native.ERR_INVALID_GRAPH
 
 
-def test_reports_cross_the_extension(ext):
-    # The plan table and the trace figures: a JSON document in, text out
-    # (goddp_plan_table, goddp_trace_report); a bad document is the
-    # planner's invalid-config error, a NUL in it a ValueError.
-    table = ext.plan_table(
-        '{"fingerprint": 18446744073709551615, "mode": "torch", "num_pieces": 1, "alignment": "none",'
-        ' "caps": {"bucket_cap_bytes": 1048576, "first_bucket_cap_bytes": 1048576},'
-        ' "buckets": [{"index": 0, "bytes": 3, "param_names": ["w"], "piece": 0}]}'
-    )
-    assert table.splitlines()[0].startswith("goddp plan: mode=torch fingerprint=ffffffffffffffff pieces=1 buckets=1")
-    assert table.splitlines()[-1].split() == ["0", "0.000", "0", "w"]
-    step = {"compute_end_s": 1.0, "buckets": [{"index": 0, "bytes": 8, "params": 1, "launch_s": 0.5, "done_s": None}]}
-    report = _native.trace_report({"steps": [step]})
-    assert report["steps"][0]["buckets"][0]["done_s"] == 1.0 and report["median_step"] == 0
-    assert report["step_stats"][0]["comm_busy_s"] == 0.5 and report["step_stats"][0]["exposed_s"] == 0.0
-    for call in (ext.plan_table, ext.trace_report):
-        with pytest.raises(ext.PlannerError, match="not a valid document") as info:
-            call("[1]")
-        assert info.value.code == _native.ERR_INVALID_CONFIG
-        with pytest.raises(ValueError):
-            call("{\0}")
-    with pytest.raises(ValueError):  # JSON has no NaN: refused before Go
-        _native.trace_report({"steps": [dict(step, compute_end_s=float("nan"))]})
-
-
 def test_exceptions_are_runtime_errors(ext):
     assert issubclass(ext.PlannerError, RuntimeError)
     assert issubclass(ext.ForkedChildError, RuntimeError)
@@ -814,10 +789,7 @@ _FORK_ARGS = {
     "combine_forward": lambda: (b"", b"", b"", b""),
     "layout_digest": lambda: (array("q", [0, 1]).tobytes(), array("i", [0]).tobytes(),
                               array("q", [8]).tobytes(), 0, "build"),
-    "plan_table": lambda: ("{}",),
-    "trace_report": lambda: ("{}",),
     "checkpoint_split": lambda: ("{}",),
-    "trace_plans": lambda: ("{}",),
     "debug_panic": lambda: (),
 }
 
@@ -831,7 +803,6 @@ def test_forked_child_gets_forked_child_error(ext):
     assert set(names) <= set(_FORK_ARGS), f"no fork case for {sorted(set(names) - set(_FORK_ARGS))}"
     calls = [(name, lambda n=name: getattr(ext, n)(*_FORK_ARGS[n]())) for name in names] + [
         ("goddp.native.extension.plan_graph", lambda: _native.plan_graph(chain_graph(1), toy_config())),
-        ("goddp.native.extension.trace_report", lambda: _native.trace_report({"steps": []})),
     ]
     ext.abi_version()  # the Go runtime is certainly running in this process
     r, w = os.pipe()
