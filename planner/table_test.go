@@ -71,8 +71,7 @@ func TestPlanTableGolden(t *testing.T) {
 	cases = append(cases, tableCase{goldenDecision{"table_mlp_per_bucket_caps",
 		func() (*graphBuilder, *ModuleStacks) { return mlpModel(), nil },
 		func(g *Graph) Settings {
-			return Settings{Mode: ModeDDP, UserBucketCapBytes: 300, UserBucketCapGiven: true, UserFirstBucketCapBytes: 100,
-				UserFirstBucketCapGiven: true, UserBucketCapsBytes: []int64{120, 500}, MaxPieces: 3}
+			return Settings{Mode: ModeDDP, UserBucketCapBytes: 300, UserFirstBucketCapBytes: 100, UserBucketCapsBytes: []int64{120, 500}, MaxPieces: 3}
 		}}, nil})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
