@@ -138,7 +138,7 @@ func TestDecideRejects(t *testing.T) {
 		code ErrorCode
 		want string
 	}{
-		{"negative user cap", Settings{UserBucketCapBytes: -5}, ErrInvalidConfig, "the user's bucket cap is -5 bytes; it must be > 0 (0: not given)"},
+		{"negative user cap", Settings{UserBucketCapBytes: -5}, ErrInvalidConfig, "the user's bucket cap is -5 bytes; it must be > 0"},
 		{"negative user first cap", Settings{UserFirstBucketCapBytes: -1}, ErrInvalidConfig, "the user's first-bucket cap is -1 bytes; it must be > 0"},
 		{"user first cap above the cap", Settings{UserBucketCapBytes: 10, UserFirstBucketCapBytes: 20},
 			ErrInvalidConfig, "FirstBucketCapBytes (20) must not exceed BucketCapBytes (10)"},

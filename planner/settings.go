@@ -91,10 +91,10 @@ type Settings struct {
 // the settings' own terms, before any default is filled in.
 func checkSettings(s *Settings) error {
 	if s.UserBucketCapBytes < 0 {
-		return errorf(ErrInvalidConfig, "planner: the user's bucket cap is %d bytes; it must be > 0 (%d: not given)", s.UserBucketCapBytes, CapNotGiven)
+		return errorf(ErrInvalidConfig, "planner: the user's bucket cap is %d bytes; it must be > 0", s.UserBucketCapBytes)
 	}
 	if s.UserFirstBucketCapBytes < 0 {
-		return errorf(ErrInvalidConfig, "planner: the user's first-bucket cap is %d bytes; it must be > 0 (%d: not given)", s.UserFirstBucketCapBytes, CapNotGiven)
+		return errorf(ErrInvalidConfig, "planner: the user's first-bucket cap is %d bytes; it must be > 0", s.UserFirstBucketCapBytes)
 	}
 	switch s.Edges {
 	case EdgesCompile, EdgesAuto, EdgesEager:
