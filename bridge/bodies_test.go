@@ -69,8 +69,8 @@ func TestConvertBodies(t *testing.T) {
 // TestBodiesThroughC: the body facts decide the blocks as the stacks they
 // stand for do, and bad facts are the planner's clear error.
 func TestBodiesThroughC(t *testing.T) {
-	cfg := &rawConfig{Defaults: defaultCap | defaultFirstCap, BlockCuts: 1,
-		DDP: &rawDDP{BucketCapBytes: 4_000_000, FirstBucketCapBytes: -1, NumParams: 6}}
+	cfg := &rawConfig{BlockCuts: 1,
+		DDP: &rawDDP{BucketCapBytes: 4_000_000, FirstBucketCapBytes: planner.CapNotGiven, NumParams: 6}}
 	res := callPlanGraph(withBodies(toyGraph(1000)), cfg, false)
 	require.Equal(t, statusOK, res.Status, res.Msg)
 	want := callPlanGraph(withStacks(toyGraph(1000)), cfg, false)

@@ -182,9 +182,9 @@ func TestConvertConfig(t *testing.T) {
 	s, err := convertSettingsViaC(&rawConfig{Mode: 1, BucketCapBytes: 10, FirstBucketCapBytes: 5,
 		NumBucketCaps: 2, BucketCapsBytes: []int64{7, 9}, MaxPieces: 4, AlignBuckets: -3})
 	require.NoError(t, err)
-	want := planner.Settings{Mode: planner.ModeTorch, UserBucketCapBytes: 10, UserBucketCapGiven: true,
-		UserFirstBucketCapBytes: 5, UserFirstBucketCapGiven: true,
-		UserBucketCapsBytes: []int64{7, 9}, MaxPieces: 4, AlignBuckets: true}
+	want := planner.Settings{Mode: planner.ModeTorch, UserBucketCapBytes: 10,
+		UserFirstBucketCapBytes: 5,
+		UserBucketCapsBytes:     []int64{7, 9}, MaxPieces: 4, AlignBuckets: true}
 	assert.Equal(t, want, s)
 	s, err = convertSettingsViaC(&rawConfig{BucketCapBytes: 10, FirstBucketCapBytes: 5})
 	require.NoError(t, err)
@@ -192,20 +192,20 @@ func TestConvertConfig(t *testing.T) {
 	assert.False(t, s.AlignBuckets)
 	assert.Nil(t, s.DDP, "ddp NULL: no DDP module")
 
-	// ABI 6: defaults, block cuts, edges and the DDP module.
-	s, err = convertSettingsViaC(&rawConfig{Defaults: defaultCap | defaultFirstCap, BlockCuts: 1, Edges: 2,
-		DDP: &rawDDP{BucketCapBytes: 100, FirstBucketCapBytes: -1, NumBucketCaps: 1, BucketCapsBytes: []int64{50},
+	// ABI 6: caps not given (ABI 11: GODDP_CAP_NOT_GIVEN), block cuts,
+	// edges and the DDP module.
+	s, err = convertSettingsViaC(&rawConfig{BlockCuts: 1, Edges: 2,
+		DDP: &rawDDP{BucketCapBytes: 100, FirstBucketCapBytes: planner.CapNotGiven, NumBucketCaps: 1, BucketCapsBytes: []int64{50},
 			Flags: ddpFindUnused | ddpCapIsDefault, NumParams: 6}})
 	require.NoError(t, err)
-	assert.False(t, s.UserBucketCapGiven)
-	assert.False(t, s.UserFirstBucketCapGiven)
+	assert.Equal(t, int64(planner.CapNotGiven), s.UserBucketCapBytes)
+	assert.Equal(t, int64(planner.CapNotGiven), s.UserFirstBucketCapBytes)
 	assert.True(t, s.BlockCuts)
 	assert.Equal(t, planner.EdgesEager, s.Edges)
-	assert.Equal(t, &planner.DDPSettings{BucketCapBytes: 100, CapIsDefault: true, FirstBucketCapBytes: -1,
+	assert.Equal(t, &planner.DDPSettings{BucketCapBytes: 100, CapIsDefault: true, FirstBucketCapBytes: planner.CapNotGiven,
 		BucketCapsBytes: []int64{50}, FindUnusedParameters: true, NumParams: 6}, s.DDP)
 
 	for name, c := range map[string]*rawConfig{
-		"defaults = 0x4 has unknown bits":                   {Defaults: 4},
 		"ddp.flags = 0x200 has unknown bits":                {DDP: &rawDDP{BucketCapBytes: 1, Flags: 0x200}},
 		"ddp.num_params = -1 is out of range":               {DDP: &rawDDP{BucketCapBytes: 1, NumParams: -1}},
 		"ddp.bucket_caps_bytes is NULL but its length is 2": {DDP: &rawDDP{BucketCapBytes: 1, NumBucketCaps: 2}},
@@ -270,8 +270,8 @@ func TestConvertStacks(t *testing.T) {
 // stacks, the eager edges, the first-use parameters per piece, the counted
 // parameters, the alignment reason and the alignment's name.
 func TestDecisionsThroughC(t *testing.T) {
-	cfg := &rawConfig{Defaults: defaultCap | defaultFirstCap, AlignBuckets: 1, BlockCuts: 1, Edges: 2,
-		DDP: &rawDDP{BucketCapBytes: 4_000_000, FirstBucketCapBytes: -1, NumParams: 6}}
+	cfg := &rawConfig{AlignBuckets: 1, BlockCuts: 1, Edges: 2,
+		DDP: &rawDDP{BucketCapBytes: 4_000_000, FirstBucketCapBytes: planner.CapNotGiven, NumParams: 6}}
 	g := withStacks(toyGraph(1000))
 	g.ParamDDPPositions = []int32{0, 1, 2, 3, 4, 5}
 	res := callPlanGraph(g, cfg, false)
@@ -281,20 +281,20 @@ func TestDecisionsThroughC(t *testing.T) {
 	assert.Equal(t, int64(4_000_000), d.Config.FirstBucketCapBytes, "DDP's rule: a cap of its own is also the first cap")
 	assert.True(t, d.Config.AlignBuckets)
 	assert.Equal(t, planner.ReasonAligned, d.AlignReason)
-	assert.Equal(t, "", d.AlignDetail)
+	assert.Zero(t, d.AlignedParams)
 	assert.Equal(t, 6, d.CountedParams)
 	assert.Equal(t, []int32{-1, -1, -1, -1, -1, -1, -1, 0, 0, 1, 1, 2, 2, -1}, d.BlockIDs)
 	assert.Equal(t, 3, res.Plan.NumPieces, "a piece per block")
 	assert.Equal(t, [][]int32{{0, 1}, {2, 3}, {4, 5}}, d.PieceParams)
 	assert.Nil(t, d.EagerPieces, "no edges: every piece is a block")
-	assert.Equal(t, "ready-order caps", alignmentNameOf(g, cfg))
+	assert.Equal(t, planner.AlignReady, alignmentOf(g, cfg))
 
 	// find_unused_parameters without static_graph: declaration order.
 	cfg.DDP.Flags = ddpFindUnused
 	res = callPlanGraph(g, cfg, false)
 	require.Equal(t, statusOK, res.Status, res.Msg)
 	assert.Equal(t, planner.OrderDeclaration, res.Decision.Config.BucketOrder)
-	assert.Equal(t, "declaration-order caps", alignmentNameOf(g, cfg))
+	assert.Equal(t, planner.AlignDeclaration, alignmentOf(g, cfg))
 
 	// DDP reduces a parameter the graph does not use (a graph break): the
 	// aligned plan is kept for the forward's combined layout, not for DDP.
@@ -302,9 +302,9 @@ func TestDecisionsThroughC(t *testing.T) {
 	res = callPlanGraph(g, cfg, false)
 	require.Equal(t, statusOK, res.Status, res.Msg)
 	assert.Equal(t, planner.ReasonPartOfForward, res.Decision.AlignReason)
-	assert.Contains(t, res.Decision.AlignDetail, "the graph uses 6 of DDP's 7 parameters")
+	assert.Equal(t, 6, res.Decision.AlignedParams, "of DDP's 7")
 	assert.False(t, res.Decision.Config.AlignBuckets)
-	assert.Equal(t, "ready-order caps", alignmentNameOf(g, cfg))
+	assert.Equal(t, planner.AlignReady, alignmentOf(g, cfg))
 
 	// The same under find_unused_parameters (declaration order): unaligned.
 	cfg.DDP.Flags = ddpFindUnused
@@ -312,13 +312,14 @@ func TestDecisionsThroughC(t *testing.T) {
 	require.Equal(t, statusOK, res.Status, res.Msg)
 	assert.Equal(t, planner.ReasonNotCovered, res.Decision.AlignReason)
 	assert.False(t, res.Decision.Config.AlignBuckets)
-	assert.Equal(t, "none", alignmentNameOf(g, cfg))
+	assert.Equal(t, 6, res.Decision.AlignedParams)
+	assert.Equal(t, planner.AlignNone, alignmentOf(g, cfg))
 	cfg.DDP.Flags = 0
 
 	// Bad input gets a message naming it.
 	for name, edit := range map[string]func(c *rawConfig){
-		"the user's bucket cap is 0 bytes":   func(c *rawConfig) { c.Defaults = defaultFirstCap },
-		"DDP's first-bucket cap is 0 bytes":  func(c *rawConfig) { c.DDP.FirstBucketCapBytes = 0 },
+		"the user's bucket cap is -1 bytes":  func(c *rawConfig) { c.BucketCapBytes = -1 },
+		"DDP's first-bucket cap is -1 bytes": func(c *rawConfig) { c.DDP.FirstBucketCapBytes = -1 },
 		"ddp.flags = 0x400 has unknown bits": func(c *rawConfig) { c.DDP.Flags = 0x400 },
 		"unknown edge policy 5":              func(c *rawConfig) { c.Edges = 5 },
 	} {
@@ -553,8 +554,8 @@ func TestConcurrentCalls(t *testing.T) {
 // ABI: DDP's default first-bucket cap (1 MiB under the default 25 MiB cap)
 // gives way to the cap, and torch mode refuses it by name.
 func TestUniformCapsThroughC(t *testing.T) {
-	cfg := &rawConfig{Defaults: defaultCap | defaultFirstCap,
-		DDP: &rawDDP{BucketCapBytes: 25 << 20, FirstBucketCapBytes: -1, Flags: ddpCapIsDefault}}
+	cfg := &rawConfig{
+		DDP: &rawDDP{BucketCapBytes: 25 << 20, FirstBucketCapBytes: planner.CapNotGiven, Flags: ddpCapIsDefault}}
 	g := toyGraph(1000)
 	res := callPlanGraph(g, cfg, false)
 	require.Equal(t, statusOK, res.Status, res.Msg)

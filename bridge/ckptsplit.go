@@ -16,11 +16,13 @@ import (
 	"github.com/goddp/goddp/planner"
 )
 
-// goddp_checkpoint_split takes and returns JSON text
-// (Note [JSON operations] in bridge/respond.go): a graph's checkpoint calls are few, their
-// facts nested (per call a body, per body node its inputs) and the reply a
-// question or a decision. goddp.h and docs/planner.md ("Checkpoint
-// regions") document both shapes; the types below are them.
+// goddp_checkpoint_split takes and returns JSON text (Note [JSON operations]
+// in bridge/respond.go), the one export that
+// does: a graph's checkpoint calls are few, their facts nested (per call a
+// body, per body node its inputs) and the reply a question or a decision,
+// a shape worse as a struct. goddp.h and docs/planner.md ("Checkpoint
+// regions") document both shapes; the types below are them. The reply is
+// codes and numbers; the shim words them.
 
 type wireBodyNode struct {
 	Kind        string  `json:"kind"`
@@ -29,8 +31,6 @@ type wireBodyNode struct {
 	Returned    bool    `json:"returned"`
 	Writes      int32   `json:"writes"`
 	Carries     bool    `json:"carries"`
-	Type        string  `json:"type"`
-	Op          string  `json:"op"`
 	Random      bool    `json:"random"`
 	StateChange bool    `json:"state_change"`
 	Nested      bool    `json:"nested"`
@@ -81,8 +81,8 @@ type wireSplit struct {
 	NodeRegions []int32      `json:"node_regions"`
 	Regions     []wireRegion `json:"regions"`
 	Code        string       `json:"code"`
-	Reason      string       `json:"reason"`
-	Describe    string       `json:"describe"`
+	Node        int32        `json:"node"`
+	Region      int          `json:"region"`
 }
 
 type wireSplitReply struct {
@@ -136,8 +136,7 @@ func splitRequestFromJSON(text string) (*planner.SplitRequest, error) {
 			}
 			c.Nodes[j] = planner.BodyNode{
 				Kind: kind, Block: wn.Block, Inputs: wn.Inputs, Returned: wn.Returned, Writes: wn.Writes,
-				Carries: wn.Carries, TypeName: wn.Type, Op: wn.Op,
-				Random: wn.Random, StateChange: wn.StateChange, Nested: wn.Nested,
+				Carries: wn.Carries, Random: wn.Random, StateChange: wn.StateChange, Nested: wn.Nested,
 			}
 		}
 		if b := wc.Buckets; b != nil {
@@ -160,7 +159,7 @@ func splitReplyToWire(r *planner.SplitReply) *wireSplitReply {
 	for i, s := range r.Calls {
 		ws := wireSplit{
 			Boundary: s.Boundary, Blocks: s.Blocks, NodeRegions: s.NodeRegion,
-			Code: s.Code.String(), Reason: s.Reason, Describe: s.Describe,
+			Code: s.Code.String(), Node: s.Node, Region: s.Region,
 		}
 		if s.NodeRegion != nil {
 			ws.Regions = make([]wireRegion, len(s.Regions))

@@ -10,10 +10,10 @@ import (
 
 // A body x -> relu (block 0) -> neg, sin (block 1), as the shim writes it.
 const ckptBody = `[
- {"kind": "placeholder", "inputs": [], "carries": true, "type": "FakeTensor", "op": "x"},
- {"kind": "compute", "block": 0, "inputs": [0], "carries": true, "op": "relu"},
- {"kind": "compute", "block": 1, "inputs": [1], "carries": true, "op": "neg"},
- {"kind": "compute", "block": 1, "inputs": [2], "returned": true, "carries": true, "op": "sin"},
+ {"kind": "placeholder", "inputs": [], "carries": true},
+ {"kind": "compute", "block": 0, "inputs": [0], "carries": true},
+ {"kind": "compute", "block": 1, "inputs": [1], "carries": true},
+ {"kind": "compute", "block": 1, "inputs": [2], "returned": true, "carries": true},
  {"kind": "output", "inputs": [3]}]`
 
 func TestCheckpointSplitThroughC(t *testing.T) {
@@ -29,8 +29,9 @@ func TestCheckpointSplitThroughC(t *testing.T) {
 				Inputs  []int32 `json:"inputs"`
 				Outputs []int32 `json:"outputs"`
 			} `json:"regions"`
-			Code     string `json:"code"`
-			Describe string `json:"describe"`
+			Code   string `json:"code"`
+			Node   int32  `json:"node"`
+			Region int    `json:"region"`
 		} `json:"calls"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(got.text), &reply), got.text)
@@ -43,15 +44,15 @@ func TestCheckpointSplitThroughC(t *testing.T) {
 	require.Len(t, c.Regions, 2)
 	assert.Equal(t, []int32{0}, c.Regions[0].Inputs)
 	assert.Equal(t, []int32{3}, c.Regions[1].Outputs)
-	assert.Contains(t, c.Describe, "split into 2 checkpoint regions at block boundaries")
+	assert.Equal(t, "", c.Code)
+	assert.Equal(t, []int{-1, -1}, []int{int(c.Node), c.Region}, "a split names no node or region")
 
 	// An absent "carries" is false: a value nobody vouched for keeps it whole.
 	got = callCheckpointSplit(`{"calls": [{"name": "c", "indexed_only": true, "nodes": [
-	 {"kind": "placeholder"}, {"kind": "compute", "block": 0, "inputs": [0], "type": "NoneType"},
+	 {"kind": "placeholder"}, {"kind": "compute", "block": 0, "inputs": [0]},
 	 {"kind": "compute", "block": 1, "inputs": [1], "returned": true, "carries": true}, {"kind": "output", "inputs": [2]}]}]}`)
 	require.Equal(t, statusOK, got.status, got.msg)
-	assert.Contains(t, got.text, `"code":"not_carried"`)
-	assert.Contains(t, got.text, "a NoneType value would cross a cut")
+	assert.Contains(t, got.text, `"code":"not_carried","node":1,"region":-1`, "the value that would cross")
 
 	// The questions: the outer graph's block runs, then the bodies to plan.
 	one := `{"name": "c", "indexed_only": true, "nodes": [{"kind": "placeholder"}, {"kind": "compute", "inputs": [0], "returned": true, "carries": true}, {"kind": "output", "inputs": [1]}]`
@@ -64,7 +65,8 @@ func TestCheckpointSplitThroughC(t *testing.T) {
 	 "bucket_splits": true, "cut_at_blocks": false, "buckets_planned": true}`)
 	require.Equal(t, statusOK, got.status, got.msg)
 	assert.Contains(t, got.text, `"boundary":"bucket"`)
-	assert.Contains(t, got.text, "holds 8.58e-06 MiB of DDP's parameters, 3 buckets under the 3.81e-06 MiB bucket cap")
+	assert.Contains(t, got.text, `"node_regions":[-1,0,-1]`)
+	assert.Contains(t, got.text, `"said":[0]`)
 }
 
 // TestCheckpointSplitRejectsBadRequests: a request the shim could not have

@@ -269,16 +269,10 @@ func settingsFromC(c *C.goddp_config) (planner.Settings, error) {
 	if int64(int(maxPieces)) != maxPieces {
 		return planner.Settings{}, invalidConfig("goddp: max_pieces = %d does not fit in an int", maxPieces)
 	}
-	const knownDefaults = C.GODDP_DEFAULT_BUCKET_CAP | C.GODDP_DEFAULT_FIRST_BUCKET_CAP
-	if c.defaults&^knownDefaults != 0 {
-		return planner.Settings{}, invalidConfig("goddp: defaults = %#x has unknown bits (valid: GODDP_DEFAULT_BUCKET_CAP, GODDP_DEFAULT_FIRST_BUCKET_CAP)", uint32(c.defaults))
-	}
 	s := planner.Settings{
 		Mode:                    planner.Mode(c.mode),
-		UserBucketCapBytes:      int64(c.bucket_cap_bytes),
-		UserBucketCapGiven:      c.defaults&C.GODDP_DEFAULT_BUCKET_CAP == 0,
+		UserBucketCapBytes:      int64(c.bucket_cap_bytes), // GODDP_CAP_NOT_GIVEN is planner.CapNotGiven
 		UserFirstBucketCapBytes: int64(c.first_bucket_cap_bytes),
-		UserFirstBucketCapGiven: c.defaults&C.GODDP_DEFAULT_FIRST_BUCKET_CAP == 0,
 		UserBucketCapsBytes:     caps,
 		MaxPieces:               int(maxPieces),
 		AlignBuckets:            c.align_buckets != 0,
@@ -495,12 +489,7 @@ func decisionToC(cp *C.goddp_plan, d *planner.Decision) error {
 	if d.CheckpointRegions {
 		cp.checkpoint_regions = 1
 	}
-	if cp.align_detail = C.CString(cText(d.AlignDetail)); cp.align_detail == nil {
-		return errOutOfMemory
-	}
-	if cp.alignment_name = C.CString(d.Plan.Alignment.String()); cp.alignment_name == nil {
-		return errOutOfMemory
-	}
+	cp.aligned_params = C.int64_t(d.AlignedParams)
 	cp.num_counted_params = C.int64_t(d.CountedParams)
 	offs, vals, err := cCSR(d.PieceParams)
 	if err != nil {
@@ -545,8 +534,6 @@ func freePlan(cp *C.goddp_plan) {
 		unsafe.Pointer(cp.piece_outputs),
 		unsafe.Pointer(cp.ddp_caps),
 		unsafe.Pointer(cp.bucket_caps_bytes),
-		unsafe.Pointer(cp.align_detail),
-		unsafe.Pointer(cp.alignment_name),
 		unsafe.Pointer(cp.piece_param_offsets),
 		unsafe.Pointer(cp.piece_params),
 		unsafe.Pointer(cp.eager_pieces),

@@ -29,7 +29,7 @@ import "github.com/goddp/goddp/planner"
 
 // abiVersion is the ABI this bridge implements. It must equal
 // GODDP_ABI_VERSION in csrc/goddp.h.
-const abiVersion = 10
+const abiVersion = 11
 
 // Compile-time checks that the header and the Go side agree. Converting a
 // negative constant to uint does not compile, so each pair of lines fails the
@@ -37,6 +37,10 @@ const abiVersion = 10
 const (
 	_ = uint(C.GODDP_ABI_VERSION - abiVersion)
 	_ = uint(abiVersion - C.GODDP_ABI_VERSION)
+
+	// A cap not given crosses as it is (Note [Cap defaults]).
+	_ = uint(C.GODDP_CAP_NOT_GIVEN - planner.CapNotGiven)
+	_ = uint(planner.CapNotGiven - C.GODDP_CAP_NOT_GIVEN)
 
 	// The planner's enums are copied across without translation tables.
 	_ = uint(C.GODDP_OP_PLACEHOLDER - planner.OpPlaceholder)

@@ -55,15 +55,3 @@ func answer(name string, in *C.goddp_text_in, out, errMsg **C.char, produce func
 		return string(text), err
 	})
 }
-
-// report is respond for an export whose request decodes into a T and
-// whose render gives the reply's text (goddp_round_error).
-func report[T any](name string, in *C.goddp_text_in, out, errMsg **C.char, render func(*T) (string, error)) C.goddp_status {
-	return respond(name, in, out, errMsg, func(request string) (string, error) {
-		var doc T
-		if err := json.Unmarshal([]byte(request), &doc); err != nil {
-			return "", invalidConfig("goddp: %s: not a valid document: %v", name, err)
-		}
-		return render(&doc)
-	})
-}

@@ -78,7 +78,6 @@ type rawConfig struct {
 	MaxPieces           int64
 	AlignBuckets        int32
 	BucketOrder         int32
-	Defaults            uint32
 	BlockCuts           int32
 	Edges               int32
 	DDP                 *rawDDP // nil: NULL
@@ -95,13 +94,11 @@ type rawDDP struct {
 	NumParams           int64
 }
 
-// DDP flag and default bits as plain ints, for tests.
+// DDP flag bits as plain ints, for tests.
 const (
 	ddpFindUnused   = uint32(C.GODDP_DDP_FIND_UNUSED_PARAMETERS)
 	ddpStaticGraph  = uint32(C.GODDP_DDP_STATIC_GRAPH)
 	ddpCapIsDefault = uint32(C.GODDP_DDP_CAP_IS_DEFAULT)
-	defaultCap      = uint32(C.GODDP_DEFAULT_BUCKET_CAP)
-	defaultFirstCap = uint32(C.GODDP_DEFAULT_FIRST_BUCKET_CAP)
 )
 
 // cArena owns C copies of test inputs until release.
@@ -181,7 +178,6 @@ func (a *cArena) config(c *rawConfig) *C.goddp_config {
 	cc.max_pieces = C.int64_t(c.MaxPieces)
 	cc.align_buckets = C.int32_t(c.AlignBuckets)
 	cc.bucket_order = C.int32_t(c.BucketOrder)
-	cc.defaults = C.uint32_t(c.Defaults)
 	cc.block_cuts = C.int32_t(c.BlockCuts)
 	cc.edges = C.int32_t(c.Edges)
 	cc.uniform_caps = C.int32_t(c.UniformCaps)
@@ -320,7 +316,7 @@ func planFromCPlan(cp *C.goddp_plan) *planner.Plan {
 }
 
 // decisionFromCPlan reads the ABI 6 fields of a C plan back, the reverse
-// of decisionToC. Alignment names are compared as strings by the tests.
+// of decisionToC.
 func decisionFromCPlan(cp *C.goddp_plan, pl *planner.Plan) *planner.Decision {
 	int32s := func(p *C.int32_t, n int64) []int32 {
 		if n == 0 || p == nil {
@@ -339,7 +335,7 @@ func decisionFromCPlan(cp *C.goddp_plan, pl *planner.Plan) *planner.Decision {
 			BucketOrder:         planner.BucketOrder(cp.bucket_order),
 		},
 		AlignReason:   planner.AlignReason(cp.align_reason),
-		AlignDetail:   C.GoString(cp.align_detail),
+		AlignedParams: int(cp.aligned_params),
 		CountedParams: int(cp.num_counted_params),
 		EagerPieces:   int32s(cp.eager_pieces, int64(cp.num_eager_pieces)),
 		BlockIDs:      int32s(cp.node_block_ids, int64(cp.num_nodes)),
@@ -357,16 +353,17 @@ func decisionFromCPlan(cp *C.goddp_plan, pl *planner.Plan) *planner.Decision {
 	return d
 }
 
-// alignmentNameOf is the alignment name a C plan carries, for tests.
-func alignmentNameOf(g *rawGraph, c *rawConfig) string {
+// alignmentOf is the alignment a C plan carries, for tests (-1: the call
+// failed).
+func alignmentOf(g *rawGraph, c *rawConfig) planner.Alignment {
 	var a cArena
 	defer a.release()
 	var out *C.goddp_plan
 	if goddp_plan_graph((*C.goddp_graph_in)(a.graph(g)), (*C.goddp_config_in)(a.config(c)), &out, nil) != C.GODDP_OK {
-		return "(failed)"
+		return -1
 	}
 	defer goddp_plan_free(out)
-	return C.GoString(out.alignment_name)
+	return planner.Alignment(out.alignment)
 }
 
 // callSetMaxProcs runs the goddp_set_max_procs export.

@@ -94,8 +94,16 @@ extern "C" {
  *    GODDP_DDP_DELAYS_EVERY_ALLREDUCE and GODDP_DDP_JOIN.
  *    Also 10: goddp_graph's body facts, node_hop_calls .. body_stack_types
  *    (optional, at the end of the struct): the planner sees the module
- *    stacks and weights through higher-order-op bodies itself. */
-#define GODDP_ABI_VERSION 10
+ *    stacks and weights through higher-order-op bodies itself.
+ * 11: planning only: replies are numbers and reason codes, never
+ *    sentences (the shim words them). goddp_plan loses align_detail and
+ *    alignment_name and gains aligned_params; goddp_checkpoint_split's
+ *    reply loses "reason" and "describe" and gains "node" and "region",
+ *    its request loses "type" and "op"; a cap not given is
+ *    GODDP_CAP_NOT_GIVEN (0) everywhere, goddp_config.defaults and the
+ *    GODDP_DEFAULT_* bits are gone, and goddp_ddp.first_bucket_cap_bytes
+ *    says "this torch keeps none" with it (was -1). */
+#define GODDP_ABI_VERSION 11
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -143,7 +151,8 @@ enum goddp_alignment {
 };
 
 /* Whether DDP's buckets are set to the pieces, and if not why
- * (goddp_plan.align_reason; the words are goddp_plan.align_detail). */
+ * (goddp_plan.align_reason; the caller words it, NOT_COVERED and
+ * PART_OF_FORWARD with goddp_plan.aligned_params). */
 enum goddp_align_reason {
     GODDP_REASON_ALIGNED = 0,     /* the buckets are DDP's; ddp_caps are its caps */
     GODDP_REASON_OFF = 1,         /* config.align_buckets was 0 */
@@ -172,10 +181,12 @@ enum goddp_edges {
     GODDP_EDGES_EAGER = 2    /* every edge */
 };
 
-/* Bits of goddp_config.defaults: caps the planner fills in
- * (planner/settings.go, Note [Cap defaults]); the field is then ignored. */
-#define GODDP_DEFAULT_BUCKET_CAP 0x1u
-#define GODDP_DEFAULT_FIRST_BUCKET_CAP 0x2u
+/* A cap not given (ABI 11): goddp_config's bucket_cap_bytes and
+ * first_bucket_cap_bytes, which the planner then fills in
+ * (planner/settings.go, Note [Cap defaults]), and goddp_ddp's
+ * first_bucket_cap_bytes where this torch keeps none. A zero-initialized
+ * config asks for every default. */
+#define GODDP_CAP_NOT_GIVEN 0
 
 /* Bits of goddp_ddp.flags. Unknown bits are GODDP_ERR_INVALID_CONFIG. */
 #define GODDP_DDP_FIND_UNUSED_PARAMETERS 0x1u
@@ -284,7 +295,7 @@ typedef struct goddp_graph {
 /* A DistributedDataParallel module's own settings (goddp_config.ddp, ABI 6). */
 typedef struct goddp_ddp {
     int64_t bucket_cap_bytes;           /* bucket_bytes_cap, > 0 */
-    int64_t first_bucket_cap_bytes;     /* > 0, or -1 when this torch keeps none */
+    int64_t first_bucket_cap_bytes;     /* > 0, or GODDP_CAP_NOT_GIVEN when this torch keeps none */
     int64_t num_bucket_caps;            /* 0, or the length of bucket_caps_bytes */
     const int64_t *bucket_caps_bytes;   /* its per-bucket caps, DDP order */
     uint32_t flags;                     /* GODDP_DDP_* bits */
@@ -297,8 +308,8 @@ typedef struct goddp_ddp {
 
 typedef struct goddp_config {
     int32_t mode;                       /* enum goddp_mode */
-    int64_t bucket_cap_bytes;           /* > 0 */
-    int64_t first_bucket_cap_bytes;     /* > 0 and <= bucket_cap_bytes */
+    int64_t bucket_cap_bytes;           /* > 0, or GODDP_CAP_NOT_GIVEN */
+    int64_t first_bucket_cap_bytes;     /* > 0 and <= bucket_cap_bytes, or GODDP_CAP_NOT_GIVEN */
     int64_t num_bucket_caps;            /* 0, or the length of bucket_caps_bytes */
     const int64_t *bucket_caps_bytes;   /* per-bucket caps in DDP order (ddp mode); the last repeats */
     int64_t max_pieces;                 /* 0 = no limit; else merge adjacent pieces down to this many (ddp mode) */
@@ -323,12 +334,10 @@ typedef struct goddp_config {
      * goddp_graph.param_ddp_positions. */
     int32_t bucket_order;
 
-    /* ABI 6. GODDP_DEFAULT_* bits: the caps the planner fills in. With ddp
-     * set, the bucket cap defaults to DDP's, the first cap follows DDP's
-     * rules and DDP's per-bucket caps apply while the bucket cap is not
-     * overridden (Note [Cap defaults]); bucket_order must then be 0, since
-     * the planner derives it from DDP's flags when aligning. */
-    uint32_t defaults;
+    /* ABI 6. With ddp set, a cap not given defaults to DDP's, the first
+     * cap follows DDP's rules and DDP's per-bucket caps apply while the
+     * bucket cap is not given (Note [Cap defaults]); bucket_order must then
+     * be 0, since the planner derives it from DDP's flags when aligning. */
     int32_t block_cuts;                 /* ddp mode: assign blocks from the module stacks */
     int32_t edges;                      /* enum goddp_edges */
     const goddp_ddp *ddp;               /* NULL outside a DDP module */
@@ -391,8 +400,10 @@ typedef struct goddp_plan {
     int32_t align_buckets;
     int32_t bucket_order;               /* enum goddp_bucket_order */
     int32_t align_reason;               /* enum goddp_align_reason; ddp_caps are empty unless ALIGNED */
-    char *align_detail;                 /* NUL-terminated: the reason in words, "" when aligned */
-    char *alignment_name;               /* NUL-terminated name of alignment, as records say it */
+    /* ABI 11. With align_reason NOT_COVERED or PART_OF_FORWARD: the
+     * parameters the aligned buckets held, against goddp_ddp.num_params;
+     * 0 otherwise. */
+    int64_t aligned_params;
     int64_t num_counted_params;         /* table parameters DDP reduces (requires grad, not ignored) */
     /* Per piece (CSR), its parameters in forward order: ddp mode, the
      * bucketed parameters first used in it; torch mode, the parameters of
@@ -459,8 +470,10 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
 /* How to split one graph's activation checkpoint calls into consecutive
  * checkpoints, one per region of each body (planner/ckptsplit.go, Note
  * [Checkpoint regions]; ABI 10). request and *reply are NUL-terminated JSON
- * text (Note [JSON operations] in bridge/respond.go); docs/planner.md,
- * "Checkpoint regions", gives both shapes:
+ * text, the one text request of this ABI (the calls are few, their facts
+ * nested per call and per body node, the reply a question or a decision: a
+ * shape worse as a struct); docs/planner.md, "Checkpoint regions", gives
+ * both shapes:
  *   request: {"calls": [call, ...], "bucket_splits": bool,
  *             "cut_at_blocks": bool|null, "buckets_planned": bool}
  *     call: {"name": str, "indexed_only": bool, "policy_function": bool,
@@ -471,24 +484,26 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
  *     node: {"kind": "placeholder"|"get_attr"|"compute"|"output",
  *            "block": int (-1: none), "inputs": [int] (earlier nodes),
  *            "returned": bool, "writes": int (-1: none), "carries": bool,
- *            "type": str, "op": str, "random": bool, "state_change": bool,
- *            "nested": bool}   (an absent block or writes is -1)
+ *            "random": bool, "state_change": bool, "nested": bool}
+ *            (an absent block or writes is -1)
  *   reply: {"ask": ""|"cut_at_blocks"|"buckets", "plan_buckets": [int],
  *           "calls": [{"boundary": "block"|"bucket"|"", "blocks": int,
  *                      "node_regions": [int]|null,
  *                      "regions": [{"inputs": [int], "outputs": [int]}]|null,
- *                      "code": str, "reason": str, "describe": str}],
+ *                      "code": str, "node": int, "region": int}],
  *           "said": [int]}
  * A reply that asks is answered and the request sent again: "cut_at_blocks"
  * with the outer graph's goddp_plan.block_runs, "buckets" with each named
  * call's body planned alone (config.uniform_caps; null: it holds no DDP
  * parameter) and "buckets_planned": true. Otherwise "calls" is the
- * decision per call ("node_regions" null: kept whole for "reason", which
- * "code" names: "few_blocks", "result_used", "policy_function", "random_op",
+ * decision per call ("node_regions" null: kept whole for the reason "code"
+ * names: "few_blocks", "result_used", "policy_function", "random_op",
  * "state_change", "nested_hop", "read_before_made", "attribute_both_sides",
  * "not_carried", "mutation_across_cut" or "hands_nothing_on"; "" when
- * split; "describe": the INFO line) and "said" the calls to log and
- * rewrite (boundary not "").
+ * split; "node": the body node the reason names (random_op: the op,
+ * not_carried: the value, mutation_across_cut: the writer) and "region"
+ * the region (hands_nothing_on), each -1 otherwise) and "said" the calls
+ * to log and rewrite (boundary not ""); the caller words the lines.
  * On GODDP_OK, *reply is released with goddp_string_free; on error it stays
  * NULL. GODDP_ERR_INVALID_CONFIG for a request that is not of that shape,
  * or a bucket plan with negative bytes or count or a cap below 1;

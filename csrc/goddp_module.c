@@ -197,6 +197,24 @@ static int get_int64(PyObject *d, const char *what, const char *key, int64_t *ou
     return 0;
 }
 
+/* Reads the cap d[key] (present: keys were checked): None is
+ * GODDP_CAP_NOT_GIVEN, the one place where the shim's "not given" becomes
+ * the ABI's (Note [Cap defaults] in planner/settings.go); a given cap may
+ * not be that value. Other values are the planner's to judge. */
+static int get_cap(PyObject *d, const char *what, const char *key, int64_t *out) {
+    if (PyDict_GetItemString(d, key) == Py_None) { /* borrowed; cannot raise */
+        *out = GODDP_CAP_NOT_GIVEN;
+        return 0;
+    }
+    if (get_int64(d, what, key, out) < 0) return -1;
+    if (*out == GODDP_CAP_NOT_GIVEN) {
+        PyErr_Format(PyExc_ValueError, "%s['%s'] is %d bytes; a cap must be > 0 (None: not given)", what, key,
+                     GODDP_CAP_NOT_GIVEN);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Graph arrays                                                            */
 
@@ -300,7 +318,7 @@ static const char *const config_keys[] = {
 
 /* The keys of config['ddp'], goddp_ddp's fields (the first two required). */
 static const char *const ddp_keys[] = {
-    "bucket_cap_bytes", "first_bucket_cap_bytes", /* None: -1, this torch keeps none */
+    "bucket_cap_bytes", "first_bucket_cap_bytes", /* the first None: this torch keeps none */
     "bucket_caps_bytes", "flags", "num_params",   /* optional: (), 0, 0 */
 };
 #define NUM_DDP_KEYS (sizeof ddp_keys / sizeof ddp_keys[0])
@@ -314,8 +332,8 @@ static const char *const plan_keys[] = {
     "alignment",            "ddp_caps",             "merged_cuts",
     /* ABI 6: the decisions */
     "bucket_cap_bytes",     "first_bucket_cap_bytes", "bucket_caps_bytes",  "max_pieces",
-    "align_buckets",        "bucket_order",         "align_reason",         "align_detail",
-    "alignment_name",       "num_counted_params",   "piece_param_offsets",  "piece_params",
+    "align_buckets",        "bucket_order",         "align_reason",         "aligned_params",
+    "num_counted_params",   "piece_param_offsets",  "piece_params",
     "eager_pieces",         "node_block_ids",
     /* ABI 8 */
     "ddp_bucket_order",
@@ -685,11 +703,7 @@ static int ddp_from_dict(PyObject *d, goddp_ddp *ddp, int64_t **caps) {
     int64_t v;
     if (get_int64(d, what, "bucket_cap_bytes", &v) < 0) return -1;
     ddp->bucket_cap_bytes = v;
-    ddp->first_bucket_cap_bytes = -1;
-    if (PyDict_GetItemString(d, "first_bucket_cap_bytes") != Py_None) {
-        if (get_int64(d, what, "first_bucket_cap_bytes", &v) < 0) return -1;
-        ddp->first_bucket_cap_bytes = v;
-    }
+    if (get_cap(d, what, "first_bucket_cap_bytes", &ddp->first_bucket_cap_bytes) < 0) return -1;
     PyObject *caps_obj = PyDict_GetItemString(d, "bucket_caps_bytes");
     if (caps_obj != NULL && caps_obj != Py_None) {
         int64_t n;
@@ -729,21 +743,10 @@ static int config_from_dict(PyObject *config, goddp_config *cfg, struct config_s
         return -1;
     }
     cfg->mode = (int32_t)mode;
-    /* None: the planner fills the cap in (GODDP_DEFAULT_*). */
-    cfg->defaults = 0;
-    if (PyDict_GetItemString(config, "bucket_cap_bytes") == Py_None) {
-        cfg->defaults |= GODDP_DEFAULT_BUCKET_CAP;
-    } else {
-        int64_t cap;
-        if (get_int64(config, "config", "bucket_cap_bytes", &cap) < 0) return -1;
-        cfg->bucket_cap_bytes = cap;
-    }
-    if (PyDict_GetItemString(config, "first_bucket_cap_bytes") == Py_None) {
-        cfg->defaults |= GODDP_DEFAULT_FIRST_BUCKET_CAP;
-    } else {
-        int64_t first_cap;
-        if (get_int64(config, "config", "first_bucket_cap_bytes", &first_cap) < 0) return -1;
-        cfg->first_bucket_cap_bytes = first_cap;
+    /* None: the planner fills the cap in. */
+    if (get_cap(config, "config", "bucket_cap_bytes", &cfg->bucket_cap_bytes) < 0 ||
+        get_cap(config, "config", "first_bucket_cap_bytes", &cfg->first_bucket_cap_bytes) < 0) {
+        return -1;
     }
     int64_t max_pieces;
     if (get_int64(config, "config", "max_pieces", &max_pieces) < 0) return -1;
@@ -806,16 +809,6 @@ static int set_int(PyObject *d, const char *key, PyObject *v) {
     return rc;
 }
 
-/* d[key] = str of the NUL-terminated UTF-8 s (lenient: a Go string may in
- * principle hold bytes that are not UTF-8). */
-static int set_string(PyObject *d, const char *key, const char *s) {
-    if (s == NULL) {
-        PyErr_Format(PyExc_RuntimeError, "goddp: library returned a malformed plan (%s is NULL)", key);
-        return -1;
-    }
-    return set_int(d, key, PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace"));
-}
-
 /* The last offset of a CSR offsets array of count + 1 entries. */
 static int64_t csr_total(const int64_t *offsets, int64_t count) { return offsets == NULL ? -1 : offsets[count]; }
 
@@ -856,11 +849,10 @@ static PyObject *plan_to_dict(const goddp_plan *p) {
         set_int(d, "align_buckets", PyBool_FromLong(p->align_buckets)) < 0 ||
         set_int(d, "bucket_order", PyLong_FromLong((long)p->bucket_order)) < 0 ||
         set_int(d, "align_reason", PyLong_FromLong((long)p->align_reason)) < 0 ||
+        set_int(d, "aligned_params", PyLong_FromLongLong(p->aligned_params)) < 0 ||
         set_int(d, "ddp_bucket_order", PyLong_FromLong((long)p->ddp_bucket_order)) < 0 ||
         set_int(d, "block_runs", PyBool_FromLong(p->block_runs)) < 0 ||
         set_int(d, "checkpoint_regions", PyBool_FromLong(p->checkpoint_regions)) < 0 ||
-        set_string(d, "align_detail", p->align_detail) < 0 ||
-        set_string(d, "alignment_name", p->alignment_name) < 0 ||
         set_int(d, "num_counted_params", PyLong_FromLongLong(p->num_counted_params)) < 0 ||
         set_bytes(d, "piece_param_offsets", p->piece_param_offsets, np + 1, sizeof(int64_t)) < 0 ||
         set_bytes(d, "piece_params", p->piece_params, csr_total(p->piece_param_offsets, np), sizeof(int32_t)) < 0 ||
@@ -889,7 +881,8 @@ PyDoc_STRVAR(plan_graph_doc,
              "config['align_buckets'] (bool or int) and config['bucket_order'] are optional and\n"
              "default to 0, and graph['param_ddp_positions'] is optional (absent or None: NULL);\n"
              "ABI 6: config['bucket_cap_bytes'] and ['first_bucket_cap_bytes'] may be None (the\n"
-             "planner fills them in), config['block_cuts'], ['edges'] and ['ddp'] (a dict of\n"
+             "planner fills them in; ABI 11: a cap is None or > 0, never GODDP_CAP_NOT_GIVEN),\n"
+             "config['block_cuts'], ['edges'] and ['ddp'] (a dict of\n"
              "DDP_KEYS, goddp_ddp's fields, or None) are optional, and so are the graph's module\n"
              "stacks (module_string_offsets, module_strings, node_stack_offsets, node_stack_paths,\n"
              "node_stack_types: all or none); ABI 7: graph['node_weights'] is optional (absent or\n"
@@ -899,7 +892,7 @@ PyDoc_STRVAR(plan_graph_doc,
              "optional. The reply's ABI 6 keys are the decisions: the\n"
              "settings the plan stands for (bucket_cap_bytes, first_bucket_cap_bytes,\n"
              "bucket_caps_bytes, max_pieces, align_buckets, bucket_order), align_reason and\n"
-             "align_detail (str), alignment_name (str), num_counted_params, piece_param_offsets\n"
+             "(ABI 11) aligned_params, num_counted_params, piece_param_offsets\n"
              "and piece_params, eager_pieces, node_block_ids (bytes, or None without blocks);\n"
              "arrays are buffers\n"
              "of native integers (int32: array('i'), int64: array('q'), uint8: bytes,\n"
@@ -1334,6 +1327,10 @@ static int add_constants(PyObject *m) {
         {"MODE_TORCH", GODDP_MODE_TORCH},
         {"ORDER_READY", GODDP_ORDER_READY},
         {"ORDER_DECLARATION", GODDP_ORDER_DECLARATION},
+        {"ALIGN_NONE", GODDP_ALIGN_NONE},
+        {"ALIGN_READY", GODDP_ALIGN_READY},
+        {"ALIGN_DECLARATION", GODDP_ALIGN_DECLARATION},
+        {"ALIGN_DECLARATION_MERGED", GODDP_ALIGN_DECLARATION_MERGED},
         {"REASON_ALIGNED", GODDP_REASON_ALIGNED},
         {"REASON_OFF", GODDP_REASON_OFF},
         {"REASON_NOT_COVERED", GODDP_REASON_NOT_COVERED},
@@ -1347,6 +1344,7 @@ static int add_constants(PyObject *m) {
         {"REASON_BUILTIN_COMM_HOOK", GODDP_REASON_BUILTIN_COMM_HOOK},
         {"REASON_DELAYED_ALLREDUCE", GODDP_REASON_DELAYED_ALLREDUCE},
         {"REASON_PARAM_GROUPS", GODDP_REASON_PARAM_GROUPS},
+        {"CAP_NOT_GIVEN", GODDP_CAP_NOT_GIVEN},
         {"EDGES_COMPILE", GODDP_EDGES_COMPILE},
         {"EDGES_AUTO", GODDP_EDGES_AUTO},
         {"EDGES_EAGER", GODDP_EDGES_EAGER},

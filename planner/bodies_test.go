@@ -223,8 +223,8 @@ func checkpointedBlocks() (*Graph, bodyCase) {
 
 func TestDecideThroughBodies(t *testing.T) {
 	g, c := checkpointedBlocks()
-	set := Settings{Mode: ModeDDP, BlockCuts: true, Edges: EdgesAuto, UserBucketCapBytes: 100, UserBucketCapGiven: true,
-		UserFirstBucketCapBytes: 100, UserFirstBucketCapGiven: true}
+	set := Settings{Mode: ModeDDP, BlockCuts: true, Edges: EdgesAuto, UserBucketCapBytes: 100,
+		UserFirstBucketCapBytes: 100}
 	dec, err := Decide(&Request{Graph: g, Stacks: c.table(false), Settings: set})
 	require.NoError(t, err)
 	want := []int32{-1, -1}

@@ -1,9 +1,6 @@
 package planner
 
-import (
-	"fmt"
-	"strconv"
-)
+import "strconv"
 
 // Note [Checkpoint regions]
 //
@@ -51,8 +48,9 @@ import (
 // Said. A call with fewer than two blocks that is not tried at buckets
 // (not planned, no DDP parameter, or its plan makes one piece) has nothing
 // to split and nothing to say (SplitReply.Said leaves it out); every other
-// call gets one INFO line (CheckpointSplit.Describe) naming the boundaries
-// tried and, for buckets, the parameter bytes against the cap.
+// call gets one INFO line, which the caller words from the decision (the
+// boundaries tried, the code and the node or region it names) and, for
+// buckets, from its own plan's parameter bytes against the cap.
 
 // BodyNodeKind is what a checkpoint body node is, as its FX op says.
 type BodyNodeKind uint8
@@ -76,11 +74,8 @@ type BodyNode struct {
 	// Writes is the node it writes in place (-1: none).
 	Writes int32
 	// Carries: its value may cross a cut (a tensor, a symbolic or Python
-	// number); TypeName names the value's type when it may not.
-	Carries  bool
-	TypeName string
-	// Op is the op's name as the INFO line writes it.
-	Op string
+	// number).
+	Carries bool
 	// What the caller reads from torch: a random op, a grad-mode or
 	// autocast change, a nested higher-order op.
 	Random, StateChange, Nested bool
@@ -184,9 +179,13 @@ type CheckpointSplit struct {
 	// output); nil when the call is kept whole.
 	NodeRegion []int32
 	Regions    []CheckpointRegion
-	Code       KeptWhole
-	Reason     string
-	Describe   string // the INFO line
+	// Code says why the call stays whole; Node is the body node that
+	// reason names (WholeRandom: the op, WholeNotCarried: the value,
+	// WholeMutation: the writer) and Region the region (WholeNothingOn),
+	// each -1 otherwise.
+	Code   KeptWhole
+	Node   int32
+	Region int
 }
 
 // SplitReply is a question, or the decision: per call what is done with
@@ -297,16 +296,14 @@ func bodyBlocks(c *CheckpointCall) int {
 // splitCall decides one call; byBuckets: its body's bucket plan (if it has
 // one that says regions) groups its nodes instead of its blocks.
 func splitCall(c *CheckpointCall, byBuckets bool) CheckpointSplit {
-	s := CheckpointSplit{Boundary: "block", Blocks: bodyBlocks(c)}
+	s := CheckpointSplit{Boundary: "block", Blocks: bodyBlocks(c), Node: -1, Region: -1}
 	group := func(j int) int32 { return c.Nodes[j].Block }
 	if s.Blocks < 2 && byBuckets && c.Buckets != nil && c.Buckets.Regions {
 		s.Boundary = "bucket"
 		group = func(j int) int32 { return c.Buckets.Pieces[j] }
 	}
-	if code, reason := callBlocker(c, s.Boundary == "bucket" || s.Blocks >= 2); code != SplitDone {
-		s.Code, s.Reason = code, reason
-	} else {
-		s.NodeRegion, s.Regions, s.Code, s.Reason = regionsOf(c, group)
+	if s.Code, s.Node = callBlocker(c, s.Boundary == "bucket" || s.Blocks >= 2); s.Code == SplitDone {
+		s.NodeRegion, s.Regions, s.Code, s.Node, s.Region = regionsOf(c, group)
 	}
 	if s.Code != SplitDone {
 		s.NodeRegion, s.Regions = nil, nil
@@ -314,43 +311,43 @@ func splitCall(c *CheckpointCall, byBuckets bool) CheckpointSplit {
 			s.Boundary = ""
 		}
 	}
-	s.Describe = describeSplit(c, &s)
 	return s
 }
 
 // callBlocker is the first reason, before any region is drawn, that keeps
-// the call whole (Note [Checkpoint regions]).
-func callBlocker(c *CheckpointCall, groups bool) (KeptWhole, string) {
+// the call whole (Note [Checkpoint regions]), and the node it names (-1:
+// none).
+func callBlocker(c *CheckpointCall, groups bool) (KeptWhole, int32) {
 	switch {
 	case !groups:
-		return WholeFewBlocks, "its body holds fewer than two blocks"
+		return WholeFewBlocks, -1
 	case !c.IndexedOnly:
-		return WholeResultUsed, "its result is used other than by indexing"
+		return WholeResultUsed, -1
 	case c.PolicyFunction:
-		return WholePolicy, "its selective-checkpoint policy is a function, which may keep state across the checkpoint's ops " +
-			"(a list of ops to save would be carried over to each region)"
+		return WholePolicy, -1
 	}
-	for _, n := range c.Nodes {
+	for j, n := range c.Nodes {
 		if n.Kind != BodyCompute && n.Kind != BodyGetAttr {
 			continue
 		}
 		switch {
 		case n.Random:
-			return WholeRandom, fmt.Sprintf("it holds a random op (%s), whose saved RNG state would move", n.Op)
+			return WholeRandom, int32(j)
 		case n.StateChange:
-			return WholeStateChange, "it changes grad mode or autocast inside, a state that would cross the cut"
+			return WholeStateChange, -1
 		case n.Nested:
-			return WholeNested, "it holds a nested higher-order op"
+			return WholeNested, -1
 		}
 	}
-	return SplitDone, ""
+	return SplitDone, -1
 }
 
 // regionsOf draws the regions (Note [Checkpoint regions]) and their
-// crossings, or says why the call stays whole.
-func regionsOf(c *CheckpointCall, group func(int) int32) ([]int32, []CheckpointRegion, KeptWhole, string) {
+// crossings, or says why the call stays whole (with the node or region the
+// reason names, -1: none).
+func regionsOf(c *CheckpointCall, group func(int) int32) (where []int32, regions []CheckpointRegion, code KeptWhole, node int32, region int) {
 	nodes := c.Nodes
-	where := make([]int32, len(nodes))
+	where = make([]int32, len(nodes))
 	users := make([][]int32, len(nodes))
 	for j, n := range nodes {
 		where[j] = -1
@@ -383,7 +380,7 @@ func regionsOf(c *CheckpointCall, group func(int) int32) ([]int32, []CheckpointR
 		}
 		where[j] = max(k, 0)
 	}
-	regions := make([]CheckpointRegion, count)
+	regions = make([]CheckpointRegion, count)
 	for k := range regions {
 		r := &regions[k]
 		for j, n := range nodes {
@@ -397,16 +394,16 @@ func regionsOf(c *CheckpointCall, group func(int) int32) ([]int32, []CheckpointR
 				value := &nodes[v]
 				switch {
 				case where[v] > int32(k):
-					return nil, nil, WholeReadEarly, "a value is read before the region that makes it"
+					return nil, nil, WholeReadEarly, -1, -1
 				case value.Kind == BodyGetAttr:
-					return nil, nil, WholeAttribute, "a body attribute is read on both sides of a cut"
+					return nil, nil, WholeAttribute, -1, -1
 				case value.Kind != BodyPlaceholder && !value.Carries:
-					return nil, nil, WholeNotCarried, fmt.Sprintf("a %s value would cross a cut", value.TypeName)
+					return nil, nil, WholeNotCarried, v, -1
 				}
 				r.Inputs = append(r.Inputs, v)
 			}
 			if w := n.Writes; w >= 0 && where[w] != int32(k) {
-				return nil, nil, WholeMutation, n.Op + " writes a value from before its region, across a cut"
+				return nil, nil, WholeMutation, int32(j), -1
 			}
 			later := n.Returned
 			for _, u := range users[j] {
@@ -417,10 +414,10 @@ func regionsOf(c *CheckpointCall, group func(int) int32) ([]int32, []CheckpointR
 			}
 		}
 		if len(r.Outputs) == 0 {
-			return nil, nil, WholeNothingOn, fmt.Sprintf("its region %d hands nothing on", k)
+			return nil, nil, WholeNothingOn, -1, k
 		}
 	}
-	return where, regions, SplitDone, ""
+	return where, regions, SplitDone, -1, -1
 }
 
 func containsInt32(xs []int32, x int32) bool {
@@ -430,31 +427,4 @@ func containsInt32(xs []int32, x int32) bool {
 		}
 	}
 	return false
-}
-
-// describeSplit is the INFO line for s; one tried at buckets names the
-// parameter bytes against the cap.
-func describeSplit(c *CheckpointCall, s *CheckpointSplit) string {
-	name := pyRepr(c.Name)
-	if s.Boundary == "bucket" {
-		b := c.Buckets
-		holds := fmt.Sprintf("goddp: the checkpoint %s holds %s of DDP's parameters, %d buckets under the %s bucket cap",
-			name, mibShort(b.ParamBytes), b.Buckets, mibShort(b.CapBytes))
-		if s.NodeRegion != nil {
-			return fmt.Sprintf("%s: split into %d checkpoint regions at bucket boundaries (the values crossing each cut are saved)",
-				holds, len(s.Regions))
-		}
-		return holds + ", but is kept whole, so its buckets cannot overlap: " + s.Reason
-	}
-	if s.NodeRegion != nil {
-		return fmt.Sprintf("goddp: the checkpoint %s spans %d blocks: split into %d checkpoint regions at block boundaries "+
-			"(one saved activation per cut)", name, s.Blocks, len(s.Regions))
-	}
-	return fmt.Sprintf("goddp: the checkpoint %s spans %d blocks but is kept whole, so its blocks' buckets cannot overlap: %s",
-		name, s.Blocks, s.Reason)
-}
-
-// mibShort writes a byte count as Python's f"{n / 2**20:.3g} MiB" does.
-func mibShort(n int64) string {
-	return fmt.Sprintf("%.3g MiB", float64(n)/(1<<20))
 }

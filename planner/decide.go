@@ -1,9 +1,6 @@
 package planner
 
-import (
-	"fmt"
-	"slices"
-)
+import "slices"
 
 // This file is the planner's one entry point for a caller that holds a
 // graph and the user's and DDP's settings: Decide makes, in one call, every
@@ -64,39 +61,6 @@ const (
 	ReasonParamGroups      AlignReason = 12
 )
 
-// String is the reason as plan records and logs say it.
-func (r AlignReason) String() string {
-	switch r {
-	case ReasonAligned:
-		return "aligned"
-	case ReasonOff:
-		return "off (align_buckets=False or mode='torch')"
-	case ReasonNotCovered:
-		return "the graph does not use all of DDP's parameters"
-	case ReasonOnePiece:
-		return "one piece: nothing to align"
-	case ReasonNoParams:
-		return "no parameters in this graph"
-	case ReasonNoPerBucketCaps:
-		return "this torch's DDP has no per-bucket caps (needs torch >= 2.9)"
-	case ReasonPythonReducer:
-		return "DDP uses the Python reducer, which has no per-bucket caps"
-	case ReasonStaticGraph:
-		return "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp"
-	case ReasonMixedPrecision:
-		return "DDP mixed precision is on"
-	case ReasonBuiltinCommHook:
-		return "a built-in comm hook is registered"
-	case ReasonDelayedAllReduce:
-		return "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets"
-	case ReasonParamGroups:
-		return "parameters span several (dtype, device) groups; DDP buckets each group apart"
-	case ReasonPartOfForward:
-		return "the graph holds part of DDP's parameters: planned with the forward's other graphs"
-	}
-	return "unknown"
-}
-
 // Decision is Decide's answer.
 type Decision struct {
 	Plan *Plan
@@ -107,9 +71,12 @@ type Decision struct {
 	// own buckets may follow another: under find_unused_parameters it
 	// keeps declaration order).
 	Config Config
-	// AlignReason, with AlignDetail the words for it (counts included).
+	// AlignReason says whether DDP's buckets are the pieces, and if not
+	// why; the caller words it.
 	AlignReason AlignReason
-	AlignDetail string
+	// AlignedParams (ReasonNotCovered, ReasonPartOfForward): the parameters
+	// the aligned buckets hold, against DDPSettings.NumParams.
+	AlignedParams int
 	// CountedParams counts the parameters of the table that DDP reduces
 	// (RequiresGrad, not Ignored), used by the graph or not.
 	CountedParams int
@@ -203,7 +170,7 @@ func (d *decider) parameterFree() {
 	cfg := d.s.resolve(false)
 	pl.Fingerprint = fingerprint(g, &cfg, pl)
 	d.out.Plan, d.out.Config = pl, cfg
-	d.out.AlignReason, d.out.AlignDetail = ReasonNoParams, ReasonNoParams.String()
+	d.out.AlignReason = ReasonNoParams
 	d.out.PieceParams = make([][]int32, pl.NumPieces)
 }
 
@@ -236,48 +203,46 @@ func (d *decider) checkStacks() error {
 func (d *decider) plan() error {
 	s := d.s
 	if !s.AlignBuckets {
-		return d.build(s.resolve(false), ReasonOff, "")
+		return d.build(s.resolve(false), ReasonOff)
 	}
 	if s.DDP != nil {
 		if r := s.DDP.refusal(); r != ReasonAligned {
-			return d.build(s.resolve(false), r, "")
+			return d.build(s.resolve(false), r)
 		}
 	}
-	if err := d.build(s.resolve(true), ReasonAligned, ""); err != nil || s.DDP == nil {
+	if err := d.build(s.resolve(true), ReasonAligned); err != nil || s.DDP == nil {
 		return err
 	}
 	if planned, covered, err := d.covers(); err != nil {
 		return err
 	} else if !covered {
-		detail := fmt.Sprintf("the graph uses %d of DDP's %d parameters (a graph break, or parameters used outside this graph); DDP buckets the whole model",
-			planned, s.DDP.NumParams)
 		if d.partOnly && d.out.Config.BucketOrder == OrderReady && len(d.out.Plan.Buckets) > 0 {
 			d.out.Config.AlignBuckets = false
-			d.out.AlignReason = ReasonPartOfForward
-			d.out.AlignDetail = detail + "; planned with the forward's other graphs at the module's next training call"
+			d.out.AlignReason, d.out.AlignedParams = ReasonPartOfForward, planned
 			return nil
 		}
-		return d.build(s.resolve(false), ReasonNotCovered, detail)
+		if err := d.build(s.resolve(false), ReasonNotCovered); err != nil {
+			return err
+		}
+		d.out.AlignedParams = planned
+		return nil
 	}
 	if d.out.Plan.NumPieces <= 1 {
 		pl := d.out.Plan
 		pl.Alignment, pl.DDPCaps = AlignNone, nil
 		d.out.Config.AlignBuckets, d.out.Config.BucketOrder = false, OrderReady
-		d.out.AlignReason, d.out.AlignDetail = ReasonOnePiece, ReasonOnePiece.String()
+		d.out.AlignReason = ReasonOnePiece
 	}
 	return nil
 }
 
 // build plans under cfg and records the outcome.
-func (d *decider) build(cfg Config, reason AlignReason, detail string) error {
+func (d *decider) build(cfg Config, reason AlignReason) error {
 	pl, err := Build(&d.g, cfg)
 	if err != nil {
 		return err
 	}
-	if detail == "" && reason != ReasonAligned {
-		detail = reason.String()
-	}
-	d.out.Plan, d.out.Config, d.out.AlignReason, d.out.AlignDetail = pl, cfg, reason, detail
+	d.out.Plan, d.out.Config, d.out.AlignReason = pl, cfg, reason
 	return nil
 }
 

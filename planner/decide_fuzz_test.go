@@ -24,10 +24,10 @@ func decodeFuzzRequest(data []byte) *Request {
 		BlockCuts:    cfg.Mode == ModeDDP && s.chance(220),
 	}
 	if s.chance(160) {
-		set.UserBucketCapBytes, set.UserBucketCapGiven = cfg.BucketCapBytes, true
+		set.UserBucketCapBytes = cfg.BucketCapBytes
 	}
 	if s.chance(128) {
-		set.UserFirstBucketCapBytes, set.UserFirstBucketCapGiven = cfg.FirstBucketCapBytes, true
+		set.UserFirstBucketCapBytes = cfg.FirstBucketCapBytes
 	}
 	if s.chance(64) {
 		set.UserBucketCapsBytes = cfg.BucketCapsBytes
@@ -36,7 +36,7 @@ func decodeFuzzRequest(data []byte) *Request {
 		d := &DDPSettings{
 			BucketCapBytes:       int64(1 + s.intn(400)),
 			CapIsDefault:         s.chance(64),
-			FirstBucketCapBytes:  -1,
+			FirstBucketCapBytes:  CapNotGiven,
 			FindUnusedParameters: s.chance(100),
 			StaticGraph:          s.chance(40),
 			NoPerBucketCaps:      s.chance(12),

@@ -17,9 +17,7 @@ func settingsFor(cfg Config, blockCuts bool) Settings {
 	return Settings{
 		Mode:                    cfg.Mode,
 		UserBucketCapBytes:      cfg.BucketCapBytes,
-		UserBucketCapGiven:      true,
 		UserFirstBucketCapBytes: cfg.FirstBucketCapBytes,
-		UserFirstBucketCapGiven: true,
 		UserBucketCapsBytes:     cfg.BucketCapsBytes,
 		MaxPieces:               cfg.MaxPieces,
 		AlignBuckets:            cfg.AlignBuckets,
@@ -30,7 +28,7 @@ func settingsFor(cfg Config, blockCuts bool) Settings {
 
 // defaultDDP is a DDP module built with every default.
 func defaultDDP() *DDPSettings {
-	return &DDPSettings{BucketCapBytes: 25 * mib, CapIsDefault: true, FirstBucketCapBytes: -1}
+	return &DDPSettings{BucketCapBytes: 25 * mib, CapIsDefault: true, FirstBucketCapBytes: CapNotGiven}
 }
 
 func TestResolveCaps(t *testing.T) {
@@ -40,7 +38,7 @@ func TestResolveCaps(t *testing.T) {
 		return d
 	}
 	userCap := func(s Settings, c int64) Settings {
-		s.UserBucketCapBytes, s.UserBucketCapGiven = c, true
+		s.UserBucketCapBytes = c
 		return s
 	}
 	cases := []struct {
@@ -66,7 +64,7 @@ func TestResolveCaps(t *testing.T) {
 		{"the user's first cap",
 			func() Settings {
 				s := userCap(Settings{DDP: defaultDDP()}, mib/2)
-				s.UserFirstBucketCapBytes, s.UserFirstBucketCapGiven = mib/4, true
+				s.UserFirstBucketCapBytes = mib / 4
 				return s
 			}(), mib / 2, mib / 4, nil},
 		{"DDP's per-bucket caps",
@@ -140,15 +138,13 @@ func TestDecideRejects(t *testing.T) {
 		code ErrorCode
 		want string
 	}{
-		{"zero user cap", Settings{UserBucketCapGiven: true}, ErrInvalidConfig, "the user's bucket cap is 0 bytes; it must be > 0"},
-		{"negative user cap", Settings{UserBucketCapBytes: -5, UserBucketCapGiven: true}, ErrInvalidConfig, "the user's bucket cap is -5 bytes"},
-		{"zero user first cap", Settings{UserFirstBucketCapGiven: true}, ErrInvalidConfig, "the user's first-bucket cap is 0 bytes"},
-		{"user first cap above the cap", Settings{UserBucketCapBytes: 10, UserBucketCapGiven: true, UserFirstBucketCapBytes: 20, UserFirstBucketCapGiven: true},
+		{"negative user cap", Settings{UserBucketCapBytes: -5}, ErrInvalidConfig, "the user's bucket cap is -5 bytes; it must be > 0"},
+		{"negative user first cap", Settings{UserFirstBucketCapBytes: -1}, ErrInvalidConfig, "the user's first-bucket cap is -1 bytes; it must be > 0"},
+		{"user first cap above the cap", Settings{UserBucketCapBytes: 10, UserFirstBucketCapBytes: 20},
 			ErrInvalidConfig, "FirstBucketCapBytes (20) must not exceed BucketCapBytes (10)"},
 		{"zero per-bucket cap", Settings{UserBucketCapsBytes: []int64{3, 0}}, ErrInvalidConfig, "BucketCapsBytes[1] must be > 0"},
 		{"zero DDP cap", ddp(func(d *DDPSettings) { d.BucketCapBytes = 0 }), ErrInvalidConfig, "DDP's bucket cap is 0 bytes"},
-		{"zero DDP first cap", ddp(func(d *DDPSettings) { d.FirstBucketCapBytes = 0 }), ErrInvalidConfig, "DDP's first-bucket cap is 0 bytes; it must be > 0, or -1"},
-		{"DDP first cap -2", ddp(func(d *DDPSettings) { d.FirstBucketCapBytes = -2 }), ErrInvalidConfig, "DDP's first-bucket cap is -2 bytes"},
+		{"DDP first cap -1", ddp(func(d *DDPSettings) { d.FirstBucketCapBytes = -1 }), ErrInvalidConfig, "DDP's first-bucket cap is -1 bytes; it must be > 0, or 0 when the module keeps none"},
 		{"zero DDP per-bucket cap", ddp(func(d *DDPSettings) { d.BucketCapsBytes = []int64{0} }), ErrInvalidConfig, "DDP's per-bucket cap 0 is 0 bytes"},
 		{"negative DDP parameter count", ddp(func(d *DDPSettings) { d.NumParams = -1 }), ErrInvalidConfig, "DDP's parameter count is -1"},
 		{"explicit order with DDP", func() Settings { s := ddp(func(*DDPSettings) {}); s.BucketOrder = OrderDeclaration; return s }(),
@@ -223,8 +219,8 @@ func alignedDDP(g *Graph, extra int, change func(d *DDPSettings)) Settings {
 		change(d)
 	}
 	s := Settings{AlignBuckets: true, DDP: d}
-	s.UserBucketCapBytes, s.UserBucketCapGiven = 45000, true
-	s.UserFirstBucketCapBytes, s.UserFirstBucketCapGiven = 20, true
+	s.UserBucketCapBytes = 45000
+	s.UserFirstBucketCapBytes = 20
 	return s
 }
 
@@ -234,7 +230,7 @@ func TestDecideAlignment(t *testing.T) {
 		dec, err := Decide(&Request{Graph: g, Settings: alignedDDP(g, 0, nil)})
 		require.NoError(t, err)
 		assert.Equal(t, ReasonAligned, dec.AlignReason)
-		assert.Equal(t, "", dec.AlignDetail)
+		assert.Zero(t, dec.AlignedParams)
 		assert.True(t, dec.Config.AlignBuckets)
 		assert.Equal(t, AlignReady, dec.Plan.Alignment)
 		require.Greater(t, dec.Plan.NumPieces, 1)
@@ -248,7 +244,7 @@ func TestDecideAlignment(t *testing.T) {
 		dec, err := Decide(&Request{Graph: g, Settings: settings})
 		require.NoError(t, err)
 		assert.Equal(t, ReasonPartOfForward, dec.AlignReason)
-		assert.Contains(t, dec.AlignDetail, fmt.Sprintf("the graph uses 8 of DDP's %d parameters", settings.DDP.NumParams))
+		assert.Equal(t, 8, dec.AlignedParams, "of DDP's %d", settings.DDP.NumParams)
 		want, err := Build(g, settings.resolve(true))
 		require.NoError(t, err)
 		assert.Equal(t, want.Buckets, dec.Plan.Buckets)
@@ -273,7 +269,7 @@ func TestDecideAlignment(t *testing.T) {
 			dec, err := Decide(&Request{Graph: g, Settings: settings})
 			require.NoError(t, err, name)
 			assert.Equal(t, ReasonNotCovered, dec.AlignReason, name)
-			assert.Contains(t, dec.AlignDetail, fmt.Sprintf("the graph uses 8 of DDP's %d parameters", settings.DDP.NumParams), name)
+			assert.Equal(t, 8, dec.AlignedParams, name)
 			unaligned := settings.resolve(false)
 			want, err := Build(g, unaligned)
 			require.NoError(t, err)
@@ -288,7 +284,7 @@ func TestDecideAlignment(t *testing.T) {
 		dec, err := Decide(&Request{Graph: g, Settings: s})
 		require.NoError(t, err)
 		assert.Equal(t, ReasonOnePiece, dec.AlignReason)
-		assert.Equal(t, "one piece: nothing to align", dec.AlignDetail)
+		assert.Zero(t, dec.AlignedParams)
 		assert.Equal(t, 1, dec.Plan.NumPieces)
 		assert.Equal(t, AlignNone, dec.Plan.Alignment)
 		assert.Empty(t, dec.Plan.DDPCaps)
@@ -482,8 +478,8 @@ func renderDecision(g *Graph, names []string, dec *Decision) string {
 		}
 		return "[" + strings.Join(out, " ") + "]"
 	}
-	fmt.Fprintf(&s, "decision: order=%d align=%s (%s) alignment=%q ddp_caps=%v merged_cuts=%d counted=%d\n",
-		dec.Config.BucketOrder, dec.AlignReason, dec.AlignDetail, dec.Plan.Alignment.String(), dec.Plan.DDPCaps,
+	fmt.Fprintf(&s, "decision: order=%d align=%d (aligned params %d) alignment=%q ddp_caps=%v merged_cuts=%d counted=%d\n",
+		dec.Config.BucketOrder, dec.AlignReason, dec.AlignedParams, dec.Plan.Alignment.String(), dec.Plan.DDPCaps,
 		dec.Plan.MergedCuts, dec.CountedParams)
 	for p, ps := range dec.PieceParams {
 		fmt.Fprintf(&s, "piece %d params: %s\n", p, paramNames(ps))
@@ -593,8 +589,8 @@ func TestDecideParameterFree(t *testing.T) {
 		b.output(z)
 		return b.graph()
 	}
-	firstAboveCap := Settings{UserFirstBucketCapBytes: 30 * mib, UserFirstBucketCapGiven: true, AlignBuckets: true, DDP: defaultDDP()}
-	zeroDDPCap := Settings{DDP: &DDPSettings{FirstBucketCapBytes: -1}}
+	firstAboveCap := Settings{UserFirstBucketCapBytes: 30 * mib, AlignBuckets: true, DDP: defaultDDP()}
+	zeroDDPCap := Settings{DDP: &DDPSettings{FirstBucketCapBytes: CapNotGiven}}
 	cases := []struct {
 		name string
 		g    *Graph
@@ -612,7 +608,6 @@ func TestDecideParameterFree(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, 0, dec.CountedParams)
 			assert.Equal(t, ReasonNoParams, dec.AlignReason)
-			assert.Equal(t, "no parameters in this graph", dec.AlignDetail)
 			pl := dec.Plan
 			assert.Equal(t, 1, pl.NumPieces)
 			assert.Empty(t, pl.Buckets)

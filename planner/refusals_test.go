@@ -13,27 +13,25 @@ import (
 // matters.
 func TestAlignmentRefusals(t *testing.T) {
 	facts := []struct {
+		name   string
 		set    func(d *DDPSettings)
 		reason AlignReason
-		words  string
 	}{
-		{func(d *DDPSettings) { d.NoPerBucketCaps = true }, ReasonNoPerBucketCaps, "no per-bucket caps (needs torch >= 2.9)"},
-		{func(d *DDPSettings) { d.PythonReducer = true }, ReasonPythonReducer, "DDP uses the Python reducer"},
-		{func(d *DDPSettings) { d.StaticGraph = true }, ReasonStaticGraph, "static_graph=True"},
-		{func(d *DDPSettings) { d.MixedPrecision = true }, ReasonMixedPrecision, "DDP mixed precision is on"},
-		{func(d *DDPSettings) { d.BuiltinCommHook = true }, ReasonBuiltinCommHook, "a built-in comm hook is registered"},
-		{func(d *DDPSettings) { d.DelaysAllReduce = true }, ReasonDelayedAllReduce, "delay_all_reduce_named_params is set"},
-		{func(d *DDPSettings) { d.SeveralParamGroups = true }, ReasonParamGroups, "several (dtype, device) groups"},
+		{"no per-bucket caps", func(d *DDPSettings) { d.NoPerBucketCaps = true }, ReasonNoPerBucketCaps},
+		{"Python reducer", func(d *DDPSettings) { d.PythonReducer = true }, ReasonPythonReducer},
+		{"static graph", func(d *DDPSettings) { d.StaticGraph = true }, ReasonStaticGraph},
+		{"mixed precision", func(d *DDPSettings) { d.MixedPrecision = true }, ReasonMixedPrecision},
+		{"built-in comm hook", func(d *DDPSettings) { d.BuiltinCommHook = true }, ReasonBuiltinCommHook},
+		{"delayed allreduce", func(d *DDPSettings) { d.DelaysAllReduce = true }, ReasonDelayedAllReduce},
+		{"several param groups", func(d *DDPSettings) { d.SeveralParamGroups = true }, ReasonParamGroups},
 	}
 	for i, f := range facts {
-		t.Run(f.reason.String(), func(t *testing.T) {
+		t.Run(f.name, func(t *testing.T) {
 			g := mlpModel().graph()
 			s := alignedDDP(g, 0, f.set)
 			dec, err := Decide(&Request{Graph: g, Settings: s})
 			require.NoError(t, err)
 			assert.Equal(t, f.reason, dec.AlignReason)
-			assert.Contains(t, dec.AlignDetail, f.words)
-			assert.Equal(t, f.reason.String(), dec.AlignDetail)
 			want, err := Build(g, s.resolve(false))
 			require.NoError(t, err)
 			assert.Equal(t, want, dec.Plan, "the unaligned plan")
@@ -62,16 +60,5 @@ func TestAlignmentRefusals(t *testing.T) {
 		dec, err := Decide(&Request{Graph: g, Settings: alignedDDP(g, 0, nil)})
 		require.NoError(t, err)
 		assert.Equal(t, ReasonAligned, dec.AlignReason)
-	})
-	t.Run("every reason has its own words", func(t *testing.T) {
-		seen := map[string]AlignReason{}
-		for r := ReasonAligned; r <= ReasonParamGroups; r++ {
-			words := r.String()
-			require.NotEqual(t, "unknown", words, "reason %d", r)
-			_, dup := seen[words]
-			require.False(t, dup, "reason %d repeats %q", r, words)
-			seen[words] = r
-		}
-		assert.Equal(t, "unknown", (ReasonParamGroups + 1).String())
 	})
 }

@@ -23,8 +23,8 @@ func TestUniformCapsResolve(t *testing.T) {
 		{"no DDP, nothing given", Settings{}, 25 * mib},
 		{"default DDP (1 MiB first, per-bucket caps)", Settings{DDP: ddp}, 25 * mib},
 		{"DDP's own first cap", Settings{DDP: own}, 8 * mib},
-		{"the user's caps", Settings{UserBucketCapBytes: 3 * mib, UserBucketCapGiven: true,
-			UserFirstBucketCapBytes: mib, UserFirstBucketCapGiven: true, UserBucketCapsBytes: []int64{5}, DDP: ddp}, 3 * mib},
+		{"the user's caps", Settings{UserBucketCapBytes: 3 * mib,
+			UserFirstBucketCapBytes: mib, UserBucketCapsBytes: []int64{5}, DDP: ddp}, 3 * mib},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,14 +80,14 @@ func TestUniformCapsPieces(t *testing.T) {
 		g := chainBody(bytes)
 		capBytes := (1 + r.Int64N(12)) * mib / 4
 		ref, err := Decide(&Request{Graph: g, Settings: Settings{
-			UserBucketCapBytes: capBytes, UserBucketCapGiven: true,
-			UserFirstBucketCapBytes: capBytes, UserFirstBucketCapGiven: true,
+			UserBucketCapBytes:      capBytes,
+			UserFirstBucketCapBytes: capBytes,
 		}})
 		require.NoError(t, err)
 		ddps := []*DDPSettings{
-			{BucketCapBytes: capBytes, CapIsDefault: true, FirstBucketCapBytes: -1},
+			{BucketCapBytes: capBytes, CapIsDefault: true, FirstBucketCapBytes: CapNotGiven},
 			{BucketCapBytes: capBytes, FirstBucketCapBytes: max(capBytes/4, 1)},
-			{BucketCapBytes: capBytes, FirstBucketCapBytes: -1, BucketCapsBytes: []int64{mib / 8, 3 * mib}},
+			{BucketCapBytes: capBytes, FirstBucketCapBytes: CapNotGiven, BucketCapsBytes: []int64{mib / 8, 3 * mib}},
 		}
 		for k, ddp := range ddps {
 			got, err := Decide(&Request{Graph: g, Settings: Settings{DDP: ddp, UniformCaps: true}})
@@ -131,7 +131,7 @@ func TestCheckpointRegions(t *testing.T) {
 		}
 		capBytes := (1 + r.Int64N(12)) * mib / 4
 		for _, uniform := range []bool{false, true} {
-			s := Settings{UserBucketCapBytes: capBytes, UserBucketCapGiven: true, UniformCaps: uniform}
+			s := Settings{UserBucketCapBytes: capBytes, UniformCaps: uniform}
 			d, err := Decide(&Request{Graph: g, Settings: s})
 			require.NoError(t, err)
 			want := uniform && !d.Plan.BlockRuns && d.Plan.NumPieces >= 2

@@ -16,6 +16,8 @@ package planner
 //   - per-bucket caps: the user's; else DDP's, in ModeDDP and only while
 //     the user leaves the bucket cap alone (an overridden cap replaces the
 //     whole cap list, as it does in DDP).
+// A cap the user did not give, or DDP does not keep, is CapNotGiven, here
+// and in the C ABI alike (the shim's None).
 
 const (
 	// DefaultBucketCapBytes is DDP's default bucket_cap_mb (25 MiB).
@@ -23,6 +25,9 @@ const (
 	// DefaultFirstBucketCapBytes is torch.distributed's
 	// _DEFAULT_FIRST_BUCKET_BYTES (1 MiB).
 	DefaultFirstBucketCapBytes = 1 << 20
+	// CapNotGiven is a cap the user did not give, or that DDP does not keep
+	// (Note [Cap defaults]); a given cap is > 0.
+	CapNotGiven = 0
 )
 
 // DDPSettings are a DistributedDataParallel module's own bucket settings
@@ -31,8 +36,9 @@ type DDPSettings struct {
 	BucketCapBytes int64 // bucket_bytes_cap, > 0
 	// CapIsDefault: the module was built with the default bucket_cap_mb.
 	CapIsDefault bool
-	// FirstBucketCapBytes is the module's first-bucket cap, > 0, or -1 when
-	// this torch keeps none (DDP's rule from the cap then applies).
+	// FirstBucketCapBytes is the module's first-bucket cap, > 0, or
+	// CapNotGiven when this torch keeps none (DDP's rule from the cap then
+	// applies).
 	FirstBucketCapBytes  int64
 	BucketCapsBytes      []int64 // its per-bucket caps (torch >= 2.9), DDP order; may be empty
 	FindUnusedParameters bool
@@ -51,16 +57,12 @@ type DDPSettings struct {
 }
 
 // Settings are the inputs of one planning request besides the graph: the
-// user's choices (a zero cap meaning "not given") and, inside a DDP
-// forward, the DDP module's settings.
+// user's choices and, inside a DDP forward, the DDP module's settings.
 type Settings struct {
 	Mode Mode
-	// The user's caps; UserBucketCapGiven and UserFirstBucketCapGiven say
-	// whether each was given (a given cap must be > 0).
+	// The user's caps, CapNotGiven where not given (a given cap must be > 0).
 	UserBucketCapBytes      int64
-	UserBucketCapGiven      bool
 	UserFirstBucketCapBytes int64
-	UserFirstBucketCapGiven bool
 	UserBucketCapsBytes     []int64 // the user's per-bucket caps, DDP order; empty: none
 	MaxPieces               int
 	// AlignBuckets asks for DDP's buckets to be set to the pieces; Decide
@@ -83,10 +85,10 @@ type Settings struct {
 // checkSettings rejects settings that no resolution can make sense of, in
 // the settings' own terms, before any default is filled in.
 func checkSettings(s *Settings) error {
-	if s.UserBucketCapGiven && s.UserBucketCapBytes <= 0 {
+	if s.UserBucketCapBytes < 0 {
 		return errorf(ErrInvalidConfig, "planner: the user's bucket cap is %d bytes; it must be > 0", s.UserBucketCapBytes)
 	}
-	if s.UserFirstBucketCapGiven && s.UserFirstBucketCapBytes <= 0 {
+	if s.UserFirstBucketCapBytes < 0 {
 		return errorf(ErrInvalidConfig, "planner: the user's first-bucket cap is %d bytes; it must be > 0", s.UserFirstBucketCapBytes)
 	}
 	switch s.Edges {
@@ -108,9 +110,9 @@ func checkSettings(s *Settings) error {
 	if d.BucketCapBytes <= 0 {
 		return errorf(ErrInvalidConfig, "planner: DDP's bucket cap is %d bytes; it must be > 0", d.BucketCapBytes)
 	}
-	if d.FirstBucketCapBytes <= 0 && d.FirstBucketCapBytes != -1 {
-		return errorf(ErrInvalidConfig, "planner: DDP's first-bucket cap is %d bytes; it must be > 0, or -1 when the module keeps none",
-			d.FirstBucketCapBytes)
+	if d.FirstBucketCapBytes < 0 {
+		return errorf(ErrInvalidConfig, "planner: DDP's first-bucket cap is %d bytes; it must be > 0, or %d when the module keeps none",
+			d.FirstBucketCapBytes, CapNotGiven)
 	}
 	for i, c := range d.BucketCapsBytes {
 		if c <= 0 {
@@ -133,7 +135,7 @@ func (s *Settings) resolve(align bool) Config {
 	d := s.DDP
 	capBytes := int64(DefaultBucketCapBytes)
 	switch {
-	case s.UserBucketCapGiven:
+	case s.UserBucketCapBytes != CapNotGiven:
 		capBytes = s.UserBucketCapBytes
 	case d != nil:
 		capBytes = d.BucketCapBytes
@@ -148,7 +150,7 @@ func (s *Settings) resolve(align bool) Config {
 	switch {
 	case len(s.UserBucketCapsBytes) > 0:
 		cfg.BucketCapsBytes = s.UserBucketCapsBytes
-	case d != nil && s.Mode == ModeDDP && !s.UserBucketCapGiven && len(d.BucketCapsBytes) > 0:
+	case d != nil && s.Mode == ModeDDP && s.UserBucketCapBytes == CapNotGiven && len(d.BucketCapsBytes) > 0:
 		cfg.BucketCapsBytes = d.BucketCapsBytes
 	}
 	cfg.BucketOrder = s.BucketOrder
@@ -163,7 +165,7 @@ func (s *Settings) resolve(align bool) Config {
 
 // firstCap is the first-bucket cap under bucket cap capBytes.
 func (s *Settings) firstCap(capBytes int64) int64 {
-	if s.UserFirstBucketCapGiven {
+	if s.UserFirstBucketCapBytes != CapNotGiven {
 		return s.UserFirstBucketCapBytes
 	}
 	if s.Mode == ModeTorch {
@@ -179,7 +181,7 @@ func (s *Settings) firstCap(capBytes int64) int64 {
 			first = DefaultFirstBucketCapBytes
 		}
 		first = min(first, d.BucketCapBytes)
-	case !s.UserBucketCapGiven:
+	case s.UserBucketCapBytes == CapNotGiven:
 		first = DefaultFirstBucketCapBytes
 	default:
 		first = capBytes

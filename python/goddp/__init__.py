@@ -41,7 +41,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "backend": ("goddp.backend", None),
-    "plan_graph_module": ("goddp.native.plan", "plan_graph_module"),
+    "plan_graph_module": ("goddp.compile.plan", "plan_graph_module"),
     "GraphPlan": ("goddp.native.plan", "GraphPlan"),
     "BucketInfo": ("goddp.native.plan", "BucketInfo"),
     "last_plans": ("goddp.reports.records", "last_plans"),

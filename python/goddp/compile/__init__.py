@@ -2,6 +2,8 @@
 
 - ``pipeline``: the coordinator (plan, cut, compile the pieces, stitch; or
   the whole graph), each step returning what it made.
+- ``plan``: one graph planned (export's arrays and a request in, the
+  GraphPlan out), ``plan_graph_module``; the request from the options.
 - ``fallback``: the one fallback context, and which exceptions are Dynamo's
   own control flow (never a failure).
 - ``inner``: the inner compiler each piece goes to.

@@ -44,6 +44,7 @@ from goddp.compile.fallback import FellBack, Stages, warn_fallback
 from goddp.compile.inner import inner_name, resolve_inner
 from goddp.compile.notes import PlanFacts, plan_notes, settings_note
 from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
+from goddp.compile.plan import call_planner, decode_plan, plan_graph_module, request_for
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
 from goddp.ddp.refusals import STAND_IN, alignment_facts, could_not_inspect, stand_in_blocker
@@ -55,7 +56,7 @@ from goddp.graph.export import ExportedGraph, body_parameters, export_graph, wit
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
 from goddp.native.extension import REASON_PART_OF_FORWARD
-from goddp.native.plan import MIB, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings, call_planner, decode_plan, plan_graph_module
+from goddp.native.plan import AlignmentFacts, GraphPlan, PlanRequest, PlanSettings
 from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
 from goddp.ranks.forward import Member
@@ -203,7 +204,7 @@ class _DDPGraphCompile:
             placeholder_params=body_parameters(gm, call, body),
         )
         request = dataclasses.replace(self.request(), edges="compile", max_pieces=None, uniform_caps=True)
-        plan = decode_plan(call_planner(exported, request), exported, request.mode)
+        plan = decode_plan(call_planner(exported, request), exported, request)
         if plan.num_counted_params == 0:
             return None
         pieces = [plan.node_pieces.get(node.name, -1) for node in body.graph.nodes]
@@ -214,21 +215,7 @@ class _DDPGraphCompile:
     def request(self, align: bool = False, num_params: int = 0, facts: AlignmentFacts | None = None) -> PlanRequest:
         """What the planner is told besides the graph: the user's options
         (None: not given) and the DDP module's settings."""
-        options = self.options
-
-        def in_bytes(mb: float | None) -> int | None:
-            return None if mb is None else int(mb * MIB)
-
-        return PlanRequest(
-            mode=options.mode,
-            bucket_cap_bytes=in_bytes(options.bucket_cap_mb),
-            first_bucket_cap_bytes=in_bytes(options.first_bucket_cap_mb),
-            max_pieces=options.max_pieces,
-            align_buckets=align,
-            block_cuts=options.cuts_at_blocks,
-            edges=options.edge_policy,
-            ddp=self.settings.request(num_params, facts),
-        )
+        return request_for(self.options, self.settings.request(num_params, facts), align)
 
     def plan(self, exported: ExportedGraph) -> Planned:
         """One call into the planner. Whether DDP's buckets may be set to the
@@ -248,7 +235,7 @@ class _DDPGraphCompile:
             else:
                 exported, num_params = with_ddp_positions(exported, names), len(names)
         request = self.request(align, num_params, facts)
-        plan = decode_plan(call_planner(exported, request), exported, request.mode)
+        plan = decode_plan(call_planner(exported, request), exported, request)
         part = plan.align_reason == REASON_PART_OF_FORWARD
         return Planned(plan, plan.caps, blocker or plan.not_aligned, part_of_forward=part)
 

@@ -3,9 +3,9 @@
 Two things goddp may change on a DDP module, each refused where it is not
 known to be safe, with a reason the user reads:
 - alignment (docs/align.md): ``alignment_facts`` reads what about DDP may
-  refuse it, and the planner decides, in its words (Note [Alignment
-  refusals] in planner/refusals.go; only "could not inspect DDP" is said
-  here); ``rebuild_blocker`` (the moment of the rebuild); goddp then keeps
+  refuse it, and the planner decides (Note [Alignment refusals] in
+  planner/refusals.go; goddp.native.plan words its code; only "could not
+  inspect DDP" is said here); ``rebuild_blocker`` (the moment of the rebuild); goddp then keeps
   DDP's own buckets. Whether the plan's buckets hold exactly DDP's
   parameters is the planner's decision too (GODDP_REASON_NOT_COVERED);
 - goddp.trace: ``trace_refusal``; the trace is then refused on every rank.

@@ -6,6 +6,7 @@ planner's decision (planner/settings.go, Note [Cap defaults]).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -26,48 +27,34 @@ logger = logging.getLogger("goddp")
 @dataclass(frozen=True)
 class DDPSettings:
     """What goddp needs from a DDP module: its bucket settings as the user
-    made them (first_bucket_cap_bytes None where this torch keeps none),
-    its flags, the parameters it ignores and how it names parameters."""
+    made them and its flags, as the planner reads them (own;
+    first_bucket_cap_bytes None where this torch keeps none), the
+    parameters it ignores and how it names parameters."""
 
-    bucket_cap_bytes: int
-    first_bucket_cap_bytes: int | None
-    cap_is_default: bool
-    bucket_caps_bytes: tuple[int, ...]
+    own: DDPRequest
     ignored_names: frozenset[str]
-    find_unused_parameters: bool
-    static_graph: bool
     param_name_of: Callable[[torch.Tensor], str | None]
 
     def request(self, num_params: int = 0, facts: AlignmentFacts | None = None) -> DDPRequest:
         """These settings for the planner (goddp_ddp); num_params: how many
         parameters DDP reduces, and facts, what may refuse alignment
         (goddp.ddp.refusals), when goddp asks to align its buckets."""
-        return DDPRequest(
-            bucket_cap_bytes=self.bucket_cap_bytes,
-            first_bucket_cap_bytes=self.first_bucket_cap_bytes,
-            bucket_caps_bytes=self.bucket_caps_bytes,
-            cap_is_default=self.cap_is_default,
-            find_unused_parameters=self.find_unused_parameters,
-            static_graph=self.static_graph,
-            num_params=num_params,
-            facts=facts or AlignmentFacts(),
-        )
+        return dataclasses.replace(self.own, num_params=num_params, facts=facts or AlignmentFacts())
 
 
 def read_ddp_settings(ddp: Any) -> DDPSettings:
     names = parameter_names(getattr(ddp, "module", ddp))
     ignored = frozenset(getattr(ddp, "parameters_to_ignore", ()) or ())
     config = users_bucket_config(ddp)
-    return DDPSettings(
+    own = DDPRequest(
         bucket_cap_bytes=int(ddp.bucket_bytes_cap),
         first_bucket_cap_bytes=private.first_bucket_cap(config),
-        cap_is_default=private.cap_is_default(ddp),
         bucket_caps_bytes=private.per_bucket_caps(ddp, config),
-        ignored_names=ignored,
+        cap_is_default=private.cap_is_default(ddp),
         find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),
         static_graph=bool(getattr(ddp, "static_graph", False)),
-        param_name_of=lambda p: names.get(id(p)),
     )
+    return DDPSettings(own, ignored, lambda p: names.get(id(p)))
 
 
 _noted_modules: "weakref.WeakSet[Any]" = weakref.WeakSet()

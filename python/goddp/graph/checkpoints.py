@@ -56,13 +56,15 @@ So, for goddp:
   the residual stream and whatever else is live there (an MLP's wide
   hidden; README has the figures). The cuts are the body's bucket
   boundaries, not the cheapest crossings near them.
-- Deciding: the regions, what keeps a checkpoint whole, block splits
-  before bucket splits, and the INFO line's words are the planner's
-  (``goddp_checkpoint_split``, Note [Checkpoint regions]). Python reads
+- Deciding: the regions, what keeps a checkpoint whole and block splits
+  before bucket splits are the planner's (``goddp_checkpoint_split``,
+  Note [Checkpoint regions]); its reply is codes and numbers. Python reads
   what needs torch (``_call_facts``: random ops, grad-mode and autocast
   changes, in-place writes, whether a value may cross a cut, nested
   higher-order ops, the selective policy), answers the planner's
-  questions, and rewrites the graph (``_rewrite``).
+  questions, words the decision (``kept_whole_reason``,
+  ``describe_split``: the INFO line) and rewrites the graph
+  (``_rewrite``).
 - Options: both splits run exactly where the planner cuts at blocks
   (Options.cuts_at_blocks: mode "ddp" with block_cuts on, the default), the
   one switch under which goddp rewrites the user's graph before planning
@@ -258,6 +260,68 @@ class BodyBuckets:
     regions: bool
 
 
+# Why the planner keeps a checkpoint whole (goddp_checkpoint_split's
+# "code"), in goddp's words; {op} and {type} are the body node the reply
+# names, {region} its region.
+_KEPT_WHOLE = {
+    "few_blocks": "its body holds fewer than two blocks",
+    "result_used": "its result is used other than by indexing",
+    "policy_function": "its selective-checkpoint policy is a function, which may keep state across the "
+    "checkpoint's ops (a list of ops to save would be carried over to each region)",
+    "random_op": "it holds a random op ({op}), whose saved RNG state would move",
+    "state_change": "it changes grad mode or autocast inside, a state that would cross the cut",
+    "nested_hop": "it holds a nested higher-order op",
+    "read_before_made": "a value is read before the region that makes it",
+    "attribute_both_sides": "a body attribute is read on both sides of a cut",
+    "not_carried": "a {type} value would cross a cut",
+    "mutation_across_cut": "{op} writes a value from before its region, across a cut",
+    "hands_nothing_on": "its region {region} hands nothing on",
+}
+
+
+def kept_whole_reason(code: str, op: str = "", type_name: str = "", region: int = -1) -> str:
+    """Why a checkpoint stays whole ("" when split): the planner's code, op
+    and type_name of the body node it names, and the region it names."""
+    if not code:
+        return ""
+    words = _KEPT_WHOLE.get(code, "kept whole for a reason this goddp cannot word ({code})")
+    return words.format(op=op, type=type_name, region=region, code=code)
+
+
+def mib(n: int) -> str:
+    """A byte count in MiB, to three significant digits."""
+    return f"{n / 2**20:.3g} MiB"
+
+
+def describe_split(
+    name: str, boundary: str, blocks: int, regions: int | None, buckets: BodyBuckets | None, reason: str
+) -> str:
+    """The INFO line for a checkpoint call named name (Note [Checkpoint
+    regions], "Said"): the boundary tried, the blocks its body holds, the
+    regions it is split into (None: kept whole, for reason) and, at
+    buckets, its body's bucket plan (the parameter bytes against the cap)."""
+    if boundary == "bucket" and buckets is not None:
+        holds = (
+            f"goddp: the checkpoint {name!r} holds {mib(buckets.param_bytes)} of DDP's parameters, "
+            f"{buckets.buckets} buckets under the {mib(buckets.cap_bytes)} bucket cap"
+        )
+        if regions is not None:
+            return (
+                f"{holds}: split into {regions} checkpoint regions at bucket boundaries "
+                "(the values crossing each cut are saved)"
+            )
+        return f"{holds}, but is kept whole, so its buckets cannot overlap: {reason}"
+    if regions is not None:
+        return (
+            f"goddp: the checkpoint {name!r} spans {blocks} blocks: split into {regions} checkpoint regions at "
+            "block boundaries (one saved activation per cut)"
+        )
+    return (
+        f"goddp: the checkpoint {name!r} spans {blocks} blocks but is kept whole, so its blocks' buckets cannot "
+        f"overlap: {reason}"
+    )
+
+
 @dataclass
 class Split:
     """What the planner decided for one checkpoint call (Note [Checkpoint
@@ -273,11 +337,11 @@ class Split:
     boundary: str = "block"
     buckets: BodyBuckets | None = None
     code: str = ""
-    text: str = ""
 
     def describe(self) -> str:
-        """The INFO line (the planner's wording)."""
-        return self.text
+        """The INFO line."""
+        regions = None if self.regions is None else len(self.regions)
+        return describe_split(self.call.name, self.boundary, self.blocks, regions, self.buckets, self.reason)
 
 
 def _policy_is_function(body: fx.GraphModule) -> bool:
@@ -308,8 +372,6 @@ def _call_facts(call: fx.Node, body: fx.GraphModule, blocks: Sequence[int]) -> d
             "returned": node in returned,
             "writes": -1 if written is None else index[written],
             "carries": _carries(value),
-            "type": type(value).__name__,
-            "op": _op_name(node),
             "random": _is_random(node),
             "state_change": node.op == "call_function" and node.target in _STATE_FUNCTIONS,
             "nested": body_of(body, node) is not None,
@@ -361,9 +423,8 @@ def _decide(
         raise RuntimeError(f"goddp: goddp_checkpoint_split asked {reply['ask']!r} again")
     splits = []
     for i, (call, body, decided) in enumerate(zip(calls, bodies, reply["calls"])):
-        regions = None
+        regions, nodes = None, list(body.graph.nodes)
         if decided["node_regions"] is not None:
-            nodes = list(body.graph.nodes)
             regions = [
                 Region(
                     [n for n, k in zip(nodes, decided["node_regions"]) if k == r],
@@ -372,8 +433,16 @@ def _decide(
                 )
                 for r, region in enumerate(decided["regions"])
             ]
-        splits.append(Split(call, decided["blocks"], regions, decided["reason"], decided["boundary"], planned.get(i),
-                            decided["code"], decided["describe"]))
+        named = nodes[decided["node"]] if 0 <= decided["node"] < len(nodes) else None
+        reason = kept_whole_reason(
+            decided["code"],
+            "" if named is None else _op_name(named),
+            "" if named is None else type(_example(named)).__name__,
+            decided["region"],
+        )
+        splits.append(
+            Split(call, decided["blocks"], regions, reason, decided["boundary"], planned.get(i), decided["code"])
+        )
     return splits, reply["said"]
 
 

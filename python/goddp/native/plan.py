@@ -1,27 +1,23 @@
 """Plans: the request to the Go planner and its answer, as Python objects.
 
 Nothing here decides anything: the Go planner does, in one call per graph
-(planner/decide.go, Note [One call]). This module packs the request (the
-graph's arrays plus what the user and the DDP module said,
-``PlanRequest``), calls ``extension.plan_graph`` and turns the flat reply
-into a ``GraphPlan`` that names nodes, pieces and parameters. The reply's
-fields are goddp_plan's (csrc/goddp.h); ``GraphPlan`` keeps their names.
+(planner/decide.go, Note [One call]). This module is pure conversion: the
+request besides the graph (what the user and the DDP module said,
+``PlanRequest``) as goddp_config's fields, and the flat reply as a
+``GraphPlan`` that names nodes, pieces and parameters, its codes in words
+(``not_aligned_words``, ``ALIGNMENT_NAMES``: the reply is numbers and
+codes, ABI 11). The reply's fields are goddp_plan's (csrc/goddp.h);
+``GraphPlan`` keeps their names. goddp.compile.plan exports, calls and
+decodes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
-
-import torch
-from torch import fx, nn
+from typing import Any, Mapping, Sequence
 
 from goddp.native import extension as _native
-from goddp.graph.export import ExportedGraph, export_graph, parameter_names, with_ddp_positions
-from goddp.options import check_ddp_mode_only, check_max_pieces, check_mode
-
-MIB = 1 << 20
 
 MODE_CODES = {"ddp": _native.MODE_DDP, "torch": _native.MODE_TORCH}
 # enum goddp_bucket_order: the order DDP fills the buckets it reduces with;
@@ -31,13 +27,56 @@ BUCKET_ORDER_CODES = {"ready": _native.ORDER_READY, "declaration": _native.ORDER
 BUCKET_ORDER_NAMES = {code: name for name, code in BUCKET_ORDER_CODES.items()}
 # enum goddp_edges: option edges (planner/edges.go, Note [Edges]).
 EDGE_CODES = {"compile": _native.EDGES_COMPILE, "auto": _native.EDGES_AUTO, "eager": _native.EDGES_EAGER}
+# enum goddp_alignment: how a plan's buckets relate to DDP's, as plan records
+# and the plan table name it (GraphPlan.alignment).
+ALIGNMENT_NAMES = {
+    _native.ALIGN_NONE: "none",
+    _native.ALIGN_READY: "ready-order caps",
+    _native.ALIGN_DECLARATION: "declaration-order caps",
+    _native.ALIGN_DECLARATION_MERGED: "declaration-order caps, pieces merged",
+}
+
+# enum goddp_align_reason: why DDP's buckets are not the pieces, as plan
+# records and logs say it (GraphPlan.not_aligned; the refusals are Note
+# [Alignment refusals] in planner/refusals.go).
+_NOT_ALIGNED = {
+    _native.REASON_OFF: "off (align_buckets=False or mode='torch')",
+    _native.REASON_ONE_PIECE: "one piece: nothing to align",
+    _native.REASON_NO_PARAMS: "no parameters in this graph",
+    _native.REASON_NO_PER_BUCKET_CAPS: "this torch's DDP has no per-bucket caps (needs torch >= 2.9)",
+    _native.REASON_PYTHON_REDUCER: "DDP uses the Python reducer, which has no per-bucket caps",
+    _native.REASON_STATIC_GRAPH: "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp",
+    _native.REASON_MIXED_PRECISION: "DDP mixed precision is on",
+    _native.REASON_BUILTIN_COMM_HOOK: "a built-in comm hook is registered",
+    _native.REASON_DELAYED_ALLREDUCE: "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets",
+    _native.REASON_PARAM_GROUPS: "parameters span several (dtype, device) groups; DDP buckets each group apart",
+}
+
+
+def not_aligned_words(reason: int, aligned_params: int = 0, ddp_params: int = 0) -> str | None:
+    """Why DDP's buckets are not the pieces (goddp_plan.align_reason), None
+    when they are. aligned_params (goddp_plan.aligned_params) and
+    ddp_params (goddp_ddp.num_params) count the parameters of a graph that
+    holds only part of DDP's."""
+    if reason == _native.REASON_ALIGNED:
+        return None
+    if reason in (_native.REASON_NOT_COVERED, _native.REASON_PART_OF_FORWARD):
+        words = (
+            f"the graph uses {aligned_params} of DDP's {ddp_params} parameters (a graph break, or parameters "
+            "used outside this graph); DDP buckets the whole model"
+        )
+        if reason == _native.REASON_PART_OF_FORWARD:
+            words += "; planned with the forward's other graphs at the module's next training call"
+        return words
+    return _NOT_ALIGNED.get(reason, f"unknown reason {reason}")
 
 
 @dataclass(frozen=True)
 class AlignmentFacts:
     """Facts about a DDP module that refuse alignment, as goddp.ddp.refusals
-    reads them; which one (if any) refuses is the planner's decision, in its
-    words (Note [Alignment refusals] in planner/refusals.go)."""
+    reads them; which one (if any) refuses is the planner's decision (Note
+    [Alignment refusals] in planner/refusals.go), worded by
+    not_aligned_words."""
 
     no_per_bucket_caps: bool = False  # this torch's DDP keeps none (torch < 2.9)
     python_reducer: bool = False
@@ -57,6 +96,12 @@ class AlignmentFacts:
             (self.several_param_groups, _native.DDP_SEVERAL_PARAM_GROUPS),
         )
         return sum(bit for fact, bit in bits if fact)
+
+
+def _cap(value: int | None) -> int | None:
+    """A cap as goddp_module.c reads it: an int, or None for not given (it
+    becomes GODDP_CAP_NOT_GIVEN there, the one conversion)."""
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True)
@@ -83,7 +128,7 @@ class DDPRequest:
         )
         return {
             "bucket_cap_bytes": int(self.bucket_cap_bytes),
-            "first_bucket_cap_bytes": None if self.first_bucket_cap_bytes is None else int(self.first_bucket_cap_bytes),
+            "first_bucket_cap_bytes": _cap(self.first_bucket_cap_bytes),
             "bucket_caps_bytes": [int(c) for c in self.bucket_caps_bytes],
             "flags": flags,
             "num_params": int(self.num_params),
@@ -120,8 +165,8 @@ class PlanRequest:
         """The goddp_config fields for extension.plan_graph."""
         return {
             "mode": MODE_CODES[self.mode],
-            "bucket_cap_bytes": None if self.bucket_cap_bytes is None else int(self.bucket_cap_bytes),
-            "first_bucket_cap_bytes": None if self.first_bucket_cap_bytes is None else int(self.first_bucket_cap_bytes),
+            "bucket_cap_bytes": _cap(self.bucket_cap_bytes),
+            "first_bucket_cap_bytes": _cap(self.first_bucket_cap_bytes),
             "bucket_caps_bytes": [int(c) for c in self.bucket_caps_bytes],
             "max_pieces": int(self.max_pieces or 0),
             "align_buckets": int(self.align_buckets),
@@ -227,17 +272,19 @@ class GraphPlan:
         align_buckets: whether DDP's buckets are to be the pieces).
     piece_inputs / piece_outputs: per piece, the names of the nodes that cross
         into / out of it (the planner's crossing values, ascending node order).
-    alignment: how the buckets relate to DDP's, in the planner's words
-        (Alignment.String, goddp_plan.alignment_name): "none" (predicted),
+    alignment: how the buckets relate to DDP's (goddp_plan.alignment, named
+        by ALIGNMENT_NAMES): "none" (predicted),
         "ready-order caps" (for DDP's rebuild), "declaration-order caps"
         (for the buckets DDP keeps under find_unused_parameters=True), or
         "declaration-order caps, pieces merged" (merged_cuts cuts dropped
         where no bucket could start).
     ddp_caps: when aligned, the per-bucket caps (bytes, each at least 1) to
         give DDP, in the order DDP walks them.
-    not_aligned: why DDP's buckets are not the pieces, in the planner's
-        words (goddp_plan.align_detail; align_reason its code), None when
-        they are.
+    not_aligned: why DDP's buckets are not the pieces, in goddp's words
+        (not_aligned_words of align_reason, the code, and aligned_params),
+        None when they are.
+    aligned_params: with align_reason NOT_COVERED or PART_OF_FORWARD, the
+        parameters the aligned buckets held (goddp_plan.aligned_params).
     piece_params: per piece in forward order, its parameters' names in
         forward order (goddp_plan.piece_params; see piece_param_names).
     num_counted_params: the parameters of the graph that DDP reduces.
@@ -268,6 +315,7 @@ class GraphPlan:
     merged_cuts: int = 0
     not_aligned: str | None = None
     align_reason: int = _native.REASON_OFF
+    aligned_params: int = 0
     piece_params: list[list[str]] = field(default_factory=list, repr=False)
     num_counted_params: int = 0
     eager_pieces: list[int] = field(default_factory=list)
@@ -333,23 +381,16 @@ def _csr(offsets: list[int], values: list[int], count: int) -> list[list[int]]:
     return [values[offsets[i]: offsets[i + 1]] for i in range(count)]
 
 
-def call_planner(exported: ExportedGraph, request: PlanRequest) -> dict[str, Any]:
-    """Runs the Go planner, once. Loads the extension on first use (never at
-    import, so that fork-based workers created before it are unaffected)."""
-    return _native.plan_graph(exported.arrays, request.to_native())
-
-
-def plan(exported: ExportedGraph, request: PlanRequest) -> GraphPlan:
-    """Plans an exported graph: one call into the planner, decoded."""
-    return decode_plan(call_planner(exported, request), exported, request.mode)
-
-
-def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str) -> GraphPlan:
-    """Turns the planner's flat reply into a GraphPlan, checking its shape."""
+def decode_plan(
+    raw: Mapping[str, Any], node_names: Sequence[str], param_names: Sequence[str], request: PlanRequest
+) -> GraphPlan:
+    """Turns the planner's flat reply for a graph of node_names (forward
+    order) and param_names (its parameter table) planned under request into
+    a GraphPlan, checking its shape."""
     num_nodes = int(raw["num_nodes"])
-    if num_nodes != len(exported.nodes):
+    if num_nodes != len(node_names):
         raise RuntimeError(
-            f"goddp planner returned {num_nodes} node entries for a graph of {len(exported.nodes)} nodes"
+            f"goddp planner returned {num_nodes} node entries for a graph of {len(node_names)} nodes"
         )
     num_pieces = int(raw["num_pieces"])
     num_buckets = int(raw["num_buckets"])
@@ -361,7 +402,7 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str) -> G
     bucket_pieces = _ints(raw["bucket_pieces"], "i")
     bucket_extended = _ints(raw["bucket_extended"], "B")
     bucket_param_lists = _csr(_ints(raw["bucket_param_offsets"], "q"), _ints(raw["bucket_params"], "i"), num_buckets)
-    names = exported.param_names
+    names = param_names
     buckets = [
         BucketInfo(
             index=b,
@@ -375,25 +416,27 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str) -> G
     inputs = _csr(_ints(raw["piece_input_offsets"], "q"), _ints(raw["piece_inputs"], "i"), num_pieces)
     outputs = _csr(_ints(raw["piece_output_offsets"], "q"), _ints(raw["piece_outputs"], "i"), num_pieces)
     piece_params = _csr(_ints(raw["piece_param_offsets"], "q"), _ints(raw["piece_params"], "i"), num_pieces)
-    nodes = exported.nodes
     reason = int(raw["align_reason"])
     blocks = raw["node_block_ids"]
+    ddp_params = 0 if request.ddp is None else request.ddp.num_params
+    alignment, aligned_params = int(raw["alignment"]), int(raw["aligned_params"])
     return GraphPlan(
         fingerprint=int(raw["fingerprint"]),
-        mode=mode,
+        mode=request.mode,
         num_pieces=num_pieces,
-        node_pieces={node.name: piece_of_node[i] for i, node in enumerate(nodes)},
+        node_pieces={name: piece_of_node[i] for i, name in enumerate(node_names)},
         buckets=buckets,
         caps=PlanSettings.from_reply(raw),
-        piece_inputs=[[nodes[i].name for i in ins] for ins in inputs],
-        piece_outputs=[[nodes[i].name for i in outs] for outs in outputs],
+        piece_inputs=[[node_names[i] for i in ins] for ins in inputs],
+        piece_outputs=[[node_names[i] for i in outs] for outs in outputs],
         piece_input_indices=inputs,
         piece_output_indices=outputs,
-        alignment=str(raw["alignment_name"]),
+        alignment=ALIGNMENT_NAMES.get(alignment, f"unknown alignment {alignment}"),
         ddp_caps=_ints(raw["ddp_caps"], "q"),
         merged_cuts=int(raw["merged_cuts"]),
-        not_aligned=None if reason == _native.REASON_ALIGNED else str(raw["align_detail"]),
+        not_aligned=not_aligned_words(reason, aligned_params, ddp_params),
         align_reason=reason,
+        aligned_params=aligned_params,
         piece_params=[[names[i] for i in ids] for ids in piece_params],
         num_counted_params=int(raw["num_counted_params"]),
         eager_pieces=_ints(raw["eager_pieces"], "i"),
@@ -402,80 +445,3 @@ def decode_plan(raw: Mapping[str, Any], exported: ExportedGraph, mode: str) -> G
         block_runs=bool(raw["block_runs"]),
         checkpoint_regions=bool(raw["checkpoint_regions"]),
     )
-
-
-def _name_lookup(param_names: Any) -> Callable[[torch.Tensor], str | None] | None:
-    if param_names is None:
-        return None
-    if isinstance(param_names, nn.parallel.DistributedDataParallel):
-        param_names = param_names.module
-    if isinstance(param_names, nn.Module):
-        by_id = parameter_names(param_names)
-    elif isinstance(param_names, Mapping):
-        by_id = {id(k): v for k, v in param_names.items()}
-    else:
-        raise TypeError(
-            "param_names must be None, an nn.Module (names from named_parameters()) "
-            f"or a mapping from parameter to name, got {type(param_names).__name__}"
-        )
-    return lambda p: by_id.get(id(p))
-
-
-def plan_graph_module(
-    gm: fx.GraphModule,
-    *,
-    mode: str = "ddp",
-    bucket_cap_bytes: int | None = None,
-    first_bucket_cap_bytes: int | None = None,
-    bucket_caps_bytes: Iterable[int] = (),
-    ignored: Iterable[str] = (),
-    max_pieces: int | None = None,
-    param_names: Any = None,
-    align_buckets: bool = False,
-    block_cuts: bool = False,
-    declaration_order: Iterable[str] | None = None,
-) -> GraphPlan:
-    """Plans a Dynamo-captured GraphModule without compiling anything.
-
-    mode: "ddp" (DDP's rebuilt buckets) or "torch" (torch's DDPOptimizer).
-    bucket_cap_bytes: the bucket cap; default DDP's 25 MiB.
-    first_bucket_cap_bytes: default as DDP computes it (1 MiB with the
-        default cap, else the cap) in ddp mode, 1 MiB (at most the cap) in
-        torch mode.
-    bucket_caps_bytes: optional per-bucket caps in DDP order (ddp mode).
-    ignored: FQNs DDP ignores (parameters marked ``_ddp_ignored`` are
-        ignored as well).
-    max_pieces: at most this many pieces (ddp mode); None for no limit.
-    param_names: where parameter names come from: an nn.Module (or DDP
-        wrapper) whose named_parameters() name them, or a mapping
-        parameter -> name; by default Dynamo's sources, then node names.
-    align_buckets: ddp mode: one bucket per piece, holding exactly the
-        parameters first used in that piece (docs/align.md).
-    block_cuts: ddp mode: cut at the boundaries of repeated module blocks,
-        as the backend does by default (Note [Block rule] in
-        planner/modstack.go).
-    declaration_order: the names of DDP's parameters in DDP's own order
-        (``goddp.ddp.declaration.ddp_parameter_names(ddp)``) when DDP never
-        rebuilds its buckets (find_unused_parameters=True without
-        static_graph): with align_buckets, the plan then aligns DDP's
-        declaration-order buckets (GraphPlan.alignment, ddp_caps).
-
-    Raises ValueError for a bad mode or max_pieces; the planner's errors
-    (goddp._goddp.PlannerError) for an invalid graph or caps.
-    """
-    check_mode(mode)
-    check_ddp_mode_only(mode, check_max_pieces(max_pieces), align_buckets, block_cuts)
-    request = PlanRequest(
-        mode=mode,
-        bucket_cap_bytes=bucket_cap_bytes,
-        first_bucket_cap_bytes=first_bucket_cap_bytes,
-        bucket_caps_bytes=tuple(int(c) for c in bucket_caps_bytes),
-        max_pieces=max_pieces,
-        align_buckets=align_buckets,
-        bucket_order="ready" if declaration_order is None else "declaration",
-        block_cuts=block_cuts,
-    )
-    exported = export_graph(gm, param_name_of=_name_lookup(param_names), ignored_names=ignored)
-    if declaration_order is not None:
-        exported = with_ddp_positions(exported, list(declaration_order))
-    return plan(exported, request)

@@ -13,7 +13,8 @@ from goddp.compile.inner import resolve_inner
 from goddp.ddp.settings import DDPSettings, read_ddp_settings
 from goddp.graph.export import export_graph, name_from_dynamo_source
 from goddp.native.extension import PARAM_DDP_IGNORED, PARAM_REQUIRES_GRAD
-from goddp.native.plan import MIB as PLAN_MIB, PlanRequest, PlanSettings, call_planner, decode_plan
+from goddp.compile.plan import plan, request_for
+from goddp.native.plan import PlanSettings
 from goddp.options import parse_options
 
 MIB = 1 << 20
@@ -42,33 +43,25 @@ def caps_for(settings: DDPSettings, options) -> PlanSettings:
     torch._dynamo.reset()
     torch.compile(Two(), backend=capture)(torch.randn(2, 8))
     torch._dynamo.reset()
-    in_bytes = lambda mb: None if mb is None else int(mb * PLAN_MIB)
-    request = PlanRequest(
-        mode=options.mode,
-        bucket_cap_bytes=in_bytes(options.bucket_cap_mb),
-        first_bucket_cap_bytes=in_bytes(options.first_bucket_cap_mb),
-        max_pieces=options.max_pieces,
-        ddp=settings.request(),
-    )
-    exported = export_graph(graphs[0])
-    return decode_plan(call_planner(exported, request), exported, request.mode).caps
+    return plan(export_graph(graphs[0]), request_for(options, settings.request())).caps
 
 
 def test_default_ddp_caps(dist_group, native_module):
     settings = read_ddp_settings(DDP(Two()))
-    assert settings.bucket_cap_bytes == 25 * MIB
-    assert settings.cap_is_default
-    assert settings.first_bucket_cap_bytes in (1 * MIB, None)  # None: this torch keeps none
-    assert settings.bucket_caps_bytes == ()
+    own = settings.own
+    assert own.bucket_cap_bytes == 25 * MIB
+    assert own.cap_is_default
+    assert own.first_bucket_cap_bytes in (1 * MIB, None)  # None: this torch keeps none
+    assert own.bucket_caps_bytes == ()
     caps = caps_for(settings, parse_options({}))
     assert (caps.bucket_cap_bytes, caps.first_bucket_cap_bytes) == (25 * MIB, 1 * MIB)
-    assert not settings.find_unused_parameters and not settings.static_graph
+    assert not own.find_unused_parameters and not own.static_graph
 
 
 def test_explicit_bucket_cap_is_also_the_first_cap_in_ddp_mode(dist_group, native_module):
     settings = read_ddp_settings(DDP(Two(), bucket_cap_mb=10, static_graph=True))
-    assert settings.bucket_cap_bytes == 10 * MIB and not settings.cap_is_default
-    assert settings.static_graph
+    assert settings.own.bucket_cap_bytes == 10 * MIB and not settings.own.cap_is_default
+    assert settings.own.static_graph
     ddp_caps = caps_for(settings, parse_options({}))
     assert (ddp_caps.bucket_cap_bytes, ddp_caps.first_bucket_cap_bytes) == (10 * MIB, 10 * MIB)
     # torch mode follows DDPOptimizer: 1 MiB first bucket whatever DDP says.
@@ -78,7 +71,7 @@ def test_explicit_bucket_cap_is_also_the_first_cap_in_ddp_mode(dist_group, nativ
 
 def test_per_bucket_caps_are_read_and_dropped_when_the_cap_is_overridden(dist_group, native_module):
     settings = read_ddp_settings(DDP(Two(), bucket_cap_mb_list=[1, 4]))
-    assert settings.bucket_caps_bytes == (1 * MIB, 4 * MIB)
+    assert settings.own.bucket_caps_bytes == (1 * MIB, 4 * MIB)
     assert caps_for(settings, parse_options({})).bucket_caps_bytes == (1 * MIB, 4 * MIB)
     overridden = caps_for(settings, parse_options({"bucket_cap_mb": 2}))
     assert overridden.bucket_caps_bytes == ()

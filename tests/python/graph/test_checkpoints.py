@@ -13,7 +13,7 @@ from torch import fx
 
 from goddp.graph.blocks import piece_signature
 from goddp.graph.export import export_graph, module_stack
-from goddp.native.plan import plan_graph_module
+from goddp.compile.plan import plan_graph_module
 from goddp.graph import checkpoints as _checkpoints
 from goddp.graph.checkpoints import BodyBuckets, policy_key, split_checkpoints
 from checkpoint_models import SAVED_OPS, build, make_tokens, sac_context

@@ -152,7 +152,7 @@ def csr(offsets: bytes, values: bytes) -> list[list[int]]:
 
 def test_constants_mirror_the_extension(ext):
     names = [n for n in dir(_native) if n.isupper() and isinstance(getattr(_native, n), int)]
-    assert len(names) == 48
+    assert len(names) == 53
     for name in names:
         assert getattr(ext, name) == getattr(_native, name), name
     assert ext.abi_version() == ext.ABI_VERSION
@@ -166,7 +166,7 @@ def test_key_tuples_match_the_builders(ext):
     } | set(BODY_KEYS)
     assert set(ext.CONFIG_KEYS) == set(toy_config()) | {"align_buckets", "bucket_order", "block_cuts", "edges", "ddp", "uniform_caps"}
     assert set(ext.DDP_KEYS) == {"bucket_cap_bytes", "first_bucket_cap_bytes", "bucket_caps_bytes", "flags", "num_params"}
-    assert len(ext.PLAN_KEYS) == 36
+    assert len(ext.PLAN_KEYS) == 35
 
 
 def test_node_weights_are_checked(ext):
@@ -307,8 +307,8 @@ def test_checkpoint_regions_cross_the_extension(ext):
 def test_decisions_cross_the_extension(ext):
     """ABI 6: caps left to the planner (None) inside a DDP module, module
     stacks, and the decisions in the reply: DDP's caps, a piece per block,
-    each piece's parameters, the counted parameters, the alignment's name
-    and reason."""
+    each piece's parameters, the counted parameters, the alignment and
+    its reason, as codes and numbers (ABI 11)."""
     layers = 3
     graph = with_stacks(chain_graph(layers), layers)
     graph["param_ddp_positions"] = array("i", range(2 * layers))
@@ -318,8 +318,8 @@ def test_decisions_cross_the_extension(ext):
     plan = ext.plan_graph(graph, cfg)
     assert (plan["bucket_cap_bytes"], plan["first_bucket_cap_bytes"]) == (1 << 40, 1 << 40)
     assert plan["num_pieces"] == layers and plan["align_buckets"] is True
-    assert (plan["align_reason"], plan["align_detail"]) == (_native.REASON_ALIGNED, "")
-    assert plan["alignment_name"] == "ready-order caps"
+    assert (plan["align_reason"], plan["aligned_params"]) == (_native.REASON_ALIGNED, 0)
+    assert plan["alignment"] == _native.ALIGN_READY
     assert plan["num_counted_params"] == 2 * layers
     assert csr(plan["piece_param_offsets"], plan["piece_params"]) == [[0, 1], [2, 3], [4, 5]]
     assert unpack(plan["node_block_ids"], "i")[2 * layers + 1: -1] == [0, 0, 1, 1, 2, 2]
@@ -328,14 +328,14 @@ def test_decisions_cross_the_extension(ext):
     # the aligned plan is kept for the forward's combined layout, not DDP's.
     plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "num_params": 2 * layers + 1}})
     assert plan["align_reason"] == _native.REASON_PART_OF_FORWARD and plan["align_buckets"] is False
-    assert "the graph uses 6 of DDP's 7 parameters" in plan["align_detail"]
-    assert plan["alignment_name"] == "ready-order caps"
-    # A fact about DDP refuses alignment, in the planner's words; with
-    # several, the first of Note [Alignment refusals].
+    assert plan["aligned_params"] == 6
+    assert plan["alignment"] == _native.ALIGN_READY
+    # A fact about DDP refuses alignment; with several, the first of Note
+    # [Alignment refusals].
     flags = ddp.get("flags", 0)
     plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": flags | _native.DDP_MIXED_PRECISION}})
     assert plan["align_reason"] == _native.REASON_MIXED_PRECISION and plan["align_buckets"] is False
-    assert plan["align_detail"] == "DDP mixed precision is on"
+    assert plan["aligned_params"] == 0
     both = flags | _native.DDP_SEVERAL_PARAM_GROUPS | _native.DDP_STATIC_GRAPH
     plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": both}})
     assert plan["align_reason"] == _native.REASON_STATIC_GRAPH
@@ -445,11 +445,11 @@ def test_toy_graph_plan(ext, mode):
     plan = _native.plan_graph(chain_graph(3), toy_config(mode))
     assert set(plan) == set(ext.PLAN_KEYS)
     scalars = ("num_", "fingerprint", "alignment", "merged_cuts", "bucket_cap_bytes", "first_bucket_cap_bytes",
-               "max_pieces", "align_", "bucket_order", "ddp_bucket_order", "block_runs", "checkpoint_regions")
-    strings = ("align_detail", "alignment_name")
+               "max_pieces", "align_", "aligned_params", "bucket_order", "ddp_bucket_order", "block_runs",
+               "checkpoint_regions")
     assert all(isinstance(plan[k], bytes) for k in ext.PLAN_KEYS if not k.startswith(scalars) and k != "node_block_ids")
-    assert all(isinstance(plan[k], str) for k in strings)
-    assert all(isinstance(plan[k], int) for k in ext.PLAN_KEYS if k.startswith(scalars) and k not in strings)
+    assert all(isinstance(plan[k], int) for k in ext.PLAN_KEYS if k.startswith(scalars))
+    assert not any(isinstance(v, str) for v in plan.values()), "replies are numbers and codes, never sentences"
     assert plan["node_block_ids"] is None  # no module stacks, no blocks
     assert plan["block_runs"] is False and plan["checkpoint_regions"] is False
     assert plan["num_nodes"] == 14
@@ -590,6 +590,22 @@ def test_negative_cap_is_invalid_config(ext):
         ext.plan_graph(chain_graph(3), toy_config(bucket_cap_bytes=-1))
     assert info.value.code == _native.ERR_INVALID_CONFIG
     assert str(info.value).strip()
+
+
+@pytest.mark.parametrize("key", ["bucket_cap_bytes", "first_bucket_cap_bytes"])
+def test_not_given_is_none_and_only_none(ext, key):
+    """ABI 11: a cap not given is None in Python and GODDP_CAP_NOT_GIVEN at
+    the ABI, converted in one place (goddp_module.c): None plans with the
+    defaults (Note [Cap defaults]); a given cap of that value is refused
+    rather than read as not given, in the config and in config['ddp']."""
+    default = ext.plan_graph(chain_graph(3), toy_config(bucket_cap_bytes=None, first_bucket_cap_bytes=None))
+    assert (default["bucket_cap_bytes"], default["first_bucket_cap_bytes"]) == (25 << 20, 1 << 20)
+    with pytest.raises(ValueError, match=rf"config\['{key}'\] is 0 bytes; a cap must be > 0 \(None: not given\)"):
+        ext.plan_graph(chain_graph(3), toy_config(**{key: _native.CAP_NOT_GIVEN}))
+    ddp = {"bucket_cap_bytes": 1 << 20, "first_bucket_cap_bytes": _native.CAP_NOT_GIVEN}
+    if key == "first_bucket_cap_bytes":
+        with pytest.raises(ValueError, match=r"config\['ddp'\]\['first_bucket_cap_bytes'\] is 0 bytes"):
+            ext.plan_graph(chain_graph(3), toy_config(ddp=ddp))
 
 
 def test_backward_edge_is_invalid_graph(ext):
@@ -968,8 +984,8 @@ def test_checkpoint_split_is_json_in_json_out(ext):
     (Note [Checkpoint regions] in planner/ckptsplit.go)."""
     nodes = [
         {"kind": "placeholder"},
-        {"kind": "compute", "inputs": [0], "carries": True, "op": "relu"},
-        {"kind": "compute", "inputs": [1], "returned": True, "carries": True, "op": "neg"},
+        {"kind": "compute", "inputs": [0], "carries": True},
+        {"kind": "compute", "inputs": [1], "returned": True, "carries": True},
         {"kind": "output", "inputs": [2]},
     ]
     call = {"name": "checkpoint", "indexed_only": True, "policy_function": False, "nodes": nodes, "buckets": None}
@@ -984,7 +1000,8 @@ def test_checkpoint_split_is_json_in_json_out(ext):
     (decided,) = reply["calls"]
     assert reply["ask"] == "" and reply["said"] == [0] and decided["node_regions"] == [-1, 0, 1, -1]
     assert decided["regions"] == [{"inputs": [0], "outputs": [1]}, {"inputs": [1], "outputs": [2]}]
-    assert decided["describe"].startswith("goddp: the checkpoint 'checkpoint' holds 3 MiB of DDP's parameters")
+    assert (decided["boundary"], decided["code"], decided["node"], decided["region"]) == ("bucket", "", -1, -1)
+    assert not any(isinstance(v, str) and " " in v for v in decided.values()), "codes, never sentences"
     with pytest.raises(ext.PlannerError, match="not valid JSON") as info:
         ext.checkpoint_split("{")
     assert info.value.code == ext.ERR_INVALID_CONFIG

@@ -1,6 +1,7 @@
 """The package's layout keeps its promises (README.md, "Architecture"):
-no import cycles, no imports hidden in functions without a reason, and one
-module that touches torch's private DDP API."""
+no import cycles, between modules or between subpackages (layers that read
+top-down), goddp.native a leaf, no imports hidden in functions without a
+reason, and one module that touches torch's private DDP API."""
 
 from __future__ import annotations
 
@@ -66,16 +67,16 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _module_level_imports(module: str, path: Path) -> set[str]:
+def _module_level_imports(module: str, path: Path, in_functions: bool = False) -> set[str]:
     """The goddp modules `module` imports when it is imported (imports in
-    functions excluded); ``from pkg import name`` counts pkg.name when that
-    is a module."""
+    functions excluded unless in_functions); ``from pkg import name`` counts
+    pkg.name when that is a module."""
     modules = _modules()
     out: set[str] = set()
     tree = ast.parse(path.read_text())
     functions = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
     for node in ast.walk(tree):
-        if id(node) in functions:
+        if id(node) in functions and not in_functions:
             continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -130,6 +131,65 @@ def test_the_import_graph_has_no_cycle():
     assert "goddp.ddp.private" in graph["goddp.ddp.align"]
     assert "goddp.graph.nodes" in graph["goddp.graph.export"]
     assert any(m.startswith("goddp.tracing.") for m in graph["goddp.tracing"])  # an __init__'s own edges
+
+
+def _layer(module: str) -> str:
+    """A module's subpackage or top-level module: goddp.graph.export ->
+    goddp.graph; goddp.options -> goddp.options."""
+    return ".".join(module.split(".")[:2])
+
+
+def _layer_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Subpackage -> the other subpackages (and top-level modules) it
+    imports, every import counted, in functions too."""
+    graph: dict[str, set[str]] = {}
+    for m, p in modules.items():
+        targets = {_layer(t) for t in _module_level_imports(m, p, in_functions=True)}
+        graph.setdefault(_layer(m), set()).update(targets - {_layer(m), "goddp"})
+    for targets in list(graph.values()):
+        for t in targets:
+            graph.setdefault(t, set())
+    return graph
+
+
+def test_no_subpackage_imports_one_that_imports_it_back():
+    graph = _layer_graph(_modules())
+    cycle = _cycle(graph)
+    assert cycle is None, "subpackages import each other: " + " -> ".join(cycle or [])
+    assert {"goddp.native", "goddp.options"} <= graph["goddp.compile"]  # the check sees the edges (it can fail)
+
+
+def test_native_is_a_leaf():
+    """goddp.native, the binding to the planner, imports nothing of goddp
+    but itself (its ABI codes): every other layer may use it."""
+    modules = _modules()
+    escapes = {
+        m: sorted(t for t in _module_level_imports(m, p, in_functions=True) if _layer(t) != "goddp.native")
+        for m, p in modules.items()
+        if _layer(m) == "goddp.native"
+    }
+    assert {m: ts for m, ts in escapes.items() if ts} == {}
+    assert "goddp.native.extension" in _module_level_imports("goddp.native.plan", modules["goddp.native.plan"])
+
+
+def test_the_layer_check_sees_cycles_and_lazy_imports(tmp_path, monkeypatch):
+    root = tmp_path / "goddp"
+    for name, text in {
+        "__init__.py": "",
+        "native/__init__.py": "",
+        "native/plan.py": "from goddp.native import extension\nfrom ..graph import export\n",
+        "native/extension.py": "def load():\n    import goddp.options\n",
+        "graph/__init__.py": "",
+        "graph/export.py": "from goddp.native.plan import X\n",
+        "options.py": "from goddp import __version__\n",
+    }.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", root)
+    graph = _layer_graph(_modules())
+    assert graph == {"goddp": set(), "goddp.native": {"goddp.graph", "goddp.options"},
+                     "goddp.graph": {"goddp.native"}, "goddp.options": set()}
+    assert _cycle(graph) == ["goddp.graph", "goddp.native", "goddp.graph"]
 
 
 @pytest.mark.single_process
