@@ -1,3 +1,5 @@
+//go:build goddp_testhooks
+
 package main
 
 // Helpers for ckptsplit_test.go (test files cannot use cgo; see

@@ -1,3 +1,5 @@
+//go:build goddp_testhooks
+
 package main
 
 import (

@@ -1,8 +1,11 @@
+//go:build goddp_testhooks
+
 package main
 
 // Helpers for bridge_test.go. Test files cannot use cgo, so the code that
-// builds C inputs and reads C outputs lives here, in an ordinary file. None of
-// it is reachable from the exports; the linker drops it from the libraries.
+// builds C inputs and reads C outputs lives here, in an ordinary file, built
+// only with the goddp_testhooks tag (as the bridge's tests are: make gotest),
+// so that no test code is compiled into the shipped library or the wheel.
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../csrc
