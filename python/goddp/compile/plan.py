@@ -16,11 +16,9 @@ from torch import fx, nn
 
 from goddp.graph.export import ExportedGraph, export_graph, parameter_names, with_ddp_positions
 from goddp.native import extension as _native
-from goddp.native.plan import DDPRequest, GraphPlan, PlanRequest
+from goddp.native.plan import MIB, DDPRequest, GraphPlan, PlanRequest
 from goddp.native.plan import decode_plan as _decode
 from goddp.options import Options, check_ddp_mode_only, check_max_pieces, check_mode
-
-MIB = 1 << 20
 
 
 def request_for(options: Options, ddp: DDPRequest | None, align: bool = False) -> PlanRequest:
