@@ -11,11 +11,16 @@ from pathlib import Path
 UPDATE_ENV = "GODDP_UPDATE_GOLDENS"
 
 
-def check_golden(test_file: str, name: str, got: str) -> None:
-    """Asserts that got is testdata/<name>.golden beside test_file, byte for
-    byte (or writes it, under GODDP_UPDATE_GOLDENS=1)."""
-    path = Path(test_file).resolve().parent / "testdata" / f"{name}.golden"
+def golden_path(test_file: str, name: str) -> Path:
+    """testdata/<name>.golden beside test_file."""
+    return Path(test_file).resolve().parent / "testdata" / f"{name}.golden"
+
+
+def check_golden(path: Path, got: str) -> None:
+    """Asserts that path holds got, byte for byte (or writes it there,
+    under GODDP_UPDATE_GOLDENS=1)."""
     if os.environ.get(UPDATE_ENV) == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(got.encode("utf-8"))
         return
     assert path.is_file(), f"{path} is missing (run with {UPDATE_ENV}=1 to create it)"

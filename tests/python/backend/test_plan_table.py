@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from _golden import check_golden
+from _golden import check_golden, golden_path
 from goddp.native.plan import MIB, BucketInfo, GraphPlan, PlanSettings
 from goddp.reports.table import plan_table
 
@@ -163,7 +163,7 @@ def test_golden_tables(name):
     text = plan_table(plan, None, eager) + "\n"
     if case.get("compared"):
         text += "\n" + plan_table(plan, block_reuse(plan.num_pieces, eager), eager) + "\n"
-    check_golden(__file__, f"table_{name}", text)
+    check_golden(golden_path(__file__, f"table_{name}"), text)
 
 
 def naive_rows(plan: GraphPlan) -> list[str]:

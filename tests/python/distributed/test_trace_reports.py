@@ -13,7 +13,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from _golden import check_golden
+from _golden import check_golden, golden_path
 from goddp.tracing import figures
 from goddp.tracing.session import traced_plans
 
@@ -128,7 +128,7 @@ def test_summary_golden():
     unaligned = dict(rec, goddp_plans=[{"fallback": "why", "forward": {"graphs": ["frame f"]}}])
     text += figures.format_summary(unaligned) + "\n\n"
     text += figures.format_summary({"module": "Net", "comm_hook": "hook"}) + "\n"
-    check_golden(__file__, "trace_summary", text)
+    check_golden(golden_path(__file__, "trace_summary"), text)
 
 
 def test_summary_names_the_median_step_by_its_first_occurrence():

@@ -57,7 +57,7 @@ def test_round_trip():
 
 def _difference(first, second):
     """What the verdict says differs, rank 1 (second) against rank 0 (first):
-    goddp.ranks.verdict's layout_difference (goldens/agree_wording.golden has
+    goddp.ranks.verdict's layout_difference (testdata/agree_wording.golden has
     more)."""
     from goddp.ranks.plan_check import Statement, decide
 

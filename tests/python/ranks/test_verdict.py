@@ -1,6 +1,6 @@
 """goddp.ranks.verdict: every branch of Note [The agreement verdict], the
 install round, a round given up, what a Round refuses, the wording users
-read (goldens/agree_wording.golden), and the verdict against a naive
+read (testdata/agree_wording.golden), and the verdict against a naive
 reference and whatever the order the statements came in (hypothesis)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from _golden import check_golden
 from goddp.ranks.plan_check import Statement
 from goddp.ranks.verdict import INSTALL, KEEP, LATER, PeerFailedError, PlanMismatchError, Round
 
-GOLDENS = Path(__file__).resolve().parent / "goldens"
+GOLDENS = Path(__file__).resolve().parent / "testdata"
 PEER_FAILED, PLAN_MISMATCH = "peer_failed", "plan_mismatch"
 _KINDS = {PeerFailedError: PEER_FAILED, PlanMismatchError: PLAN_MISMATCH}
 

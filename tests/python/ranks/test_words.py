@@ -1,5 +1,5 @@
 """The agreement's lines (Note [The agreement's lines] in goddp.ranks.verdict)
-as users read them (goldens/words.golden): each round's outcome line, a
+as users read them (testdata/words.golden): each round's outcome line, a
 forward planned across graphs (goddp.ranks.forward.combine: its refusals,
 and its layout against a naive reference, hypothesis), a later graph of a
 decided module (goddp.ranks.agreement.follow) and a plan's notes
@@ -23,7 +23,7 @@ from goddp.ranks.layout import Layout, build_id
 from goddp.ranks.plan_check import Decision
 from goddp.ranks.verdict import INSTALL, KEEP, LATER, Round
 
-GOLDENS = Path(__file__).resolve().parent / "goldens"
+GOLDENS = Path(__file__).resolve().parent / "testdata"
 
 
 def member(describe: str, *buckets, order: str = "ready") -> Member:
