@@ -284,7 +284,9 @@ class _Steps:
         statement)."""
         if int(self.store.add(self.key("read"), 1)) != len(self.group.ranks):
             return
-        names = ["ref", "diff", "in", "count", "said", "outcome", "read", *(f"text/{d}" for d in self._texts)]
+        # (no statement other than the reference: no list was made)
+        differing = ["diff", *(f"text/{d}" for d in self._texts)] if self._texts else []
+        names = ["ref", "in", "count", "said", "outcome", "read", *differing]
         for name in names:
             try:
                 self.store.delete_key(self.key(name))
