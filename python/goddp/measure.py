@@ -16,7 +16,8 @@ imports no other goddp name.
 - ``first_use_nodes(gm)``: each parameter's first using node, as the
   planner counts nodes (bench.declaration_order).
 - ``plan_exchange(...)``: one round of the cross-rank exchange the plan
-  check makes at a DDP module's first training step (bench.agreement_cost).
+  check makes at a DDP module's first training step (bench.agreement_cost,
+  bench.round_scale).
 - ``MIB``: bytes per MiB, as goddp's caps count them.
 """
 
@@ -134,16 +135,22 @@ def first_use_nodes(gm: fx.GraphModule) -> dict[str, int]:
     return first
 
 
-def plan_exchange(store: Any, key: str, rank: int, ranks: Sequence[int], timeout_s: float = 60.0) -> Callable[[], dict[int, str]]:
+def plan_exchange(
+    store: Any, key: str, rank: int, ranks: Sequence[int], timeout_s: float = 60.0,
+    fingerprint: int = 0x1234_5678_9ABC_DEF0,
+) -> Callable[[], dict[int, str]]:
     """A callable that runs one round of the exchange goddp's plan check makes
     at a DDP module's first training step (goddp.ranks.plan_check): every
     rank in ranks publishes a statement of the size a typical layout makes
     (six buckets of four parameters, 1 MiB caps) under key in the c10d
     store and waits, at most timeout_s, for the others'. Returns each rank's
-    statement. Every rank must call it the same number of times."""
+    statement. Every rank must call it the same number of times.
+    fingerprint: the plan this rank states (for the record); ranks given
+    different ones make statements that differ (bench.round_scale's
+    --differ)."""
     group = Group(name=f"measure:{key}", ranks=tuple(ranks), rank=rank, timeout_s=timeout_s)
     layout = Layout(tuple(tuple(range(4 * b, 4 * b + 4)) for b in range(6)), (MIB,) * 6, "ready", "goddp.measure")
-    payload = Statement(layout=layout, digest=0x0123_4567_89AB_CDEF, fingerprint=0x1234_5678_9ABC_DEF0, pieces=6).to_json()
+    payload = Statement(layout=layout, digest=0x0123_4567_89AB_CDEF, fingerprint=fingerprint, pieces=6).to_json()
     return lambda: exchange(store, key, group, payload)
 
 

@@ -108,18 +108,18 @@ def passed_counts(output: str) -> list[int]:
 TORCHRUN_LATER_ENV = "GODDP_TESTS_TORCHRUN_LATER"
 
 
-def assert_file_passes_under_torchrun(test_file: str, *, cases_per_rank: int, timeout: float) -> None:
-    """For a plain pytest run: run test_file's two-rank cases under torchrun
-    and require every rank to pass all of them. Inside torchrun those cases
-    already ran in this process, so this skips."""
+def assert_file_passes_under_torchrun(test_file: str, *, cases_per_rank: int, timeout: float, nproc: int = 2) -> None:
+    """For a plain pytest run: run test_file's multi-rank cases under
+    torchrun with nproc ranks and require every rank to pass all of them.
+    Inside torchrun those cases already ran in this process, so this skips."""
     if under_torchrun():
         pytest.skip("already inside torchrun: the cases above ran in this process")
-    if os.environ.get(TORCHRUN_LATER_ENV) == "1":
+    if os.environ.get(TORCHRUN_LATER_ENV) == "1" and nproc == 2:
         # `make test` runs every test_dist_*/test_backend_* file under
-        # torchrun in its pytest-dist step; launching them here too would
-        # run each two-rank case twice.
+        # torchrun (two ranks) in its pytest-dist step; launching them here
+        # too would run each two-rank case twice. Other sizes run here.
         pytest.skip("make test runs this file's two-rank cases under torchrun in pytest-dist")
-    returncode, output = run_file_under_torchrun(test_file, nproc=2, timeout=timeout)
+    returncode, output = run_file_under_torchrun(test_file, nproc=nproc, timeout=timeout)
     assert returncode == 0, output[-6000:]
-    # Both ranks ran every case (the launching test itself skips inside torchrun).
-    assert passed_counts(output) == [cases_per_rank, cases_per_rank], output[-6000:]
+    # Every rank ran every case (the launching test itself skips inside torchrun).
+    assert passed_counts(output) == [cases_per_rank] * nproc, output[-6000:]

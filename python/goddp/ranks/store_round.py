@@ -6,27 +6,68 @@ leaving a trace, and the records it publishes). Why the store and not the
 process group: see Note [The store, not the process group] in
 goddp.ranks.group.
 
+Note [A round that does not grow with the group]: every store call is a
+round trip to one server (torchrun's, on one host), which serves the calls
+of every rank one after the other. A round where each rank read every
+other rank's statement made 2N calls per rank and 2N^2 through that server
+(512 ranks: 26 s on a 2-core machine; 4,096 would pass the first round's
+bound). So a rank reads only what differs from the first statement:
+- the first rank to arrive sets the reference (``compare_set`` on ``ref``:
+  its rank, its statement's sha256 digest and the statement itself); every
+  later rank's ``compare_set`` returns the reference, in the same call;
+- a rank whose digest differs publishes its statement (once per digest)
+  and appends its rank and digest to a list (``diff``);
+- every rank counts itself in (``add``); the one that makes the count the
+  group's size is the last: every statement is in, it reads the list and
+  one statement per distinct digest on it, computes the verdict on the
+  whole mapping (every rank not on the list said the reference), leaves a
+  summary for the others (``said``) and sets the outcome (``compare_set``);
+- every other rank waits on that one key, then rebuilds the same mapping
+  from the reference and the summary: empty where every rank said the
+  reference; else the statements other than the reference, the digest
+  most ranks said and the ranks of every other digest. So what it reads
+  grows with what differs from the most common statement (the verdict
+  needs every rank's: a lost reducer on any rank stops them all), never
+  with N alone, and not with which rank came first.
+Ranks that agree make a fixed number of calls and read the reference, the
+outcome and a few counters, whatever N. The last rank reads the list once,
+and the roll call (``in``) is read only to name the ranks that did not
+come (the progress line, a give-up). docs/ranks-scale.md has the
+measurements, and what 4,096 and 16,384 ranks cost the server.
+
 Keys under a round's base:
-- ``<base>/<rank>``: that rank's statement.
+- ``<base>/ref``: "<rank>:<digest>" and, after a newline, that rank's
+  statement: the reference, set once, by the first rank to arrive.
+- ``<base>/diff``: "<rank>:<digest>," appended by each rank whose digest
+  is not the reference's, before it counts itself in;
+  ``<base>/text/<digest>``: that statement, set before it appends.
+- ``<base>/in``: "<rank>," appended by each rank as it counts itself in.
+- ``<base>/count``: how many ranks came (``store.add``).
+- ``<base>/said``: the last rank's summary of every statement (JSON, or
+  empty), set before the outcome.
 - ``<base>/outcome``: set once, atomically (``store.compare_set``), by the
-  first rank that either has every statement (its verdict on them) or gives
-  up waiting ("gave up: rank r"). Every rank follows it, so a rank that
-  arrives after another gave up learns so and stops, instead of going on
-  alone and then waiting in a collective for a rank that has left.
+  last rank to arrive (its verdict on every statement) or by the first that
+  gives up waiting ("gave up: rank r"). Every rank follows it, so a rank
+  that arrives after another gave up learns so and stops, instead of going
+  on alone and then waiting in a collective for a rank that has left.
 - ``<base>/read``: how many ranks have read the complete round; the last
   reader deletes the round's keys. In a round some rank gave up on no rank
   reads, and its keys (they are small) stay.
+A store without ``compare_set`` (a Python store written before it) gets
+the older round instead: every rank reads every statement and settles
+nothing (warned once).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import time
 import warnings
 from datetime import timedelta
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from goddp.ranks.group import Group
 
@@ -34,8 +75,18 @@ logger = logging.getLogger("goddp")
 
 # A rank that waits longer than this says so at INFO, then again each time.
 PROGRESS_EVERY_S = 30.0
-POLL_S = 1.0  # how often a waiting rank looks whether the round was settled
+# How often a waiting rank looks again (a store wait cannot be interrupted:
+# this bounds how late Ctrl-C lands). In a group of more than LOOKS_PER_S
+# ranks each looks less often, so that the server answers about that many
+# looks a second in all, whatever N (a look is a wait, its cancel and a
+# check, on one key).
+POLL_S = 1.0
+LOOKS_PER_S = 1024
 GAVE_UP = "gave up: rank "
+# The outcome the last rank sets when the verdict raised there: every rank
+# then computes the verdict itself, so that it raises on every rank alike
+# (it is a pure function of the same statements).
+RAISED = "the verdict raised on rank "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,26 +122,266 @@ def settle(
     verdict: Callable[[Mapping[int, str]], str],
     waiting_for: str,
 ) -> Round:
-    """Publishes this rank's statement under base, waits at most
+    """States this rank's statement under base, waits at most
     group.timeout_s for every other rank's, and returns the round's one
-    outcome (see module doc). verdict turns the complete statements into
-    the outcome; every rank computes it from the same statements.
-    waiting_for ends the progress line ("rank 0 has waited 30 s for rank(s)
-    [1] to ...")."""
+    outcome (see module doc). verdict turns the complete statements (every
+    rank's) into the outcome; it must be a pure function of them: the last
+    rank to arrive computes it for everyone. waiting_for ends the progress
+    line ("rank 0 has waited 30 s for rank(s) [1] to ...")."""
+    started = time.monotonic()
+    steps = _Steps(store, base, group)
+    try:
+        count = steps.arrive(statement)
+    except _NoCompareSet:
+        return _settle_reading_all(store, base, group, statement, verdict, waiting_for)
+    raised: Exception | None = None
+    if count == len(group.ranks):
+        every = steps.statements(group.ranks)
+        try:
+            mine = verdict(every)
+        except Exception as exc:  # raised on every rank below, not only here
+            raised, mine = exc, f"{RAISED}{group.rank}"
+        steps.publish_said()
+        outcome: str | None = steps.set_outcome(mine)
+        complete = True
+    else:
+        outcome = steps.wait(waiting_for, started)
+        complete = outcome is not None
+        if outcome is None:
+            outcome = steps.set_outcome(f"{GAVE_UP}{group.rank}")
+    waited = time.monotonic() - started
+    if outcome.startswith(GAVE_UP):
+        seen = steps.came()
+        return Round(outcome, steps.statements(seen), complete and len(seen) == len(group.ranks), waited)
+    # Every rank came (the outcome is the last one's), so every statement
+    # can be rebuilt, on every rank, from the last one's summary.
+    statements = steps.settled_statements()
+    steps.done_reading()
+    if outcome.startswith(RAISED):
+        if raised is not None:
+            raise raised
+        outcome = verdict(statements)
+    return Round(outcome, statements, complete, waited)
+
+
+class _NoCompareSet(Exception):
+    """The store cannot compare_set (see module doc)."""
+
+
+class _Steps:
+    """One rank's steps in a round, and what it has read so far
+    (Note [A round that does not grow with the group])."""
+
+    def __init__(self, store: Any, base: str, group: Group) -> None:
+        self.store, self.base, self.group = store, base, group
+        self._reference = ("", "")  # (digest, statement) of the reference
+        self._differing: dict[int, str] | None = None  # rank -> digest, once read
+        self._texts: dict[str, str] = {}  # digest -> statement, of the differing ones
+
+    def key(self, name: object) -> str:
+        return f"{self.base}/{name}"
+
+    def arrive(self, statement: str) -> int:
+        """Compares this rank's statement with the reference (setting it
+        when first), publishes it where it differs, and counts this rank in;
+        returns the count."""
+        rank, digest = self.group.rank, _digest(statement)
+        try:
+            ref = _text(self.store.compare_set(self.key("ref"), "", f"{rank}:{digest}\n{statement}"))
+        except (AttributeError, NotImplementedError, RuntimeError) as exc:
+            _warn_no_compare_set(self.store, exc)
+            raise _NoCompareSet from exc
+        header, _, text = ref.partition("\n")
+        self._reference = (header.partition(":")[2], text)
+        if self._reference[0] != digest:
+            # the same text under the same key from every rank that says it
+            self.store.set(self.key(f"text/{digest}"), statement)
+            self.store.append(self.key("diff"), f"{rank}:{digest},")
+        self.store.append(self.key("in"), f"{rank},")
+        return int(self.store.add(self.key("count"), 1))
+
+    def wait(self, waiting_for: str, started: float) -> str | None:
+        """The outcome, once some rank set it within group.timeout_s of
+        started; None when none did."""
+        outcome = self.key("outcome")
+        if _wait(self.store, [outcome], self.group, waiting_for, started, self.missing):
+            return _text(self.store.get(outcome))
+        return None
+
+    def set_outcome(self, mine: str) -> str:
+        """The round's outcome: mine if this rank sets it first, else the
+        one another rank set."""
+        return _text(self.store.compare_set(self.key("outcome"), "", mine))
+
+    def came(self) -> list[int]:
+        """The ranks that counted themselves in so far, in the group's order."""
+        came = {int(r) for r in _text(self.store.get(self.key("in"))).split(",") if r}
+        return [r for r in self.group.ranks if r in came]
+
+    def missing(self) -> list[int]:
+        """The ranks that have not counted themselves in, in rank order."""
+        came = set(self.came())
+        return [r for r in sorted(self.group.ranks) if r not in came]
+
+    def statements(self, ranks: Iterable[int]) -> dict[int, str]:
+        """What each of ranks (ranks that came) said, read from the round's
+        keys: the reference unless it is on the list of those that differ.
+        The list, and one statement per distinct digest on it, are read
+        once. For the last rank, and after a give-up."""
+        if self._differing is None:
+            self._differing = self._read_differing()
+            digests = sorted(set(self._differing.values()))
+            self._texts = dict(zip(digests, _get_many(self.store, [self.key(f"text/{d}") for d in digests])))
+        differing, texts = self._differing, self._texts
+        return {r: texts[differing[r]] if r in differing else self._reference[1] for r in ranks}
+
+    def _read_differing(self) -> dict[int, str]:
+        if not self.store.check([self.key("diff")]):
+            return {}
+        said = (entry.partition(":") for entry in _text(self.store.get(self.key("diff"))).split(",") if entry)
+        return {int(r): digest for r, _, digest in said}
+
+    def publish_said(self) -> None:
+        """The last rank's summary of every rank's statement, for the
+        others: empty where all said the reference; else the statements
+        other than the reference, by digest, the digest most ranks said,
+        and the ranks of every other digest. What another rank reads grows
+        with what differs from the most common statement, not with N, and
+        not with who came first."""
+        ref_digest = self._reference[0]
+        classes: dict[str, list[int]] = {}
+        for r in self.group.ranks:
+            classes.setdefault((self._differing or {}).get(r, ref_digest), []).append(r)
+        said = ""
+        if len(classes) > 1:
+            major = max(classes, key=lambda d: (len(classes[d]), d == ref_digest, d))
+            said = json.dumps({
+                "major": major,
+                "texts": self._texts,
+                "ranks": {d: rs for d, rs in classes.items() if d != major},
+            }, sort_keys=True)
+        self.store.set(self.key("said"), said)
+
+    def settled_statements(self) -> dict[int, str]:
+        """Every rank's statement, once the last rank has published its
+        summary (publish_said): one read."""
+        if self._differing is not None:  # read already (the last rank)
+            return self.statements(self.group.ranks)
+        raw = _text(self.store.get(self.key("said")))
+        ref_digest, ref_text = self._reference
+        if not raw:
+            self._texts = {}
+            return {r: ref_text for r in self.group.ranks}
+        said = json.loads(raw)
+        self._texts = said["texts"]
+        texts = {**said["texts"], ref_digest: ref_text}
+        listed = {r: texts[d] for d, ranks in said["ranks"].items() for r in ranks}
+        return {r: listed.get(r, texts[said["major"]]) for r in self.group.ranks}
+
+    def done_reading(self) -> None:
+        """Counts this rank's read of a complete round; the last reader
+        deletes the round's keys (a few, whatever N: one more per distinct
+        statement)."""
+        if int(self.store.add(self.key("read"), 1)) != len(self.group.ranks):
+            return
+        # (no statement other than the reference: no list was made)
+        differing = ["diff", *(f"text/{d}" for d in self._texts)] if self._texts else []
+        names = ["ref", "in", "count", "said", "outcome", "read", *differing]
+        for name in names:
+            try:
+                self.store.delete_key(self.key(name))
+            except Exception:  # a store without delete: the keys are small
+                pass
+
+
+def _digest(statement: str) -> str:
+    return hashlib.sha256(statement.encode("utf-8")).hexdigest()
+
+
+def _get_many(store: Any, keys: Sequence[str]) -> list[str]:
+    """The values of keys (each set), in one call where the store can."""
+    if not keys:
+        return []
+    try:
+        return [_text(v) for v in store.multi_get(list(keys))]
+    except (AttributeError, NotImplementedError):
+        return [_text(store.get(k)) for k in keys]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _wait(
+    store: Any,
+    keys: Sequence[str],
+    group: Group,
+    waiting_for: str,
+    started: float,
+    missing: Callable[[], list[int]],
+    settled: Callable[[], bool] = lambda: False,
+) -> bool:
+    """Whether every key appeared within group.timeout_s of started. Stops
+    early, with False, once settled() says another rank settled the round.
+    Every PROGRESS_EVERY_S it logs the ranks missing() names."""
+    deadline = started + group.timeout_s
+    next_progress = started + PROGRESS_EVERY_S
+    poll = POLL_S * max(1.0, len(group.ranks) / LOOKS_PER_S)
+    while True:
+        now = time.monotonic()
+        step = min(poll, deadline - now, next_progress - now)
+        try:
+            store.wait(list(keys), timedelta(seconds=max(0.001, step)))
+            return True
+        except RuntimeError:  # the store's timeout (DistStoreError is one)
+            pass
+        if store.check(list(keys)):
+            return True
+        if settled() or time.monotonic() >= deadline:
+            return False
+        if time.monotonic() >= next_progress:
+            next_progress += PROGRESS_EVERY_S
+            logger.info(
+                "goddp: rank %d has waited %.0f s for rank(s) %s to %s; giving up after %.0f s",
+                group.rank, time.monotonic() - started, missing(), waiting_for, group.timeout_s,
+            )
+
+
+# --------------------------------------------------------------------------
+# A store without compare_set
+
+
+_warned_no_compare_set = False
+
+
+def _warn_no_compare_set(store: Any, exc: Exception) -> None:
+    global _warned_no_compare_set
+    if not _warned_no_compare_set:
+        _warned_no_compare_set = True
+        warnings.warn(
+            f"goddp: the c10d store ({type(store).__name__}) cannot compare_set ({exc}); a rank that arrives "
+            "after the others gave up waiting for it will not learn that they did"
+        )
+
+
+def _settle_reading_all(
+    store: Any, base: str, group: Group, statement: str, verdict: Callable[[Mapping[int, str]], str], waiting_for: str
+) -> Round:
+    """settle for a store without compare_set: every rank reads every
+    statement and decides by itself (nothing settles the round for all)."""
     store.set(f"{base}/{group.rank}", statement)
     keys = {r: f"{base}/{r}" for r in group.ranks}
     started = time.monotonic()
-    complete = _wait(store, keys, group, waiting_for, f"{base}/outcome")
+    missing = lambda: [r for r, k in sorted(keys.items()) if not store.check([k])]  # noqa: E731
+    complete = _wait(store, list(keys.values()), group, waiting_for, started, missing)
     waited = time.monotonic() - started
-    mine = verdict(_read(store, keys)) if complete else f"{GAVE_UP}{group.rank}"
-    outcome = _compare_set(store, f"{base}/outcome", mine)
-    if outcome.startswith(GAVE_UP):
+    if not complete:
         seen = {r: k for r, k in keys.items() if store.check([k])}
-        return Round(outcome, _read(store, seen), complete, waited)
-    # Someone saw every statement, so all are there to read, on every rank.
+        return Round(f"{GAVE_UP}{group.rank}", _read(store, seen), complete, waited)
     statements = _read(store, keys)
+    outcome = verdict(statements)
     if int(store.add(f"{base}/read", 1)) == len(group.ranks):
-        for k in [*keys.values(), f"{base}/outcome", f"{base}/read"]:
+        for k in [*keys.values(), f"{base}/read"]:
             try:
                 store.delete_key(k)
             except Exception:  # a store without delete: the keys are small
@@ -100,60 +391,6 @@ def settle(
 
 def _read(store: Any, keys: Mapping[int, str]) -> dict[int, str]:
     return {r: _text(store.get(k)) for r, k in keys.items()}
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
-
-
-_warned_no_compare_set = False
-
-
-def _compare_set(store: Any, key: str, mine: str) -> str:
-    """The round's outcome: mine if this rank sets it first, else the one
-    another rank set (compare_set sets a missing key when expected is "").
-    A store without compare_set settles nothing: each rank keeps its own
-    view (warned once)."""
-    try:
-        return _text(store.compare_set(key, "", mine))
-    except (AttributeError, NotImplementedError, RuntimeError) as exc:
-        global _warned_no_compare_set
-        if not _warned_no_compare_set:
-            _warned_no_compare_set = True
-            warnings.warn(
-                f"goddp: the c10d store ({type(store).__name__}) cannot compare_set ({exc}); a rank that arrives "
-                "after the others gave up waiting for it will not learn that they did"
-            )
-        return mine
-
-
-def _wait(store: Any, keys: Mapping[int, str], group: Group, waiting_for: str, outcome: str) -> bool:
-    """Whether every key appeared within group.timeout_s. Stops early, with
-    False, once another rank has settled the round (its outcome key is set):
-    a rank that gave up settles it for everyone, and a latecomer must not
-    spend its own wait on a round already given up."""
-    started = time.monotonic()
-    deadline = started + group.timeout_s
-    next_progress = started + PROGRESS_EVERY_S
-    while True:
-        now = time.monotonic()
-        step = min(POLL_S, deadline - now, next_progress - now)
-        try:
-            store.wait(list(keys.values()), timedelta(seconds=max(0.001, step)))
-            return True
-        except RuntimeError:  # the store's timeout (DistStoreError is one)
-            pass
-        missing = [r for r, k in sorted(keys.items()) if not store.check([k])]
-        if not missing:
-            return True
-        if store.check([outcome]) or time.monotonic() >= deadline:
-            return False
-        if time.monotonic() >= next_progress:
-            next_progress += PROGRESS_EVERY_S
-            logger.info(
-                "goddp: rank %d has waited %.0f s for rank(s) %s to %s; giving up after %.0f s",
-                group.rank, time.monotonic() - started, missing, waiting_for, group.timeout_s,
-            )
 
 
 # --------------------------------------------------------------------------

@@ -173,7 +173,7 @@ def _play(store, key, ranks, payloads, timeout=30.0, arrive=None):
 
 def _remaining_keys(store, key, rounds, ranks):
     names = [f"{key}/{n}/{r}" for n in range(rounds) for r in ranks]
-    names += [f"{key}/{n}/{last}" for n in range(rounds) for last in ("outcome", "read")]
+    names += [f"{key}/{n}/{k}" for n in range(rounds) for k in ("ref", "diff", "in", "count", "outcome", "read")]
     return [k for k in names if store.check([k])]
 
 
@@ -241,9 +241,8 @@ def test_a_rank_that_comes_after_the_others_gave_up_is_told_so():
 
 
 class _StaleStore:
-    """A HashStore whose wait always times out and whose check never sees
-    rank 1's statement: a rank whose last look at the store came just
-    before rank 1 arrived and settled the round."""
+    """A HashStore whose wait never sees a round's outcome: a rank whose
+    last look at the store came just before the last rank settled it."""
 
     def __init__(self, store):
         self._store = store
@@ -252,18 +251,29 @@ class _StaleStore:
         raise RuntimeError("timed out")
 
     def check(self, keys):
-        return not any(k.endswith("/1") for k in keys) and self._store.check(keys)
+        return not any(k.endswith("/outcome") for k in keys) and self._store.check(keys)
 
     def __getattr__(self, name):
         return getattr(self._store, name)
 
 
 def test_a_rank_that_times_out_as_the_round_settles_follows_it():
+    """Rank 0 never sees the outcome rank 1 set; when its wait ends, its
+    give-up finds that outcome and follows it (one outcome for all)."""
     inner = dist.HashStore()
-    inner.set("k/0/1", "y")
-    inner.set("k/0/outcome", "go")
-    group = Group(name="g", ranks=(0, 1), rank=0, timeout_s=0.2)
-    assert exchange(_StaleStore(inner), "k", group, "x") == {0: "x", 1: "y"}
+    results = {}
+
+    def run(rank, store, timeout):
+        group = Group(name="g", ranks=(0, 1), rank=rank, timeout_s=timeout)
+        results[rank] = exchange(store, "k", group, "xy"[rank])
+
+    early = threading.Thread(target=run, args=(0, _StaleStore(inner), 2.0))
+    early.start()
+    while inner.add("k/0/count", 0) < 1:  # rank 0 is in; rank 1 comes last and settles
+        time.sleep(0.01)
+    run(1, inner, 30.0)
+    early.join(30)
+    assert results == {0: {0: "x", 1: "y"}, 1: {0: "x", 1: "y"}}
 
 
 class _OldStore:

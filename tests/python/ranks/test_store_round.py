@@ -5,6 +5,7 @@ test_dist_rank_safety, test_dist_trace)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch.distributed as dist
@@ -38,7 +39,39 @@ def test_every_rank_follows_one_verdict_and_the_round_is_cleaned_up():
     ended = _play(store, {0: "ok", 1: "busy", 2: "ok"})
     assert {e.outcome for e in ended.values()} == {"refused"}
     assert all(e.complete and dict(e.statements) == {0: "ok", 1: "busy", 2: "ok"} for e in ended.values())
-    assert not any(store.check([k]) for k in ("r/0", "r/1", "r/2", "r/outcome", "r/read"))
+    keys = ("r/0", "r/1", "r/2", "r/ref", "r/diff", "r/in", "r/count", "r/outcome", "r/read")
+    assert not any(store.check([k]) for k in keys)
+
+
+def test_a_verdict_that_raises_raises_on_every_rank():
+    """The last rank computes the verdict; where it raises, every rank
+    raises it (the verdict is a pure function of the same statements), and
+    none waits out its bound for an outcome that never comes."""
+
+    def strict(said):
+        if len(set(said.values())) > 1:
+            raise ValueError(f"ranks differ: {sorted(said.items())}")
+        return "go"
+
+    store = dist.HashStore()
+    ranks = (0, 1, 2)
+    ended = {}
+
+    def run(rank):
+        group = Group(name="g", ranks=ranks, rank=rank, timeout_s=60.0)
+        try:
+            ended[rank] = settle(store, "r", group, "busy" if rank == 1 else "ok", strict, "test")
+        except ValueError as exc:
+            ended[rank] = str(exc)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=run, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert time.monotonic() - started < 30
+    assert set(ended.values()) == {"ranks differ: [(0, 'ok'), (1, 'busy'), (2, 'ok')]"}
 
 
 def test_a_rank_that_never_comes_ends_the_round_for_everyone_who_did():
