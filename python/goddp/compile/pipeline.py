@@ -63,6 +63,8 @@ from goddp.ranks.layout import Layout, layout_of
 from goddp.ranks.plan_check import Statement
 from goddp.reports.records import GraphRecord, add_record, new_timings
 from goddp.reports.table import plan_table
+from goddp.tools import structured
+from goddp.tools.ranges import piece_labels
 
 logger = logging.getLogger("goddp")
 
@@ -147,14 +149,16 @@ class _DDPGraphCompile:
                     piece_inputs = piece_example_inputs(self.gm, self.example_inputs, pieces)
                 with stages.stage("identify"):
                     identified = self.identify(exported, planned.plan, pieces, piece_inputs)
+                    labels = piece_labels(planned.plan, exported.nodes)
             finally:
                 self.log_table(planned.plan, identified)
+            structured.pieces(self.gm, pieces, identified.same_as, identified.eager, labels, self.frame.describe())
             with stages.timed("compile"):
                 compiled = compile_pieces(
                     self.inner, pieces, piece_inputs, identified.same_as, identified.eager, stages.guard
                 )
             with stages.stage("stitch"):
-                stitched = StitchedPieces(self.gm, pieces, compiled)
+                stitched = StitchedPieces(self.gm, pieces, compiled, labels)
         except FellBack as fell:
             return self.whole_graph(exported, planned, fell)
         record = self.record(exported, planned, identified)
@@ -434,8 +438,11 @@ class _DDPGraphCompile:
             pieces=1 if planned is None else planned.plan.num_pieces,
         )
 
+        compile_id = structured.current_compile_id()
+
         def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
+            structured.agreement(compile_id, plan_check, ddp_buckets)
 
         def note(forward: dict[str, Any]) -> None:
             record.forward = forward
