@@ -7,4 +7,6 @@
 - ``inner``: the inner compiler each piece goes to.
 - ``pieces``: compiling the pieces (example inputs, the compile loop).
 - ``ddp_optimizer``: torch's DDPOptimizer, which must not cut as well.
+- ``compiled_autograd``: torch's compiled autograd, which schedules DDP's
+  allreduces itself under the Python reducer (goddp then does not cut).
 """

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 
-from goddp.compile import ddp_optimizer
+from goddp.compile import compiled_autograd, ddp_optimizer
 from goddp.compile.fallback import FellBack, Stages, warn_fallback
 from goddp.compile.inner import inner_name, resolve_inner
 from goddp.compile.pieces import compile_pieces, log_pieces, piece_example_inputs
@@ -468,14 +468,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
     ddp_optimizer.refuse_its_pieces(gm)
     inner = resolve_inner(options)
     ddp = active_ddp_module()
-    if ddp is None:
+    # Note [Compiled autograd and DDP] in goddp.compile.compiled_autograd
+    if compiled_autograd.passes_uncut(gm, ddp) or ddp is None:
         return inner(gm, example_inputs)
-    reducer_mode = ddp_optimizer.compiled_autograd_schedules_ddp()
-    if reducer_mode is not None:
-        logger.info(
-            "goddp: optimize_ddp=%r lets compiled autograd schedule DDP's allreduces; "
-            "compiling the whole graph without cuts",
-            reducer_mode,
-        )
-        return inner(gm, example_inputs)
+    compiled_autograd.warn_cpp_reducer(ddp)
     return _DDPGraphCompile(gm, example_inputs, options, inner, ddp).run()
