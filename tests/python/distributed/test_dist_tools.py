@@ -296,9 +296,9 @@ def test_structured_trace_costs_nothing_without_torch_trace(dist_group, monkeypa
 
 
 @needs_two_ranks
-def test_compiled_autograd_with_cpp_reducer_warns_once_and_torch_refuses(group, monkeypatch, caplog):
+@torch._dynamo.config.patch(compiled_autograd=True)  # not monkeypatch: it would delete the setting on undo
+def test_compiled_autograd_with_cpp_reducer_warns_once_and_torch_refuses(group, caplog):
     """goddp's warning says what torch does: a compiled backward raises."""
-    monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", True)
     torch.manual_seed(0)
     ddp = DDP(Tiny(), bucket_cap_mb=0.001, process_group=group)
     compiled = torch.compile(ddp, backend=goddp.backend(inner=lambda gm, example_inputs: gm.forward, log_plan=False))
