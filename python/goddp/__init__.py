@@ -28,8 +28,9 @@ validator; ``compile`` the pipeline and its one fallback; ``graph`` export,
 cut and stitch; ``native`` the binding to the Go planner; ``ddp`` everything
 that touches DistributedDataParallel (torch's private DDP API in
 ``ddp.private`` alone); ``ranks`` how the ranks agree; ``reports`` plan
-records and the plan table; ``tracing`` goddp.trace; ``measure`` the
-benchmarks' documented hooks.
+records and the plan table; ``tracing`` goddp.trace; ``tools`` goddp in
+torch's own tools (structured trace, compile times, profiler ranges);
+``measure`` the benchmarks' documented hooks.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ imports no other goddp name.
   found identical pieces that goddp would compile once (what the inner
   compiler's own caches give instead; bench.compile_overhead's
   ``goddp_each``).
+- ``PieceRanges(mode)``: the stitched callables goddp builds meanwhile name
+  their pieces in profiler traces as mode says: "off", never (the stitched
+  loop without Note [Piece ranges] in goddp.tools.ranges); "always", even
+  with no profiler recording (what the ranges would cost ungated);
+  bench.range_cost measures both beside what goddp does.
 - ``first_use_nodes(gm)``: each parameter's first using node, as the
   planner counts nodes (bench.declaration_order).
 - ``plan_exchange(...)``: one round of the cross-rank exchange the plan
@@ -23,19 +28,21 @@ imports no other goddp name.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import Any, Callable, Sequence
 
 from torch import fx
 
 from goddp.compile import pipeline
-from goddp.graph import blocks
+from goddp.graph import blocks, stitch
 from goddp.graph.export import export_graph
 from goddp.graph.nodes import is_compute
 from goddp.native.plan import MIB
 from goddp.ranks.group import Group
 from goddp.ranks.layout import Layout
 from goddp.ranks.plan_check import Statement, exchange
+from goddp.tools import ranges
 
 
 class MeasureHookError(RuntimeError):
@@ -98,6 +105,67 @@ class PieceReuseOff:
         self.off()
 
 
+class PieceRanges:
+    """While on, each stitched callable goddp builds (goddp.graph.stitch,
+    through goddp.tools.ranges.piece_ranges) ranges its pieces as mode says:
+    "off", never (no ranged steps: the plain loop, without even the check
+    whether a profiler records); "always", on every call, profiler or not.
+    Plans, pieces and compiled code do not change.
+
+        with measure.PieceRanges("off") as switch:
+            compiled(*inputs)          # the first call compiles and stitches
+        switch.check_used()            # raises unless goddp stitched through it
+
+    ``on()`` raises MeasureHookError when the stitcher no longer asks
+    piece_ranges for its ranged steps; ``check_used()`` when nothing was
+    stitched while on.
+    """
+
+    MODES = ("off", "always")
+
+    def __init__(self, mode: str) -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"goddp.measure.PieceRanges: mode must be one of {self.MODES}, got {mode!r}")
+        self.mode = mode
+        self.calls = 0
+        self._saved: Callable[..., Any] | None = None
+
+    def on(self) -> "PieceRanges":
+        target = getattr(stitch, "piece_ranges", None)
+        if target is not ranges.piece_ranges or not _module_calls(stitch, "piece_ranges"):
+            raise MeasureHookError(
+                "goddp.measure.PieceRanges: goddp.graph.stitch no longer makes its ranged steps through "
+                "goddp.tools.ranges.piece_ranges; move this hook to where they are made now"
+            )
+        if self._saved is None:
+            self._saved = target
+            stitch.piece_ranges = self._ranges
+        return self
+
+    def off(self) -> None:
+        if self._saved is not None:
+            stitch.piece_ranges = self._saved
+        self._saved = None
+
+    def check_used(self) -> None:
+        if self.calls == 0:
+            raise MeasureHookError(
+                "goddp.measure.PieceRanges was on, but goddp stitched no pieces through it: what was measured "
+                "is not goddp with its ranges switched (no cut graph, or the stitcher moved)"
+            )
+
+    def _ranges(self, steps: Sequence[tuple], labels: Sequence[str] | None) -> Any:
+        self.calls += 1
+        made = None if self.mode == "off" or self._saved is None else self._saved(steps, labels)
+        return None if made is None else dataclasses.replace(made, wanted=lambda: True)
+
+    def __enter__(self) -> "PieceRanges":
+        return self.on()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.off()
+
+
 def _module_calls(module: types.ModuleType, name: str) -> bool:
     """Whether some function or method defined in module refers to the
     global name."""
@@ -154,4 +222,4 @@ def plan_exchange(
     return lambda: exchange(store, key, group, payload)
 
 
-__all__ = ["MIB", "MeasureHookError", "PieceReuseOff", "first_use_nodes", "plan_exchange"]
+__all__ = ["MIB", "MeasureHookError", "PieceRanges", "PieceReuseOff", "first_use_nodes", "plan_exchange"]

@@ -10,4 +10,6 @@
 - ``pieces``: compiling the pieces (example inputs, the compile loop).
 - ``notes``: the INFO lines a graph's plan deserves.
 - ``ddp_optimizer``: torch's DDPOptimizer, which must not cut as well.
+- ``compiled_autograd``: torch's compiled autograd, which schedules DDP's
+  allreduces itself under the Python reducer (goddp then does not cut).
 """

@@ -67,6 +67,9 @@ from typing import Any, Iterator
 
 import torch._dynamo.exc as dynamo_exc
 
+from goddp.tools import structured
+from goddp.tools.phases import phase
+
 logger = logging.getLogger("goddp")
 
 # What the WARNING and the plan record call each stage ("compile" per piece).
@@ -139,12 +142,15 @@ class Stages:
 
     @contextlib.contextmanager
     def timed(self, stage: str) -> Iterator[None]:
-        """Adds the time spent in the block to timings[stage]."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[stage] += time.perf_counter() - start
+        """Adds the time spent in the block to timings[stage], also timed
+        as torch's goddp.<stage> (Note [goddp in compile_times] in
+        goddp.tools.phases)."""
+        with phase(stage):
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.timings[stage] += time.perf_counter() - start
 
     @contextlib.contextmanager
     def guard(self, stage: str, **details: Any) -> Iterator[None]:
@@ -177,6 +183,7 @@ def warn_fallback(fell: FellBack) -> None:
     to WARNING and its traceback to DEBUG, since the reason keeps one line."""
     message = f"goddp: {fell.reason}; compiling the whole graph with the inner compiler instead"
     warnings.warn(message, RuntimeWarning, stacklevel=4)
+    structured.fallback(fell.stage, fell.reason, fell.cause)
     cause = fell.cause
     full = str(cause).strip()
     if "\n" in full:

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 
-from goddp.compile import ddp_optimizer
+from goddp.compile import compiled_autograd, ddp_optimizer
 from goddp.compile.fallback import FellBack, Stages, warn_fallback
 from goddp.compile.inner import inner_name, resolve_inner
 from goddp.compile.notes import PlanFacts, plan_notes, settings_note
@@ -64,6 +64,8 @@ from goddp.ranks.layout import Layout, layout_of
 from goddp.ranks.plan_check import Statement
 from goddp.reports.records import GraphRecord, add_record, new_timings
 from goddp.reports.table import plan_table
+from goddp.tools import structured
+from goddp.tools.ranges import piece_labels
 
 logger = logging.getLogger("goddp")
 
@@ -148,14 +150,16 @@ class _DDPGraphCompile:
                     piece_inputs = piece_example_inputs(self.gm, self.example_inputs, pieces)
                 with stages.stage("identify"):
                     identified = self.identify(exported, planned.plan, pieces, piece_inputs)
+                    labels = piece_labels(planned.plan, exported.nodes)
             finally:
                 self.log_table(planned.plan, identified)
+            structured.pieces(self.gm, pieces, identified.same_as, identified.eager, labels, self.frame.describe())
             with stages.timed("compile"):
                 compiled = compile_pieces(
                     self.inner, pieces, piece_inputs, identified.same_as, identified.eager, stages.guard
                 )
             with stages.stage("stitch"):
-                stitched = StitchedPieces(self.gm, pieces, compiled)
+                stitched = StitchedPieces(self.gm, pieces, compiled, labels)
         except FellBack as fell:
             return self.whole_graph(exported, planned, fell)
         record = self.record(exported, planned, identified)
@@ -413,8 +417,11 @@ class _DDPGraphCompile:
             pieces=1 if planned is None else planned.plan.num_pieces,
         )
 
+        compile_id = structured.current_compile_id()
+
         def report(plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
             record.plan_check, record.ddp_buckets = plan_check, ddp_buckets
+            structured.agreement(compile_id, plan_check, ddp_buckets)
 
         def note(forward: dict[str, Any]) -> None:
             record.forward = forward
@@ -440,14 +447,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
     ddp_optimizer.refuse_its_pieces(gm)
     inner = resolve_inner(options)
     ddp = active_ddp_module()
-    if ddp is None:
+    # Note [Compiled autograd and DDP] in goddp.compile.compiled_autograd
+    if compiled_autograd.passes_uncut(gm, ddp) or ddp is None:
         return inner(gm, example_inputs)
-    reducer_mode = ddp_optimizer.compiled_autograd_schedules_ddp()
-    if reducer_mode is not None:
-        logger.info(
-            "goddp: optimize_ddp=%r lets compiled autograd schedule DDP's allreduces; "
-            "compiling the whole graph without cuts",
-            reducer_mode,
-        )
-        return inner(gm, example_inputs)
+    compiled_autograd.warn_cpp_reducer(ddp)
     return _DDPGraphCompile(gm, example_inputs, options, inner, ddp).run()

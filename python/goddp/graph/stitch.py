@@ -3,7 +3,9 @@
 All bookkeeping is done once, at compile time: every value gets a slot in a
 flat list (graph inputs first, then each piece's outputs), and each step
 holds a C-level getter for the slots it reads, the slots it writes and the
-slots nobody reads afterwards. A call is then a short loop.
+slots nobody reads afterwards. A call is then a short loop. While a
+profiler records, the loop runs each piece named in its trace (Note [Piece
+ranges] in goddp.tools.ranges).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import fx
 
 from goddp.graph.cut import Piece
 from goddp.graph.nodes import example_value
+from goddp.tools.ranges import piece_ranges
 
 
 def _gatherer(reads: tuple[int, ...]) -> Callable[[list], tuple]:
@@ -50,6 +53,7 @@ class StitchedPieces:
         gm: fx.GraphModule,
         pieces: Sequence[Piece],
         compiled: Sequence[Callable[..., Any]],
+        labels: Sequence[str] | None = None,
     ) -> None:
         nodes = list(gm.graph.nodes)
         placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -82,6 +86,8 @@ class StitchedPieces:
             writes = tuple(slot[v] for v in piece.output_nodes)
             steps.append((fn, _gatherer(reads), writes, tuple(sorted(releases_at[step]))))
         self._steps = tuple(steps)
+        # The same steps, each piece named (labels) while a profiler records.
+        self._ranged = piece_ranges(self._steps, labels)
 
         # Output: a flat tuple of nodes is the common case (Dynamo); anything
         # else is rebuilt through pytree with constants kept as they are.
@@ -116,8 +122,11 @@ class StitchedPieces:
             self._armed()
             if not self._armed.armed:
                 self._armed = None
+        steps = self._steps
+        if self._ranged is not None and self._ranged.wanted():
+            steps = self._ranged.steps
         env = [*args, *self._blank]
-        for fn, gather, writes, releases in self._steps:
+        for fn, gather, writes, releases in steps:
             results = fn(*gather(env))
             for s, value in zip(writes, results):
                 env[s] = value
@@ -130,8 +139,11 @@ class StitchedPieces:
             self.before_first_call()
             if getattr(self.before_first_call, "armed", False):
                 self._armed = self.before_first_call
+        steps = self._steps
+        if self._ranged is not None and self._ranged.wanted():
+            steps = self._ranged.steps
         env = [*args, *self._blank]
-        for fn, gather, writes, releases in self._steps:
+        for fn, gather, writes, releases in steps:
             results = fn(*gather(env))
             for s, value in zip(writes, results):
                 env[s] = value

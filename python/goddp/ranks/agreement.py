@@ -121,6 +121,7 @@ from goddp.ranks.plan_check import (
     model_key,
     timeout_s,
 )
+from goddp.tools.phases import phase
 
 logger = logging.getLogger("goddp")
 
@@ -292,7 +293,8 @@ def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True
         raise state.fatal
     started = time.monotonic()
     try:
-        decision, group = _agree(ddp, statement, may_defer)
+        with phase("agreement", compile_time=False):  # Note [goddp in compile_times] in goddp.tools.phases
+            decision, group = _agree(ddp, statement, may_defer)
     except Exception as exc:
         # The group's state is unknown from here on: stop every step.
         state.fatal = exc

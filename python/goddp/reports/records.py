@@ -7,6 +7,8 @@ import dataclasses
 import threading
 from typing import Any
 
+from goddp.tools import structured
+
 # Enough for any realistic number of recompilations, bounded so that a
 # long job that recompiles often does not grow without limit.
 MAX_RECORDS = 1024
@@ -61,8 +63,11 @@ _records: "collections.deque[GraphRecord]" = collections.deque(maxlen=MAX_RECORD
 
 
 def add_record(record: GraphRecord) -> None:
+    """Keeps record, and writes it to torch's structured trace when one is
+    written (Note [Structured trace artifacts] in goddp.tools.structured)."""
     with _lock:
         _records.append(record)
+    structured.plan(record)
 
 
 def last_plans() -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from goddp.tools.ranges import allreduce_range
 from goddp.tracing.figures import normalize_step
 
 
@@ -220,7 +221,8 @@ def timing_hook(recorder_ref: "weakref.ref[Recorder]", reduce: Callable[[Any, An
     """A comm hook: notes the launch, runs `reduce(state, bucket)` and notes
     when its future completes. The future's value is passed through, or its
     first element when `first` (a collective's own future holds a list); one
-    callback does both, so the trace adds no second hop on the future."""
+    callback does both, so the trace adds no second hop on the future
+    (a second one only while a profiler records: its range's end)."""
 
     def result(fut):
         return fut.value()[0] if first else fut.value()
@@ -231,7 +233,8 @@ def timing_hook(recorder_ref: "weakref.ref[Recorder]", reduce: Callable[[Any, An
             future = reduce(state, bucket)
             return future.then(result) if first else future
         event = recorder.launched(bucket)
-        future = reduce(state, bucket)
+        # Named in a torch.profiler trace while one records (Note [Piece ranges]).
+        future = allreduce_range(event.index, lambda: reduce(state, bucket))
 
         def done(fut):
             # On CUDA: recorded on the stream that waits for the collective.

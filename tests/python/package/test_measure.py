@@ -4,6 +4,7 @@ when its target moves, and bench/ (and examples/) use no other goddp name."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import threading
 from pathlib import Path
 
@@ -175,6 +176,61 @@ def test_piece_reuse_off_that_did_nothing_says_so():
 def test_module_call_scan_sees_methods_and_nested_functions():
     assert measure._module_calls(pipeline, "group_pieces")
     assert not measure._module_calls(pipeline, "no_such_name_anywhere")
+
+
+# ---------------------------------------------------------------- PieceRanges
+
+
+def ranges_opened(monkeypatch, switch=None) -> int:
+    """ZOO["mlp"] compiled by goddp (its pieces run as they are) and trained
+    one step with no profiler recording, under switch; how many ranges
+    goddp opened (goddp.tools.ranges' record_function calls)."""
+    from goddp.tools import ranges
+
+    opened = []
+    real = ranges.record_function
+    monkeypatch.setattr(ranges, "record_function", lambda name: opened.append(name) or real(name))
+    entry = ZOO["mlp"]
+    torch._dynamo.reset()
+    goddp.clear_plans()
+    ddp = entry.wrap(entry.build(seed=0), bucket_cap_mb=entry.ddp_cap_mb)
+    compiled = torch.compile(ddp, backend=goddp.backend(inner=lambda gm, example_inputs: gm.forward, log_plan=False))
+    with switch if switch is not None else contextlib.nullcontext():
+        entry.loss(compiled(*entry.make_inputs(0))).backward()
+    assert goddp.last_plans()[0]["num_pieces"] > 1
+    return len(opened)
+
+
+def test_piece_ranges_open_nothing_unless_a_profiler_records_or_the_switch_says_always(dist_group, monkeypatch):
+    from goddp.graph import stitch
+    from goddp.tools import ranges
+
+    assert ranges_opened(monkeypatch) == 0
+    opened = ranges_opened(monkeypatch, measure.PieceRanges("always"))
+    pieces = goddp.last_plans()[0]["num_pieces"]
+    assert opened == 2 * pieces  # each piece's forward and backward
+    assert stitch.piece_ranges is ranges.piece_ranges, "off again on leaving"
+    steps = ((print, None, (), ()),)
+    with measure.PieceRanges("off") as switch:
+        assert stitch.piece_ranges(steps, ["goddp piece 0"]) is None
+    switch.check_used()
+    with measure.PieceRanges("always"):
+        assert stitch.piece_ranges(steps, ["goddp piece 0"]).wanted()
+    assert not stitch.piece_ranges(steps, ["goddp piece 0"]).wanted()  # no profiler recording
+
+
+def test_piece_ranges_switch_fails_when_its_target_moved_or_did_nothing(monkeypatch):
+    from goddp.graph import stitch
+
+    with pytest.raises(ValueError, match="mode must be one of"):
+        measure.PieceRanges("sometimes")
+    with measure.PieceRanges("off") as switch:
+        pass
+    with pytest.raises(measure.MeasureHookError, match="stitched no pieces"):
+        switch.check_used()
+    monkeypatch.setattr(stitch, "piece_ranges", lambda steps, labels: None)
+    with pytest.raises(measure.MeasureHookError, match="no longer makes its ranged steps"):
+        measure.PieceRanges("off").on()
 
 
 # ---------------------------------------------------------------- first_use_nodes
