@@ -42,8 +42,8 @@ from goddp.ranks.group import Group, env_seconds, process_group_timeout_s, round
 from goddp.ranks.group import timeout_s as group_timeout_s
 from goddp.ranks.layout import Layout
 from goddp.ranks.store_round import GAVE_UP, settle
-# Decision.action and the verdict's errors are goddp.ranks.verdict's, named here too.
-from goddp.ranks.verdict import INSTALL, KEEP, LATER, PeerFailedError, PlanMismatchError, Round, Verdict  # noqa: F401
+# Decision.action, the statement and the verdict's errors are goddp.ranks.verdict's, named here too.
+from goddp.ranks.verdict import INSTALL, KEEP, LATER, PeerFailedError, PlanMismatchError, Round, Statement, Verdict  # noqa: F401
 
 TIMEOUT_ENV = "GODDP_PLAN_CHECK_TIMEOUT"
 
@@ -58,67 +58,6 @@ class RanksMissingError(RuntimeError):
         super().__init__(message)
         self.unsettled = unsettled
         self.seen = dict(seen or {})
-
-
-@dataclasses.dataclass(frozen=True)
-class Statement:
-    """What one rank says at an agreement of a DDP module.
-
-    layout: the layout this rank proposes for DDP's buckets; None when it
-        proposes to leave them alone (reason says why) or to propose later.
-    digest: the planner's digest of layout.
-    reason: why layout is None.
-    later: this rank's graphs so far hold only part of DDP's parameters; it
-        will bring a combined layout to the module's next training call.
-    strict: this rank asks that differing layouts be an error (strict=True).
-    lost: why this rank cannot go on (its reducer could not be rebuilt).
-    fingerprint, pieces: the plan this rank runs, for the record (planning
-        failed: fingerprint None).
-    """
-
-    layout: Layout | None
-    digest: int | None = None
-    reason: str | None = None
-    later: bool = False
-    strict: bool = False
-    lost: str | None = None
-    fingerprint: int | None = None
-    pieces: int = 1
-
-    @property
-    def caps(self) -> tuple[int, ...] | None:
-        return None if self.layout is None else self.layout.caps
-
-    def to_dict(self) -> dict[str, Any]:
-        """The statement as it crosses the store."""
-        return {
-            "layout": None if self.layout is None else self.layout.to_dict(),
-            "digest": None if self.digest is None else f"{self.digest:016x}",
-            "reason": self.reason,
-            "later": self.later,
-            "strict": self.strict,
-            "lost": self.lost,
-            "fingerprint": None if self.fingerprint is None else f"{self.fingerprint:016x}",
-            "pieces": self.pieces,
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Statement":
-        fields = json.loads(text)
-        layout, digest, fingerprint = fields.get("layout"), fields.get("digest"), fields.get("fingerprint")
-        return cls(
-            layout=None if layout is None else Layout.from_dict(layout),
-            digest=None if digest is None else int(digest, 16),
-            reason=fields.get("reason"),
-            later=bool(fields.get("later", False)),
-            strict=bool(fields.get("strict", False)),
-            lost=fields.get("lost"),
-            fingerprint=None if fingerprint is None else int(fingerprint, 16),
-            pieces=int(fields.get("pieces", 1)),
-        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The verdict of one agreement round of a DDP module's ranks, and its words.
 
-``Round`` holds one round's statements (goddp.ranks.plan_check.Statement)
+``Round`` holds one round's statements (``Statement``, what one rank says)
 in rank order; ``propose``, ``given_up`` and ``confirm`` are its three kinds
 of round, each a ``Verdict`` or one of the errors every rank raises alike.
 Only the layouts' digests come from the Go planner (goddp_layout_digest).
@@ -9,15 +9,74 @@ Only the layouts' digests come from the Go planner (goddp_layout_digest).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from goddp.native import extension as _native
 from goddp.ranks.group import Group
 from goddp.ranks.layout import ORDERS, Layout
 
-if TYPE_CHECKING:
-    from goddp.ranks.plan_check import Statement
+@dataclasses.dataclass(frozen=True)
+class Statement:
+    """What one rank says at an agreement of a DDP module.
+
+    layout: the layout this rank proposes for DDP's buckets; None when it
+        proposes to leave them alone (reason says why) or to propose later.
+    digest: the planner's digest of layout.
+    reason: why layout is None.
+    later: this rank's graphs so far hold only part of DDP's parameters; it
+        will bring a combined layout to the module's next training call.
+    strict: this rank asks that differing layouts be an error (strict=True).
+    lost: why this rank cannot go on (its reducer could not be rebuilt).
+    fingerprint, pieces: the plan this rank runs, for the record (planning
+        failed: fingerprint None).
+    """
+
+    layout: Layout | None
+    digest: int | None = None
+    reason: str | None = None
+    later: bool = False
+    strict: bool = False
+    lost: str | None = None
+    fingerprint: int | None = None
+    pieces: int = 1
+
+    @property
+    def caps(self) -> tuple[int, ...] | None:
+        return None if self.layout is None else self.layout.caps
+
+    def to_dict(self) -> dict[str, Any]:
+        """The statement as it crosses the store."""
+        return {
+            "layout": None if self.layout is None else self.layout.to_dict(),
+            "digest": None if self.digest is None else f"{self.digest:016x}",
+            "reason": self.reason,
+            "later": self.later,
+            "strict": self.strict,
+            "lost": self.lost,
+            "fingerprint": None if self.fingerprint is None else f"{self.fingerprint:016x}",
+            "pieces": self.pieces,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Statement":
+        fields = json.loads(text)
+        layout, digest, fingerprint = fields.get("layout"), fields.get("digest"), fields.get("fingerprint")
+        return cls(
+            layout=None if layout is None else Layout.from_dict(layout),
+            digest=None if digest is None else int(digest, 16),
+            reason=fields.get("reason"),
+            later=bool(fields.get("later", False)),
+            strict=bool(fields.get("strict", False)),
+            lost=fields.get("lost"),
+            fingerprint=None if fingerprint is None else int(fingerprint, 16),
+            pieces=int(fields.get("pieces", 1)),
+        )
+
 
 # Note [The agreement verdict]
 #
