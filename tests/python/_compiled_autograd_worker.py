@@ -8,8 +8,9 @@ cached before), which no other test may see.
 
 With compiled autograd on and optimize_ddp="python_reducer", goddp says
 once at INFO that compiled autograd schedules DDP's allreduces and gives
-each graph to the inner compiler uncut; two compiled training steps run,
-and the ranks' weights stay equal (the allreduces ran). Writes what it saw
+each graph to the inner compiler uncut; three compiled training steps run
+(the third recompiles DDP's forward for another batch size), and the ranks'
+weights stay equal (the allreduces ran). Writes what it saw
 to <out>/rank<r>.json.
 """
 
@@ -86,6 +87,10 @@ def python_reducer(lines: Lines) -> dict:
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(step(torch.randn(4, 32, generator=torch.Generator().manual_seed(10 * dist.get_rank() + i)))))
         optimizer.step()
+    # Another batch size: Dynamo compiles DDP's forward again, and goddp says nothing more.
+    optimizer.zero_grad(set_to_none=True)
+    step(torch.randn(6, 32))
+    optimizer.step()
     weights = torch.cat([p.detach().flatten() for p in ddp.parameters()])
     gathered = [torch.empty_like(weights) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, weights)

@@ -349,7 +349,8 @@ def test_python_reducer_goes_uncut_and_trains(tmp_path):
             "compiling the whole graph without cuts"
         ], seen
         assert seen["warnings"] == [] and seen["plans"] == 0
-        assert seen["received"] >= 2 and seen["uncut"], seen  # the forward, compiled autograd's backward
+        # the forward twice (two batch sizes), compiled autograd's backward: each uncut, said once
+        assert seen["received"] >= 3 and seen["uncut"], seen
         assert seen["weights_moved"] and seen["weights_equal"], seen
 
 
