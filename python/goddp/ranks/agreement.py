@@ -106,7 +106,7 @@ from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
 from goddp.ddp.refusals import rebuild_blocker
 from goddp.ranks.group import Group, group_of, store_for
-from goddp.ranks.layout import Layout
+from goddp.ranks.layout import Layout, installed_run
 from goddp.ranks.plan_check import (
     INSTALL,
     LATER,
@@ -132,6 +132,10 @@ Report = Callable[[dict[str, Any], dict[str, Any]], None]
 @dataclasses.dataclass
 class _ModuleState:
     decision: Decision | None = None
+    # The parameters (DDP positions) that several graphs of the installed
+    # forward held (Note [A later graph's part of the layout] in
+    # goddp.ranks.layout).
+    shared: frozenset[int] = frozenset()
     # Set when the module cannot train on; raised at every later call.
     fatal: BaseException | None = None
 
@@ -229,6 +233,7 @@ class TrainingGate:
                              "reason": ddp_buckets["reason"]})
 
         decision = agree(ddp, statement, report_all, may_defer=False)
+        _state_of(ddp).shared = _forward.shared(members)
         if not self._joined:
             self._follow(decision)
 
@@ -236,7 +241,9 @@ class TrainingGate:
         """A graph that first runs after the module decided follows the
         decision (follow); this rank alone runs it."""
         part = None if self.member is None else self.member.layout
-        plan_check, ddp_buckets, line = follow(decision, self.statement.layout, part)
+        ddp = self._ddp()
+        shared = frozenset() if ddp is None else _state_of(ddp).shared
+        plan_check, ddp_buckets, line = follow(decision, self.statement.layout, part, shared)
         if line is not None:
             logger.info("%s", line)
         self._report(plan_check, ddp_buckets)
@@ -247,7 +254,7 @@ FOLLOWED = "the decision of the module's first training call"
 
 
 def follow(
-    decision: Decision, mine: Layout | None, part: Layout | None
+    decision: Decision, mine: Layout | None, part: Layout | None, shared: frozenset[int] = frozenset()
 ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """How a graph that first runs after its DDP module decided stands with
     the decision (Note [Where the ranks meet]; its words,
@@ -255,7 +262,10 @@ def follow(
     "plan_check" and "ddp_buckets" entries, and its INFO line (None where
     DDP's buckets are its own, or not goddp's). mine: the layout the graph
     proposes; part, where mine is None, its layout for its part of DDP's
-    parameters (a graph of a forward planned across graphs)."""
+    parameters (a graph of a forward planned across graphs). It is aligned
+    when its buckets are installed ones (Note [A later graph's part of the
+    layout] in goddp.ranks.layout; shared: the parameters several graphs of
+    the installed forward held)."""
     installed = decision.action == INSTALL
     plan_check = {"aligned": installed, "followed": FOLLOWED}
     if decision.action == LATER:
@@ -263,7 +273,7 @@ def follow(
     if not installed:
         reason = f"decided at this DDP module's first training call: {decision.reason}"
         return plan_check, {"aligned": False, "reason": reason}, None
-    if mine is not None and mine == decision.layout:
+    if _follows(decision.layout, mine, part, shared):
         return plan_check, {"aligned": True, "reason": None}, None
     proposed = "none"
     if mine is not None:
@@ -275,6 +285,21 @@ def follow(
         f"never change mid-training; this graph proposed {proposed}"
     )
     return plan_check, {"aligned": False, "reason": reason}, f"goddp: a later graph of a DDP module keeps its buckets: {reason}"
+
+
+def _follows(installed: Layout, mine: Layout | None, part: Layout | None, shared: frozenset[int]) -> bool:
+    if mine is not None:  # every parameter: nothing counted elsewhere
+        return installed_run(installed, mine) is not None
+    return part is not None and installed_run(installed, part, shared) is not None
+
+
+def installed_layout(ddp: Any) -> tuple[Layout, frozenset[int]] | None:
+    """The layout ddp's ranks installed and the parameters several graphs
+    of its forward held; None before or without one."""
+    decision = decided(ddp)
+    if decision is None or decision.action != INSTALL:
+        return None
+    return decision.layout, _state_of(ddp).shared
 
 
 def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True) -> Decision:

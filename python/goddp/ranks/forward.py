@@ -141,6 +141,18 @@ def finish(ddp: Any) -> list[Member]:
     return record.members
 
 
+def shared(members: list[Member]) -> frozenset[int]:
+    """The DDP positions that several members' layouts hold (a weight tied
+    across a break: the combining counts it in the earliest graph)."""
+    seen: set[int] = set()
+    twice: set[int] = set()
+    for m in members:
+        held = set() if m.layout is None else {p for bucket in m.layout.buckets for p in bucket}
+        twice |= seen & held
+        seen |= held
+    return frozenset(twice)
+
+
 def combine(members: list[Member], param_bytes: list[int]) -> Combined:
     """The one layout for the members (Note [Graphs of one forward]), or
     None and why, and the line that says so (Note [The agreement's lines] in
