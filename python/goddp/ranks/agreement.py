@@ -294,12 +294,20 @@ def _follows(installed: Layout, mine: Layout | None, part: Layout | None, shared
 
 
 def installed_layout(ddp: Any) -> tuple[Layout, frozenset[int]] | None:
-    """The layout ddp's ranks installed and the parameters several graphs
-    of its forward held; None before or without one."""
+    """The layout ddp's ranks installed, with the parameters several graphs
+    of its forward held; or, while the round at this training forward is
+    due (a graph compiled in it before its first call), the one this rank
+    will propose there; None before or without one (Note [A later graph's
+    part of the layout] in goddp.ranks.layout)."""
     decision = decided(ddp)
-    if decision is None or decision.action != INSTALL:
+    if decision is not None and decision.action == INSTALL:
+        return decision.layout, _state_of(ddp).shared
+    if decision is None or decision.action != LATER or _forward.in_recorded_forward(ddp):
         return None
-    return decision.layout, _state_of(ddp).shared
+    members = _forward.recorded(ddp)
+    sizes = [p.numel() * p.element_size() for p in ddp_parameters(ddp)]
+    combined = _forward.combine(members, sizes)
+    return None if combined.layout is None else (combined.layout, _forward.shared(members))
 
 
 def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True) -> Decision:

@@ -130,6 +130,12 @@ def join(ddp: Any, key: int, member: Member) -> None:
         record.members.append(member)
 
 
+def recorded(ddp: Any) -> list[Member]:
+    """The members recorded so far, in call order (the recording goes on)."""
+    record = _records.get(ddp)
+    return [] if record is None else list(record.members)
+
+
 def finish(ddp: Any) -> list[Member]:
     """Ends the recording: the members, in call order; removes the hook."""
     record = _records.pop(ddp, None)
