@@ -202,7 +202,7 @@ def main() -> None:
             done = sum(r["all aligned"] for r in rows if r["case"] in names)
             print(f"cross-frame alignment, {label}: {done}/{len(names)}")
     dist.destroy_process_group()
-    os._exit(0)  # Note [Leaving a gloo rank] in tests/python/_dist_util.py
+    os._exit(0)  # a gloo worker may abort Python's finalization (tests/python/_dist_util.py, leave_without_finalizing)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,13 @@ forward together:
    and the ranks install it on all of them or on none, before any of that
    step's allreduces. DDP rebuilds its buckets after that step's backward,
    so they close at the cuts of every graph from the step after.
-3. A graph that first runs after that (a branch taken at step 3) follows the
-   decision and never re-buckets training: it runs its own pieces inside
-   DDP's buckets, which may then straddle its cuts (less overlap, the same
-   gradients); its plan record says so.
+3. A graph that first runs after that (a recompile of a resume frame, a
+   branch taken at step 3) follows the decision and never re-buckets
+   training: it is cut where the installed buckets close where its
+   parameters are a part of them (Note [A later graph's part of the layout]
+   in goddp.ranks.layout), else it runs its own pieces inside DDP's
+   buckets, which may then straddle its cuts (less overlap, the same
+   gradients); its plan record says which.
 
 Forwards are told apart by a forward pre-hook on the DDP module that counts
 its grad-enabled calls; every rank of a DDP module runs the same number of

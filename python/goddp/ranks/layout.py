@@ -111,8 +111,12 @@ def layout_of(
 # A graph whose parameters are such a run but whose own plan buckets them
 # otherwise (it was planned as if its caps were its own) is planned again
 # with the run's caps, so that it is cut where the installed buckets close
-# (goddp.compile.pipeline, _DDPGraphCompile.follow_installed). Anything else
-# is a real difference, and the graph's plan record says so.
+# (goddp.compile.pipeline, _DDPGraphCompile.follow_installed). A graph
+# compiled in the forward whose first call holds the round now due, before
+# that round, is planned against the layout this rank will propose there
+# (goddp.ranks.agreement.installed_layout); should the ranks keep DDP's
+# buckets instead, nothing is lost but its record's "aligned". Anything
+# else is a real difference, and the graph's plan record says so.
 
 
 def installed_run(installed: Layout, part: Layout, shared: frozenset[int] = frozenset()) -> range | None:
@@ -147,19 +151,30 @@ class _Homes:
         return min((self.home[p] for p in params), default=None)
 
     def run_of(self, buckets: Sequence[Sequence[int]]) -> range | None:
-        k = start = self.start({p for b in buckets for p in b})
+        """The longest run that buckets are; it starts where they start, and
+        ends after the last bucket their unshared parameters touch, at most
+        one installed bucket per bucket of theirs later."""
+        params = {p for b in buckets for p in b}
+        start = self.start(params)
         if start is None:
             return None
-        elsewhere: set[int] = set()
+        last = max((self.home[p] for p in params if p not in self.shared), default=start)
+        for end in range(min(len(self.buckets), start + len(buckets)), last, -1):
+            if self.is_run(buckets, start, end):
+                return range(start, end)
+        return None
+
+    def is_run(self, buckets: Sequence[Sequence[int]], start: int, end: int) -> bool:
+        """Whether buckets, the shared parameters counted after end taken
+        out, are the installed buckets start..end-1."""
+        later = {p for b in buckets for p in b if p in self.shared and self.home[p] >= end}
+        kept = []
         for bucket in buckets:
-            own = {p for p in bucket if self.home[p] == k}
-            elsewhere |= set(bucket) - own
-            if not own and bucket:  # only shared parameters: the combining drops it
+            own = set(bucket) - later
+            if bucket and not own:  # only parameters counted later: the combining drops it
                 continue
-            if k >= len(self.buckets) or own != self.buckets[k]:
-                return None
-            k += 1
-        return range(start, k) if self.counted_later(elsewhere, k) else None
+            kept.append(own)
+        return kept == [set(b) for b in self.buckets[start:end]]
 
     def run_covering(self, params: set[int]) -> range | None:
         k = start = self.start(params)

@@ -246,7 +246,8 @@ def test_a_later_graph_follows_the_installed_buckets(group, caplog, name, order)
     data = trained.ddp._get_ddp_logging_data()
     assert [int(c) for c in data["rebuilt_bucket_sizes"].split(", ")] == caps
     names = [n for n, _ in trained.ddp.module.named_parameters()]
-    installed = [frozenset(names[int(p)] for p in b.split()) for b in data["rebuilt_per_bucket_param_indices"].split(", ")]
+    rebuilt = data["rebuilt_per_bucket_param_indices"].split(", ")
+    installed = [frozenset(names[int(p)] for p in b.split()) for b in rebuilt]
     runs = [installed[s:e] for s in range(len(installed)) for e in range(s + 1, len(installed) + 1)]
     for plan in later:
         assert plan["plan_check"]["followed"]
