@@ -55,12 +55,12 @@ from goddp.graph.cut import Piece, cut_graph
 from goddp.graph.export import ExportedGraph, body_parameters, export_graph, with_ddp_positions
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
-from goddp.native.extension import REASON_PART_OF_FORWARD
-from goddp.native.plan import AlignmentFacts, GraphPlan, PlanRequest, PlanSettings
+from goddp.native.extension import REASON_ALIGNED, REASON_PART_OF_FORWARD
+from goddp.native.plan import MIB, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings
 from goddp.options import Options
-from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training
+from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training, installed_layout
 from goddp.ranks.forward import Member
-from goddp.ranks.layout import Layout, layout_of
+from goddp.ranks.layout import Layout, covering_run, installed_run, layout_of
 from goddp.ranks.plan_check import Statement
 from goddp.reports.records import GraphRecord, add_record, new_timings
 from goddp.reports.table import plan_table
@@ -86,6 +86,9 @@ class Planned:
     # The graph holds part of DDP's parameters: planned with the forward's
     # other graphs (goddp.ranks.forward, Note [Graphs of one forward]).
     part_of_forward: bool = False
+    # Planned again with the caps of DDP's installed buckets: the line that
+    # says so (_DDPGraphCompile.follow_installed).
+    follows: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,8 +243,54 @@ class _DDPGraphCompile:
                 exported, num_params = with_ddp_positions(exported, names), len(names)
         request = self.request(align, num_params, facts)
         plan = decode_plan(call_planner(exported, request), exported, request)
+        follows = None
+        if align:
+            plan, follows = self.follow_installed(exported, request, plan)
         part = plan.align_reason == REASON_PART_OF_FORWARD
-        return Planned(plan, plan.caps, blocker or plan.not_aligned, part_of_forward=part)
+        return Planned(plan, plan.caps, blocker or plan.not_aligned, part_of_forward=part, follows=follows)
+
+    def follow_installed(
+        self, exported: ExportedGraph, request: PlanRequest, plan: GraphPlan
+    ) -> tuple[GraphPlan, str | None]:
+        """A graph of a module whose ranks installed goddp's layout, whose
+        parameters are a run of the installed buckets but whose plan is not:
+        planned again with the run's caps so that it is cut where those
+        buckets close, and the line that says so (Note [A later graph's
+        part of the layout] in goddp.ranks.layout); else plan, unchanged."""
+        try:
+            found = installed_layout(self.ddp)
+        except Exception:  # a DDP whose private API differs: the plan as it is
+            found = None
+        if found is None or found[0].order != "ready" or not _in_ready_order(plan):
+            return plan, None
+        installed, shared = found
+        if plan.align_reason == REASON_ALIGNED:
+            shared = frozenset()  # every parameter: nothing counted elsewhere
+        own = self._ready_layout(plan)
+        if own is None or installed_run(installed, own, shared) is not None:
+            return plan, None
+        run = covering_run(installed, [p for bucket in own.buckets for p in bucket], shared)
+        if run is None:
+            return plan, None
+        caps = installed.caps[run.start : run.stop]
+        again = dataclasses.replace(request, bucket_caps_bytes=tuple(caps))
+        replanned = decode_plan(call_planner(exported, again), exported, again)
+        if replanned.align_reason != plan.align_reason or not _in_ready_order(replanned):
+            return plan, None
+        mine = self._ready_layout(replanned)
+        if mine is None or installed_run(installed, mine, shared) != run:
+            return plan, None
+        line = (
+            f"goddp: {self.frame.describe()}: planned with the caps of DDP's installed buckets "
+            f"{run.start}-{run.stop - 1} ({list(caps)} bytes), so that its pieces close where they do"
+        )
+        return replanned, line
+
+    def _ready_layout(self, plan: GraphPlan) -> Layout | None:
+        try:
+            return self.layout(plan, plan.ddp_caps, "ready")
+        except Exception:  # a name DDP does not know: the gate says so (training_gate)
+            return None
 
     def identify(
         self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Piece], piece_inputs: list[list[Any]]
@@ -320,6 +369,8 @@ class _DDPGraphCompile:
             frame=self.frame.describe(),
         )
         note_ddp_settings(self.ddp, settings_note(facts))
+        if planned.follows is not None:
+            logger.info("%s", planned.follows)
         for note in plan_notes(facts):
             if note.once:
                 note_once(self.ddp, note.text)
@@ -433,6 +484,14 @@ class _DDPGraphCompile:
         """The plan's buckets as DDP would hold them (goddp.ranks.layout)."""
         positions = {name: k for k, name in enumerate(ddp_parameter_names(self.ddp))}
         return layout_of([b.param_names for b in plan.buckets], caps_bytes, order, positions)
+
+
+def _in_ready_order(plan: GraphPlan) -> bool:
+    """The plan's buckets are for DDP's ready order: aligned, or part of a
+    forward."""
+    if plan.align_reason == REASON_ALIGNED:
+        return plan.caps.bucket_order == "ready" and bool(plan.ddp_caps)
+    return plan.align_reason == REASON_PART_OF_FORWARD and bool(plan.buckets)
 
 
 def _body_block_ids(body: fx.GraphModule) -> list[int]:

@@ -106,7 +106,7 @@ from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
 from goddp.ddp.refusals import rebuild_blocker
 from goddp.ranks.group import Group, group_of, store_for
-from goddp.ranks.layout import Layout
+from goddp.ranks.layout import Layout, installed_run
 from goddp.ranks.plan_check import (
     INSTALL,
     LATER,
@@ -133,6 +133,10 @@ Report = Callable[[dict[str, Any], dict[str, Any]], None]
 @dataclasses.dataclass
 class _ModuleState:
     decision: Decision | None = None
+    # The parameters (DDP positions) that several graphs of the installed
+    # forward held (Note [A later graph's part of the layout] in
+    # goddp.ranks.layout).
+    shared: frozenset[int] = frozenset()
     # Set when the module cannot train on; raised at every later call.
     fatal: BaseException | None = None
 
@@ -230,6 +234,7 @@ class TrainingGate:
                              "reason": ddp_buckets["reason"]})
 
         decision = agree(ddp, statement, report_all, may_defer=False)
+        _state_of(ddp).shared = _forward.shared(members)
         if not self._joined:
             self._follow(decision)
 
@@ -237,7 +242,9 @@ class TrainingGate:
         """A graph that first runs after the module decided follows the
         decision (follow); this rank alone runs it."""
         part = None if self.member is None else self.member.layout
-        plan_check, ddp_buckets, line = follow(decision, self.statement.layout, part)
+        ddp = self._ddp()
+        shared = frozenset() if ddp is None else _state_of(ddp).shared
+        plan_check, ddp_buckets, line = follow(decision, self.statement.layout, part, shared)
         if line is not None:
             logger.info("%s", line)
         self._report(plan_check, ddp_buckets)
@@ -248,7 +255,7 @@ FOLLOWED = "the decision of the module's first training call"
 
 
 def follow(
-    decision: Decision, mine: Layout | None, part: Layout | None
+    decision: Decision, mine: Layout | None, part: Layout | None, shared: frozenset[int] = frozenset()
 ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """How a graph that first runs after its DDP module decided stands with
     the decision (Note [Where the ranks meet]; its words,
@@ -256,7 +263,10 @@ def follow(
     "plan_check" and "ddp_buckets" entries, and its INFO line (None where
     DDP's buckets are its own, or not goddp's). mine: the layout the graph
     proposes; part, where mine is None, its layout for its part of DDP's
-    parameters (a graph of a forward planned across graphs)."""
+    parameters (a graph of a forward planned across graphs). It is aligned
+    when its buckets are installed ones (Note [A later graph's part of the
+    layout] in goddp.ranks.layout; shared: the parameters several graphs of
+    the installed forward held)."""
     installed = decision.action == INSTALL
     plan_check = {"aligned": installed, "followed": FOLLOWED}
     if decision.action == LATER:
@@ -264,7 +274,7 @@ def follow(
     if not installed:
         reason = f"decided at this DDP module's first training call: {decision.reason}"
         return plan_check, {"aligned": False, "reason": reason}, None
-    if mine is not None and mine == decision.layout:
+    if _follows(decision.layout, mine, part, shared):
         return plan_check, {"aligned": True, "reason": None}, None
     proposed = "none"
     if mine is not None:
@@ -276,6 +286,29 @@ def follow(
         f"never change mid-training; this graph proposed {proposed}"
     )
     return plan_check, {"aligned": False, "reason": reason}, f"goddp: a later graph of a DDP module keeps its buckets: {reason}"
+
+
+def _follows(installed: Layout, mine: Layout | None, part: Layout | None, shared: frozenset[int]) -> bool:
+    if mine is not None:  # every parameter: nothing counted elsewhere
+        return installed_run(installed, mine) is not None
+    return part is not None and installed_run(installed, part, shared) is not None
+
+
+def installed_layout(ddp: Any) -> tuple[Layout, frozenset[int]] | None:
+    """The layout ddp's ranks installed, with the parameters several graphs
+    of its forward held; or, while the round at this training forward is
+    due (a graph compiled in it before its first call), the one this rank
+    will propose there; None before or without one (Note [A later graph's
+    part of the layout] in goddp.ranks.layout)."""
+    decision = decided(ddp)
+    if decision is not None and decision.action == INSTALL:
+        return decision.layout, _state_of(ddp).shared
+    if decision is None or decision.action != LATER or _forward.in_recorded_forward(ddp):
+        return None
+    members = _forward.recorded(ddp)
+    sizes = [p.numel() * p.element_size() for p in ddp_parameters(ddp)]
+    combined = _forward.combine(members, sizes)
+    return None if combined.layout is None else (combined.layout, _forward.shared(members))
 
 
 def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True) -> Decision:

@@ -25,10 +25,13 @@ forward together:
    and the ranks install it on all of them or on none, before any of that
    step's allreduces. DDP rebuilds its buckets after that step's backward,
    so they close at the cuts of every graph from the step after.
-3. A graph that first runs after that (a branch taken at step 3) follows the
-   decision and never re-buckets training: it runs its own pieces inside
-   DDP's buckets, which may then straddle its cuts (less overlap, the same
-   gradients); its plan record says so.
+3. A graph that first runs after that (a recompile of a resume frame, a
+   branch taken at step 3) follows the decision and never re-buckets
+   training: it is cut where the installed buckets close where its
+   parameters are a part of them (Note [A later graph's part of the layout]
+   in goddp.ranks.layout), else it runs its own pieces inside DDP's
+   buckets, which may then straddle its cuts (less overlap, the same
+   gradients); its plan record says which.
 
 Forwards are told apart by a forward pre-hook on the DDP module that counts
 its grad-enabled calls; every rank of a DDP module runs the same number of
@@ -130,6 +133,12 @@ def join(ddp: Any, key: int, member: Member) -> None:
         record.members.append(member)
 
 
+def recorded(ddp: Any) -> list[Member]:
+    """The members recorded so far, in call order (the recording goes on)."""
+    record = _records.get(ddp)
+    return [] if record is None else list(record.members)
+
+
 def finish(ddp: Any) -> list[Member]:
     """Ends the recording: the members, in call order; removes the hook."""
     record = _records.pop(ddp, None)
@@ -139,6 +148,18 @@ def finish(ddp: Any) -> list[Member]:
         record.hook.remove()
     ddp.__dict__.pop(FORWARDS_ATTR, None)
     return record.members
+
+
+def shared(members: list[Member]) -> frozenset[int]:
+    """The DDP positions that several members' layouts hold (a weight tied
+    across a break: the combining counts it in the earliest graph)."""
+    seen: set[int] = set()
+    twice: set[int] = set()
+    for m in members:
+        held = set() if m.layout is None else {p for bucket in m.layout.buckets for p in bucket}
+        twice |= seen & held
+        seen |= held
+    return frozenset(twice)
 
 
 def combine(members: list[Member], param_bytes: list[int]) -> Combined:

@@ -88,3 +88,106 @@ def layout_of(
         order=order,
         build=build_id(),
     )
+
+
+
+# Note [A later graph's part of the layout]
+#
+# A graph that first trains after its DDP module installed goddp's layout
+# (the resume frame recompiled for an .item() branch or loop count, a new
+# shape, a branch first taken at step 3, a second torch.compile) follows
+# the decision and never re-buckets training (Note [Where the ranks meet]
+# in goddp.ranks.agreement). It is aligned when its buckets are installed
+# ones: a contiguous run of whole installed buckets, in DDP order, each
+# holding the same parameters (their order inside a bucket does not
+# matter: a bucket closes once all of them are ready). One exception, the
+# combining's (planner/forward.go): a parameter that several graphs of the
+# installed forward held (shared) is counted in the earliest of them, in a
+# bucket after the run in DDP order; a later graph that holds it too has it
+# in one of its own buckets, and that is no difference. Two installed
+# buckets in one bucket of the graph are one: both then close only at the
+# end of that piece's backward.
+#
+# A graph whose parameters are such a run but whose own plan buckets them
+# otherwise (it was planned as if its caps were its own) is planned again
+# with the run's caps, so that it is cut where the installed buckets close
+# (goddp.compile.pipeline, _DDPGraphCompile.follow_installed). A graph
+# compiled in the forward whose first call holds the round now due, before
+# that round, is planned against the layout this rank will propose there
+# (goddp.ranks.agreement.installed_layout); should the ranks keep DDP's
+# buckets instead, nothing is lost but its record's "aligned". Anything
+# else is a real difference, and the graph's plan record says so.
+
+
+def installed_run(installed: Layout, part: Layout, shared: frozenset[int] = frozenset()) -> range | None:
+    """The run of installed buckets (DDP order) that part's buckets are, or
+    None (Note [A later graph's part of the layout]). shared: the
+    parameters several graphs of the installed forward held."""
+    if part.order != installed.order:
+        return None
+    return _Homes(installed, shared).run_of(part.buckets)
+
+
+def covering_run(installed: Layout, positions: Sequence[int], shared: frozenset[int] = frozenset()) -> range | None:
+    """The run of whole installed buckets whose parameters are positions,
+    shared parameters counted after the run aside, or None (Note [A later
+    graph's part of the layout])."""
+    return _Homes(installed, shared).run_covering(set(positions))
+
+
+class _Homes:
+    """Each installed parameter's bucket, and the steps of the two runs."""
+
+    def __init__(self, installed: Layout, shared: frozenset[int]) -> None:
+        self.buckets = [frozenset(b) for b in installed.buckets]
+        self.home = {p: k for k, bucket in enumerate(installed.buckets) for p in bucket}
+        self.shared = shared
+
+    def start(self, params: set[int]) -> int | None:
+        """The first installed bucket params touch; None for none, or for a
+        parameter the layout does not hold."""
+        if any(p not in self.home for p in params):
+            return None
+        return min((self.home[p] for p in params), default=None)
+
+    def run_of(self, buckets: Sequence[Sequence[int]]) -> range | None:
+        """The longest run that buckets are; it starts where they start, and
+        ends after the last bucket their unshared parameters touch, at most
+        one installed bucket per bucket of theirs later."""
+        params = {p for b in buckets for p in b}
+        start = self.start(params)
+        if start is None:
+            return None
+        last = max((self.home[p] for p in params if p not in self.shared), default=start)
+        for end in range(min(len(self.buckets), start + len(buckets)), last, -1):
+            if self.is_run(buckets, start, end):
+                return range(start, end)
+        return None
+
+    def is_run(self, buckets: Sequence[Sequence[int]], start: int, end: int) -> bool:
+        """Whether buckets, the shared parameters counted after end taken
+        out, are the installed buckets start..end-1."""
+        later = {p for b in buckets for p in b if p in self.shared and self.home[p] >= end}
+        kept = []
+        for bucket in buckets:
+            own = set(bucket) - later
+            if bucket and not own:  # only parameters counted later: the combining drops it
+                continue
+            kept.append(own)
+        return kept == [set(b) for b in self.buckets[start:end]]
+
+    def run_covering(self, params: set[int]) -> range | None:
+        k = start = self.start(params)
+        if start is None:
+            return None
+        while k < len(self.buckets) and self.buckets[k] <= params:
+            k += 1
+        run = range(start, k)
+        if not run or not self.counted_later({p for p in params if self.home[p] not in run}, k):
+            return None
+        return run
+
+    def counted_later(self, params: set[int], end: int) -> bool:
+        """Whether each of params is shared and counted after the run that
+        ends at end."""
+        return all(p in self.shared and self.home[p] >= end for p in params)

@@ -283,9 +283,10 @@ def test_inside_join_ddp_keeps_its_buckets_and_says_why():
     assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
 
 
-def test_a_later_plan_never_rebuckets_a_decided_module():
-    """A second torch.compile of the same DDP module plans other pieces:
-    DDP's buckets stay those decided at its first training call."""
+def _second_compile(**options):
+    """A DDP module decided with max_pieces=2, then compiled again with
+    options and trained twice beside eager DDP; returns the DDP module, the
+    decided caps and both plans."""
     torch.manual_seed(0)
     reference = Stack()
     ddp = DDP(Stack(), bucket_cap_mb=0.125)
@@ -297,7 +298,7 @@ def test_a_later_plan_never_rebuckets_a_decided_module():
     assert len(decided) == 2
 
     torch._dynamo.reset()
-    second = _compiled(ddp)
+    second = _compiled(ddp, **options)
     for _ in range(2):
         ddp.zero_grad()
         reference.zero_grad()
@@ -306,10 +307,29 @@ def test_a_later_plan_never_rebuckets_a_decided_module():
     for p, q in zip(ddp.module.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
     first_plan, second_plan = goddp.last_plans()
-    assert second_plan["num_pieces"] > 2
     assert getattr(ddp, ALIGNED_CAPS_ATTR) == decided
     assert _rebuilt_sizes(ddp) == list(decided)
     assert first_plan["ddp_buckets"]["aligned"] is True
+    return ddp, decided, second_plan
+
+
+def test_a_later_plan_follows_the_buckets_a_decided_module_installed():
+    """A second torch.compile of the same DDP module would cut more pieces
+    than DDP's installed buckets: it is planned with their caps instead, cut
+    where they close, and aligned (Note [A later graph's part of the
+    layout] in goddp.ranks.layout); DDP's buckets stay."""
+    ddp, decided, second_plan = _second_compile()
+    assert second_plan["num_pieces"] == 2
+    assert second_plan["caps"]["bucket_caps_bytes"] == list(decided) == second_plan["ddp_caps"]
+    assert second_plan["ddp_buckets"] == {"aligned": True, "reason": None}
+    assert second_plan["plan_check"]["followed"]
+
+
+def test_a_later_plan_that_differs_never_rebuckets_a_decided_module():
+    """A second torch.compile that does not align: DDP's buckets stay those
+    decided at its first training call, and its record says so."""
+    ddp, decided, second_plan = _second_compile(align_buckets=False)
+    assert second_plan["num_pieces"] > 2
     assert second_plan["ddp_buckets"]["aligned"] is False
     assert "never change mid-training" in second_plan["ddp_buckets"]["reason"]
 

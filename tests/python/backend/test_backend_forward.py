@@ -98,6 +98,11 @@ def train(how: str, order: str = "compile(DDP)", late_from: int | None = None, s
     return ddp, reducers
 
 
+def bucket_sets(plan) -> list[set[str]]:
+    """A plan's buckets in DDP order, each as the set of its parameters."""
+    return [set(b["param_names"]) for b in plan["buckets"]]
+
+
 def model_plans():
     return [p for p in goddp.last_plans() if p["graph"]["num_params"]]
 
@@ -149,12 +154,19 @@ def test_a_branch_whose_graph_appears_only_at_step_3_never_rebuckets_training(ca
     together = [p for p in model_plans() if p["forward"] is not None]
     assert len(together) == 2 and all(p["ddp_buckets"]["aligned"] for p in together)
     assert rebuilt(ddp)[0] == together[0]["plan_check"]["caps"]
+    # The branch's graph of the second half holds the parameters of the
+    # combined layout's first buckets and is cut where they close (Note [A
+    # later graph's part of the layout] in goddp.ranks.layout).
     late = [p for p in model_plans() if p["forward"] is None]
     assert late, model_plans()
+    second = max(together, key=lambda p: p["forward"]["position"])
     for plan in late:
-        assert plan["ddp_buckets"]["aligned"] is False
-        assert "never change mid-training" in plan["ddp_buckets"]["reason"]
+        assert plan["ddp_buckets"] == {"aligned": True, "reason": None}
         assert plan["plan_check"]["followed"]
+        assert bucket_sets(plan) == bucket_sets(second)
+    names = [n for n, _ in ddp.module.named_parameters()]
+    rebuilt_sets = [{names[p] for p in b} for b in rebuilt(ddp)[1]]
+    assert rebuilt_sets[: len(second["buckets"])] == bucket_sets(second)
 
 
 def test_a_forward_without_a_break_keeps_aligning_at_its_first_call():

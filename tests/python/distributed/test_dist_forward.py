@@ -6,10 +6,16 @@ and requires equal losses and weights (bitwise: aot_eager):
 - a graph break in the middle of the model: both graphs planned together,
   DDP's buckets close at the cuts of both, on both ranks;
 - a branch whose graph first runs at step 3 (on both ranks, or on one):
-  DDP's buckets stay as they were, and nobody waits;
+  DDP's buckets stay as they were, nobody waits, and the branch's graph
+  follows them;
 - ranks that break at different places: nobody aligns, nobody stalls, one
   WARNING says what differs;
-- one rank breaks, the other does not: the same decision on both, no stall.
+- one rank breaks, the other does not: the same decision on both, no stall;
+- a later graph (the graph-break zoo, bench/graph_breaks.py: the resume
+  frame recompiled for an .item() branch or loop count, a new batch size, an
+  evaluation call in between, a break whose place comes from .item()) is
+  cut where the installed buckets close and recorded aligned; one whose
+  buckets really differ (a branch in another order) is reported so.
 
 A plain pytest run launches this file under torchrun itself.
 """
@@ -147,8 +153,11 @@ def test_a_branch_first_taken_at_step_3_keeps_ddp_buckets(group):
     together = _together()
     assert len(together) == 2 and all(p["ddp_buckets"]["aligned"] for p in together)
     assert _rebuilt_sizes(ddp) == together[0]["plan_check"]["caps"]
+    # Its graph of the second half holds the installed layout's first
+    # buckets: it follows them (Note [A later graph's part of the layout]
+    # in goddp.ranks.layout).
     late = [p for p in goddp.last_plans() if p["forward"] is None and p["plan_check"] is not None]
-    assert late and all("never change mid-training" in p["ddp_buckets"]["reason"] for p in late)
+    assert late and all(p["ddp_buckets"] == {"aligned": True, "reason": None} for p in late)
     _fresh()
 
 
@@ -198,7 +207,70 @@ def test_one_rank_breaks_and_the_other_does_not(group):
     _fresh()
 
 
-CASES_PER_RANK = 2 + 1 + 1 + 1 + 1
+# --------------------------------------------------------------------------
+# Later graphs follow the installed layout (Note [A later graph's part of
+# the layout] in goddp.ranks.layout)
+
+ZOO_WIDTH = 32
+# Later graphs appear from the second step (the layout's install); DDP's
+# logging data holds its rebuilt buckets from the fourth.
+ZOO_STEPS = 4
+FOLLOWS = [("item_branch", "compile(DDP(m))"), ("item_branch", "DDP(compile(m))"), ("item_loop", "compile(DDP(m))"),
+           ("dynamic_shape", "compile(DDP(m))"), ("eval_between", "compile(DDP(m))"),
+           ("moving_break", "compile(DDP(m))"), ("reversed_branch", "compile(DDP(m))")]
+
+
+def _bucket_sets(plan) -> list[frozenset[str]]:
+    return [frozenset(b["param_names"]) for b in plan["buckets"]]
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("name, order", FOLLOWS)
+def test_a_later_graph_follows_the_installed_buckets(group, caplog, name, order):
+    from bench.graph_breaks import CASES, train
+
+    caplog.set_level(logging.INFO, logger="goddp")
+    case = CASES[name]
+    trained = train(case, width=ZOO_WIDTH, steps=ZOO_STEPS, process_group=group, seed=100 * rank(), order=order)
+    assert trained.as_eager, "gradients differ from eager DDP"
+    together = [p for p in trained.plans if p["forward"] is not None]
+    later = [p for p in trained.plans if p["forward"] is None]
+    assert len(together) == 2 and all(p["ddp_buckets"] == {"aligned": True, "reason": None} for p in together)
+    assert later, trained.records
+    # Installed once, at step 2's call, the same on both ranks; never again.
+    caps = together[0]["plan_check"]["caps"]
+    assert trained.reducers[1:] == [trained.reducers[1]] * (ZOO_STEPS - 1)
+    assert len(set(map(tuple, _gather(caps, group)))) == 1
+    # DDP's own rebuilt buckets, against which each aligned graph's buckets
+    # are a contiguous run.
+    data = trained.ddp._get_ddp_logging_data()
+    assert [int(c) for c in data["rebuilt_bucket_sizes"].split(", ")] == caps
+    names = [n for n, _ in trained.ddp.module.named_parameters()]
+    rebuilt = data["rebuilt_per_bucket_param_indices"].split(", ")
+    installed = [frozenset(names[int(p)] for p in b.split()) for b in rebuilt]
+    runs = [installed[s:e] for s in range(len(installed)) for e in range(s + 1, len(installed) + 1)]
+    for plan in later:
+        assert plan["plan_check"]["followed"]
+        if plan["ddp_buckets"]["aligned"]:
+            assert plan["ddp_buckets"]["reason"] is None and _bucket_sets(plan) in runs, (plan["buckets"], installed)
+        else:
+            assert "never change mid-training" in plan["ddp_buckets"]["reason"] and _bucket_sets(plan) not in runs
+    differ = [p for p in later if not p["ddp_buckets"]["aligned"]]
+    assert bool(differ) == case.differs, [p["ddp_buckets"] for p in later]
+    if name == "eval_between":
+        assert any(p["graph"]["num_params"] and p["plan_check"] is None for p in trained.records), "no evaluation graph"
+    if name == "dynamic_shape":
+        assert len(later) == 2, "both frames recompiled for the new batch size"
+    if name == "moving_break":
+        # Its own plan would bucket 3 layers as one: planned with the caps
+        # of the installed buckets it holds instead.
+        again = [p for p in later if p["caps"]["bucket_caps_bytes"]]
+        assert again and all(p["num_pieces"] == len(p["caps"]["bucket_caps_bytes"]) for p in again)
+        assert "planned with the caps of DDP's installed buckets" in caplog.text
+    _fresh()
+
+
+CASES_PER_RANK = 2 + 1 + 1 + 1 + 1 + len(FOLLOWS)
 
 
 @pytest.mark.single_process
