@@ -56,7 +56,7 @@ from goddp.graph.export import ExportedGraph, body_parameters, export_graph, wit
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
 from goddp.native.extension import REASON_ALIGNED, REASON_PART_OF_FORWARD
-from goddp.native.plan import MIB, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings
+from goddp.native.plan import AlignmentFacts, GraphPlan, PlanRequest, PlanSettings
 from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training, installed_layout
 from goddp.ranks.forward import Member
