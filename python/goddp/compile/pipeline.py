@@ -301,7 +301,6 @@ class _DDPGraphCompile:
         except Exception:  # a name DDP does not know: the gate says so (training_gate)
             return None
 
-
     def identify(
         self, exported: ExportedGraph, plan: GraphPlan, pieces: list[Piece], piece_inputs: list[list[Any]]
     ) -> Identified:
