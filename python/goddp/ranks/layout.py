@@ -90,7 +90,6 @@ def layout_of(
     )
 
 
-
 # Note [A later graph's part of the layout]
 #
 # A graph that first trains after its DDP module installed goddp's layout
@@ -105,8 +104,8 @@ def layout_of(
 # installed forward held (shared) is counted in the earliest of them, in a
 # bucket after the run in DDP order; a later graph that holds it too has it
 # in one of its own buckets, and that is no difference. Two installed
-# buckets in one bucket of the graph are one: both then close only at the
-# end of that piece's backward.
+# buckets in one bucket of the graph are a difference: both would close only
+# at the end of that piece's backward.
 #
 # A graph whose parameters are such a run but whose own plan buckets them
 # otherwise (it was planned as if its caps were its own) is planned again
@@ -151,9 +150,9 @@ class _Homes:
         return min((self.home[p] for p in params), default=None)
 
     def run_of(self, buckets: Sequence[Sequence[int]]) -> range | None:
-        """The longest run that buckets are; it starts where they start, and
-        ends after the last bucket their unshared parameters touch, at most
-        one installed bucket per bucket of theirs later."""
+        """The longest run that buckets are: from the first installed
+        bucket they touch, past every bucket their unshared parameters
+        touch, and at most one installed bucket per bucket of theirs."""
         params = {p for b in buckets for p in b}
         start = self.start(params)
         if start is None:
