@@ -196,11 +196,13 @@ def test_the_layer_check_sees_cycles_and_lazy_imports(tmp_path, monkeypatch):
 def test_every_module_imports_in_a_fresh_interpreter():
     """Each module imports when it is the first goddp module imported, and
     none loads the Go runtime: a fresh interpreter imports torch once, then
-    forks a child per module that imports that module first."""
+    forks a child per module that imports that module first. The parent
+    also imports torch._dynamo and Inductor, which every goddp module pulls
+    in (2 to 4 s per child otherwise): what is checked is goddp's imports."""
     names = sorted(_modules())
     code = (
         "import importlib, os, sys, traceback\n"
-        "import torch, torch.distributed, torch.fx\n"
+        "import torch, torch.distributed, torch.fx, torch._dynamo, torch._inductor.compile_fx\n"
         "failed = []\n"
         f"for name in {names!r}:\n"
         "    pid = os.fork()\n"
