@@ -2,8 +2,8 @@
 block boundaries, compiles each distinct piece once, and trains exactly
 like eager DDP.
 
-Runs in one process (1-rank gloo group) and under torchrun (2 ranks); see
-test_dist_numerics for the multi-step two-rank numerics.
+Runs in one process (1-rank gloo group); test_dist_numerics trains block
+cuts on two ranks.
 """
 
 from __future__ import annotations

@@ -74,7 +74,6 @@ def test_mlp_split_into_several_pieces_matches_unsplit_bitwise(dist_group, nativ
     # DDP closes a bucket once it reaches the cap: two layers per bucket,
     # three pieces for six layers.
     cap_mb = 1.5 * LAYER_BYTES_64 / 2**20
-    # check_plans stays on: under torchrun the ranks compare fingerprints.
     split = torch.compile(
         DDP(split_model, bucket_cap_mb=cap_mb),
         backend=goddp.backend(inner=recorder),

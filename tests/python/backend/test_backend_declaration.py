@@ -2,9 +2,9 @@
 buckets there and keeps the ones it fills in declaration order, so goddp
 gives it caps for that order (planner/declorder.go), merging the pieces
 that the declaration order interleaves. Checked against the buckets DDP
-reports and the gradients of eager DDP; under torchrun on 2 ranks too
-(`make pytest-dist`), where any disagreement between the ranks' buckets
-would fail gloo's allreduce."""
+reports and the gradients of eager DDP, on one rank. Ranks that declare
+differently are test_dist_rank_safety's; two ranks training with
+declaration-order caps, test_dist_checkpoint's find_unused case."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps
-from _dist_util import needs_two_ranks
 from models import SquareStack
 
 WIDTH = 128
@@ -128,53 +127,6 @@ def test_goddp_cuts_only_where_a_declaration_order_bucket_can_start():
     first_launched_last = plan["buckets"][-1]["param_names"]
     assert {"head.weight", "body.0.weight"} <= set(first_launched_last)
     assert _bucket_sizes(ddp) == [b["bytes"] for b in plan["buckets"]]
-
-
-class Declared(nn.Module):
-    """Six equal layers used in order l0..l5 but declared in `order`: ranks
-    that declare them differently pass DDP's shape check yet bucket
-    differently under find_unused_parameters=True."""
-
-    def __init__(self, order) -> None:
-        super().__init__()
-        for k in order:
-            self.add_module(f"l{k}", nn.Linear(WIDTH, WIDTH))
-
-    def forward(self, x):
-        for k in range(6):
-            x = torch.relu(getattr(self, f"l{k}")(x))
-        return x
-
-
-@needs_two_ranks
-def test_ranks_that_declare_differently_keep_ddps_buckets(caplog):
-    """DDP's declaration-order buckets are computed on each rank and never
-    compared; caps that differ between ranks would pair different
-    allreduces. The positions reach the layout the ranks compare, so no rank
-    installs caps: each says what differs and DDP keeps its own buckets."""
-    torch.manual_seed(0)
-    order = list(range(6)) if dist.get_rank() == 0 else [5, 0, 1, 2, 3, 4]
-    ddp = DDP(Declared(order), bucket_cap_mb=0.06, find_unused_parameters=True)
-    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
-    with caplog.at_level(logging.WARNING, logger="goddp"):
-        compiled(torch.randn(4, WIDTH)).sum().backward()
-    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
-    assert any("layouts differ" in r.getMessage() for r in caplog.records), caplog.text
-
-
-@needs_two_ranks
-def test_ranks_that_declare_differently_stop_under_strict():
-    """With strict=True the same difference is an error on every rank,
-    raised before any allreduce."""
-    torch.manual_seed(0)
-    order = list(range(6)) if dist.get_rank() == 0 else [5, 0, 1, 2, 3, 4]
-    ddp = DDP(Declared(order), bucket_cap_mb=0.06, find_unused_parameters=True)
-    options = {"inner": "aot_eager", "log_plan": False, "strict": True}
-    compiled = torch.compile(ddp, backend="goddp", options=options)
-    with pytest.raises(Exception, match="different layouts") as raised:
-        compiled(torch.randn(4, WIDTH))
-    assert type(raised.value).__name__ == "PlanMismatchError"
-    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
 
 
 @pytest.mark.parametrize(

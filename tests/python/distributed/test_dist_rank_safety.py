@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch._dynamo.backends.registry import lookup_backend
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
@@ -282,7 +283,63 @@ def test_manual_backward_finalization_survives_aligning(group):
     assert ddp.require_manual_backward_finalization
 
 
+# --------------------------------------------------------------------------
+# Ranks that declare the same parameters in another order, under
+# find_unused_parameters=True (DDP's buckets then follow declaration order).
+
+DECLARED_WIDTH = 128
+
+
+class Declared(torch.nn.Module):
+    """Six equal layers used in order l0..l5 but declared in `order`: ranks
+    that declare them differently pass DDP's shape check yet bucket
+    differently under find_unused_parameters=True."""
+
+    def __init__(self, order) -> None:
+        super().__init__()
+        for k in order:
+            self.add_module(f"l{k}", torch.nn.Linear(DECLARED_WIDTH, DECLARED_WIDTH))
+
+    def forward(self, x):
+        for k in range(6):
+            x = torch.relu(getattr(self, f"l{k}")(x))
+        return x
+
+
+def _declared_ddp(group):
+    torch.manual_seed(0)
+    order = list(range(6)) if rank() == 0 else [5, 0, 1, 2, 3, 4]
+    return DDP(Declared(order), process_group=group, bucket_cap_mb=0.06, find_unused_parameters=True)
+
+
+@needs_two_ranks
+def test_ranks_that_declare_differently_keep_ddps_buckets(group, caplog):
+    """DDP's declaration-order buckets are computed on each rank and never
+    compared; caps that differ between ranks would pair different
+    allreduces. The positions reach the layout the ranks compare, so no rank
+    installs caps: each says what differs and DDP keeps its own buckets."""
+    ddp = _declared_ddp(group)
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
+    with caplog.at_level(logging.WARNING, logger="goddp"):
+        compiled(torch.randn(4, DECLARED_WIDTH)).sum().backward()
+    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert any("layouts differ" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@needs_two_ranks
+def test_ranks_that_declare_differently_stop_under_strict(group):
+    """With strict=True the same difference is an error on every rank,
+    raised before any allreduce."""
+    ddp = _declared_ddp(group)
+    options = {"inner": "aot_eager", "log_plan": False, "strict": True}
+    compiled = torch.compile(ddp, backend="goddp", options=options)
+    with pytest.raises(Exception, match="different layouts") as raised:
+        compiled(torch.randn(4, DECLARED_WIDTH))
+    assert type(raised.value).__name__ == "PlanMismatchError"
+    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+
+
 @pytest.mark.single_process
 def test_rank_safety_under_torchrun():
     """Plain pytest: run this file's two-rank cases under torchrun."""
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=7, timeout=480)
+    assert_file_passes_under_torchrun(__file__, cases_per_rank=9, timeout=480)
