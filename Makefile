@@ -26,11 +26,19 @@ export CGO_ENABLED := 1
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# The pinned requirements go in with uv (from PyPI, pinned here): torch and
+# its CUDA libraries are 5.8 GB unpacked, which pip unpacks on one core in
+# about 2.5 minutes and uv in under 30 s. pip stays in .venv for goddp's
+# editable install and for the user's path that tests/wheel walks.
+UV_VERSION := 0.13.9
+UV         := $(VENV)/bin/uv
+UV_PIP     := $(UV) pip install -q --python $(PY)
+
 $(VENV)/.requirements: requirements-dev.txt
 	@command -v $(GO) >/dev/null || { echo "error: Go 1.26+ is required (https://go.dev/dl); set GO=/path/to/go"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q --upgrade pip uv==$(UV_VERSION)
+	$(UV_PIP) -r requirements-dev.txt
 	touch $@
 
 venv: $(VENV)/.requirements ## Create .venv with the pinned requirements
@@ -86,13 +94,16 @@ gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, th
 	$(GO) test -run '^$$' -fuzz '^FuzzBodies$$' -fuzztime 50000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckpointRegions$$' -fuzztime 60000x ./planner
 
-pytest: install $(HOOKDIR)/.ext ## Python suites in one process (a 1-rank gloo group)
-	$(PYTEST_ENV) $(PY) -m pytest -q tests/python
+# One pytest worker per core (pytest-xdist), each a 1-rank process of its
+# own, one thread each. PYTEST_WORKERS=0 runs them all in this process.
+PYTEST_WORKERS ?= auto
+pytest: install $(HOOKDIR)/.ext ## Python suites, one process per core (each a 1-rank gloo group)
+	$(PYTEST_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal tests/python
 
-# The backend and distributed suites again under torchrun: two ranks, gloo, CPU.
-pytest-dist: install $(HOOKDIR)/.ext ## The backend and distributed suites under torchrun (2 ranks, gloo)
+# The two-rank suites under torchrun: two ranks, gloo, CPU.
+pytest-dist: install $(HOOKDIR)/.ext ## The two-rank suites (test_dist_*) under torchrun (2 ranks, gloo)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
-	    tests/python/*/test_backend_*.py tests/python/*/test_dist_*.py
+	    tests/python/*/test_dist_*.py
 
 # ---------------------------------------------------------------------------
 # Distributions: `make sdist`, `make wheel`.
@@ -130,7 +141,7 @@ PKG_SRC      := $(shell find python/goddp -name '*.py')
 DIST_SRC     := $(GO_SRC) go.sum csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml MANIFEST.in README.md $(PKG_SRC)
 
 $(VENV)/.wheel-tools: $(VENV)/.requirements requirements-wheel.txt
-	$(PIP) install -q -r requirements-wheel.txt
+	$(UV_PIP) -r requirements-wheel.txt
 	touch $@
 
 wheel-tools: $(VENV)/.wheel-tools ## Install the pinned wheel toolchain (zig cc, auditwheel) into .venv
@@ -189,9 +200,9 @@ $(TORCH_VENV)/.goddp: $(TORCH_VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/go
 	touch $@
 
 test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, then two ranks) against torch TORCH=x.y.z in .venv-torch-x.y.z
-	GODDP_TESTS_TORCHRUN_LATER=1 $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider tests/python
+	GODDP_TESTS_TORCHRUN_LATER=1 OMP_NUM_THREADS=1 $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal tests/python
 	OMP_NUM_THREADS=1 $(TORCH_VENV)/bin/torchrun --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
-	    tests/python/*/test_backend_*.py tests/python/*/test_dist_*.py
+	    tests/python/*/test_dist_*.py
 
 # Within `make test` the plain pytest step leaves the two-rank cases to
 # pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).
