@@ -49,7 +49,53 @@ class MeasureHookError(RuntimeError):
     """A measurement hook no longer reaches what it switches or reads."""
 
 
-class PieceReuseOff:
+class _Switch:
+    """A benchmark switch: while on, module.name (a function goddp's code
+    calls through that global) is replaced by self._replacement. A subclass
+    names the module, the global, where the function it must still be is
+    defined (home, a module with the same name), and the two
+    MeasureHookError texts: moved (on() finds the call gone) and unused
+    (check_used() after no call while on)."""
+
+    module: types.ModuleType
+    name: str
+    home: types.ModuleType
+    moved: str
+    unused: str
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._saved: Callable[..., Any] | None = None
+
+    def on(self) -> Any:
+        target = getattr(self.module, self.name, None)
+        if target is not getattr(self.home, self.name) or not _module_calls(self.module, self.name):
+            raise MeasureHookError(self.moved)
+        if self._saved is None:
+            self._saved = target
+            setattr(self.module, self.name, self._replacement)
+        return self
+
+    def off(self) -> None:
+        if self._saved is not None:
+            setattr(self.module, self.name, self._saved)
+        self._saved = None
+
+    def check_used(self) -> None:
+        if self.calls == 0:
+            raise MeasureHookError(self.unused)
+
+    def _replacement(self, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self.on()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.off()
+
+
+class PieceReuseOff(_Switch):
     """While on, every piece goddp compiles gets its own inner compile: the
     grouping of identical pieces (goddp.graph.blocks.group_pieces, as the
     compile pipeline calls it) puts each piece in a group of its own. Eager
@@ -65,47 +111,22 @@ class PieceReuseOff:
     switch had no effect on what was measured).
     """
 
-    def __init__(self) -> None:
-        self.calls = 0
-        self._pipeline: types.ModuleType | None = None
-        self._saved: Callable[..., Any] | None = None
+    module, name, home = pipeline, "group_pieces", blocks
+    moved = (
+        "goddp.measure.PieceReuseOff: goddp.compile.pipeline no longer groups identical pieces "
+        "through goddp.graph.blocks.group_pieces; move this hook to where the grouping is now"
+    )
+    unused = (
+        "goddp.measure.PieceReuseOff was on, but goddp never grouped pieces through it: what was "
+        "measured is not goddp without piece reuse (no block cuts, or the grouping moved)"
+    )
 
-    def on(self) -> "PieceReuseOff":
-        target = getattr(pipeline, "group_pieces", None)
-        if target is not blocks.group_pieces or not _module_calls(pipeline, "group_pieces"):
-            raise MeasureHookError(
-                "goddp.measure.PieceReuseOff: goddp.compile.pipeline no longer groups identical pieces "
-                "through goddp.graph.blocks.group_pieces; move this hook to where the grouping is now"
-            )
-        if self._saved is None:
-            self._pipeline, self._saved = pipeline, target
-            pipeline.group_pieces = self._each_alone
-        return self
-
-    def off(self) -> None:
-        if self._pipeline is not None and self._saved is not None:
-            self._pipeline.group_pieces = self._saved
-        self._pipeline, self._saved = None, None
-
-    def check_used(self) -> None:
-        if self.calls == 0:
-            raise MeasureHookError(
-                "goddp.measure.PieceReuseOff was on, but goddp never grouped pieces through it: what was "
-                "measured is not goddp without piece reuse (no block cuts, or the grouping moved)"
-            )
-
-    def _each_alone(self, signatures: Sequence[Any]) -> list[int]:
+    def _replacement(self, signatures: Sequence[Any]) -> list[int]:
         self.calls += 1
         return list(range(len(signatures)))
 
-    def __enter__(self) -> "PieceReuseOff":
-        return self.on()
 
-    def __exit__(self, *exc: Any) -> None:
-        self.off()
-
-
-class PieceRanges:
+class PieceRanges(_Switch):
     """While on, each stitched callable goddp builds (goddp.graph.stitch,
     through goddp.tools.ranges.piece_ranges) ranges its pieces as mode says:
     "off", never (no ranged steps: the plain loop, without even the check
@@ -122,48 +143,26 @@ class PieceRanges:
     """
 
     MODES = ("off", "always")
+    module, name, home = stitch, "piece_ranges", ranges
+    moved = (
+        "goddp.measure.PieceRanges: goddp.graph.stitch no longer makes its ranged steps through "
+        "goddp.tools.ranges.piece_ranges; move this hook to where they are made now"
+    )
+    unused = (
+        "goddp.measure.PieceRanges was on, but goddp stitched no pieces through it: what was measured "
+        "is not goddp with its ranges switched (no cut graph, or the stitcher moved)"
+    )
 
     def __init__(self, mode: str) -> None:
         if mode not in self.MODES:
             raise ValueError(f"goddp.measure.PieceRanges: mode must be one of {self.MODES}, got {mode!r}")
+        super().__init__()
         self.mode = mode
-        self.calls = 0
-        self._saved: Callable[..., Any] | None = None
 
-    def on(self) -> "PieceRanges":
-        target = getattr(stitch, "piece_ranges", None)
-        if target is not ranges.piece_ranges or not _module_calls(stitch, "piece_ranges"):
-            raise MeasureHookError(
-                "goddp.measure.PieceRanges: goddp.graph.stitch no longer makes its ranged steps through "
-                "goddp.tools.ranges.piece_ranges; move this hook to where they are made now"
-            )
-        if self._saved is None:
-            self._saved = target
-            stitch.piece_ranges = self._ranges
-        return self
-
-    def off(self) -> None:
-        if self._saved is not None:
-            stitch.piece_ranges = self._saved
-        self._saved = None
-
-    def check_used(self) -> None:
-        if self.calls == 0:
-            raise MeasureHookError(
-                "goddp.measure.PieceRanges was on, but goddp stitched no pieces through it: what was measured "
-                "is not goddp with its ranges switched (no cut graph, or the stitcher moved)"
-            )
-
-    def _ranges(self, steps: Sequence[tuple], labels: Sequence[str] | None) -> Any:
+    def _replacement(self, steps: Sequence[tuple], labels: Sequence[str] | None) -> Any:
         self.calls += 1
         made = None if self.mode == "off" or self._saved is None else self._saved(steps, labels)
         return None if made is None else dataclasses.replace(made, wanted=lambda: True)
-
-    def __enter__(self) -> "PieceRanges":
-        return self.on()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.off()
 
 
 def _module_calls(module: types.ModuleType, name: str) -> bool:
