@@ -29,7 +29,7 @@ import statistics
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 
@@ -74,14 +74,27 @@ def _size(value: Any) -> int:
     return 0
 
 
+def _all_at_once(work: Callable[[int, threading.Barrier], None], n: int) -> float:
+    """Runs work(i, ready) in n threads; each calls ready.wait() once set
+    up. Returns the time from the moment all are ready until the last
+    one ends."""
+    ready = threading.Barrier(n + 1)
+    threads = [threading.Thread(target=work, args=(i, ready), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
 def one_round(stores: list[CountingStore], key: str, timeout_s: float, differ: int) -> float:
     """Runs one round among len(stores) ranks; returns its wall time."""
     n = len(stores)
-    ready = threading.Barrier(n + 1)
     errors: list[BaseException] = []
-    finished = [0.0] * n
 
-    def rank(r: int) -> None:
+    def rank(r: int, ready: threading.Barrier) -> None:
         # (only when asked: an older goddp's plan_exchange has no fingerprint)
         other = {"fingerprint": 0x0FF0_0000_0000_0000 + r} if r >= n - differ else {}
         exchange = plan_exchange(stores[r], key, r, range(n), timeout_s, **other)
@@ -92,18 +105,11 @@ def one_round(stores: list[CountingStore], key: str, timeout_s: float, differ: i
             assert len(said) == n, f"rank {r} read {len(said)} statements of {n}"
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
-        finished[r] = time.perf_counter()
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    ready.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
+    took = _all_at_once(rank, n)
     if errors:
         raise RuntimeError(f"{len(errors)} rank(s) failed; first: {errors[0]!r}")
-    return max(finished) - started
+    return took
 
 
 def server_rate(clients: list[CountingStore], calls: int, value: bytes) -> dict[str, float]:
@@ -114,21 +120,13 @@ def server_rate(clients: list[CountingStore], calls: int, value: bytes) -> dict[
     clients[0].set("bench/rate", value)
     rates = {}
     for kind, call in (("add", lambda s: s.add("bench/rate/n", 1)), ("get", lambda s: s.get("bench/rate"))):
-        ready = threading.Barrier(len(clients) + 1)
 
-        def loop(store: CountingStore) -> None:
+        def loop(i: int, ready: threading.Barrier) -> None:
             ready.wait()
             for _ in range(calls):
-                call(store)
+                call(clients[i])
 
-        threads = [threading.Thread(target=loop, args=(c,), daemon=True) for c in clients]
-        for t in threads:
-            t.start()
-        ready.wait()
-        started = time.perf_counter()
-        for t in threads:
-            t.join()
-        rates[kind] = len(clients) * calls / (time.perf_counter() - started)
+        rates[kind] = len(clients) * calls / _all_at_once(loop, len(clients))
     return rates
 
 
