@@ -16,29 +16,16 @@ to <out>/rank<r>.json.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from _dist_util import leave_without_finalizing
-
-
-class Tower(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(4))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x
+from _dist_util import report_and_leave
+from models import Tower
 
 
 class Lines(logging.Handler):
@@ -71,7 +58,7 @@ class Seen:
 def python_reducer(lines: Lines) -> dict:
     torch._dynamo.config.optimize_ddp = "python_reducer"
     torch.manual_seed(0)
-    ddp = DDP(Tower(), bucket_cap_mb=0.005)
+    ddp = DDP(Tower(depth=4), bucket_cap_mb=0.005)
     before = torch.cat([p.detach().flatten() for p in ddp.parameters()])
     seen = Seen()
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -113,10 +100,7 @@ def main(out: str, rank: int, world_size: int, store: str) -> None:
     logger = logging.getLogger("goddp")
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)
-    result = python_reducer(lines)
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    leave_without_finalizing(0)
+    report_and_leave(out, rank, python_reducer(lines))
 
 
 if __name__ == "__main__":

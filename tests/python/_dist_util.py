@@ -10,6 +10,7 @@ them too, and a torchrun run does not pay for them twice.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import subprocess
@@ -59,6 +60,19 @@ def leave_without_finalizing(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def worker_result_path(out: str | Path, rank: int) -> Path:
+    """Where a worker process of a test (_elastic_worker.py,
+    _compiled_autograd_worker.py) leaves what rank saw, for the test to read."""
+    return Path(out, f"rank{rank}.json")
+
+
+def report_and_leave(out: str | Path, rank: int, result: dict) -> None:
+    """A worker's last act: writes result where worker_result_path says and
+    leaves (Note [Leaving a gloo rank])."""
+    worker_result_path(out, rank).write_text(json.dumps(result))
+    leave_without_finalizing(0)
 
 
 def short_timeout_group(seconds: float = 60.0):

@@ -14,35 +14,23 @@ not goddp's; eager DDP fails the same way).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from _dist_util import leave_without_finalizing
+from _dist_util import report_and_leave
+from models import Tower
 
 STEPS = 3
 
 
-class Tower(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(5))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x
-
-
 def train(compiled: bool, die_after: int | None) -> tuple[DDP, list[float]]:
     torch.manual_seed(0)
-    ddp = DDP(Tower(), bucket_cap_mb=0.01)
+    ddp = DDP(Tower(depth=5), bucket_cap_mb=0.01)
     forward = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False}) if compiled else ddp
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     losses = []
@@ -71,15 +59,14 @@ def main(out: str, when: str) -> None:
     data = ddp._get_ddp_logging_data()
     sizes = data["rebuilt_bucket_sizes"] if data.get("has_rebuilt_buckets") else data["bucket_sizes"]
     (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump({
-            "attempt": attempt, "eager": eager, "losses": losses, "pieces": plan["num_pieces"],
-            "aligned": plan["ddp_buckets"]["aligned"], "reason": plan["ddp_buckets"]["reason"],
-            "ddp_bucket_sizes": [int(s) for s in sizes.split(", ")],
-            "plan_bucket_sizes": [b["bytes"] for b in plan["buckets"]],
-        }, f)
+    result = {
+        "attempt": attempt, "eager": eager, "losses": losses, "pieces": plan["num_pieces"],
+        "aligned": plan["ddp_buckets"]["aligned"], "reason": plan["ddp_buckets"]["reason"],
+        "ddp_bucket_sizes": [int(s) for s in sizes.split(", ")],
+        "plan_bucket_sizes": [b["bytes"] for b in plan["buckets"]],
+    }
     dist.destroy_process_group()
-    leave_without_finalizing(0)  # Note [Leaving a gloo rank]
+    report_and_leave(out, rank, result)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,20 @@ class SquareStack(nn.Module):
         return x
 
 
+class Tower(nn.Module):
+    """``depth`` Linear(32, 32) layers with tanh after each: the workers'
+    model (_elastic_worker.py, _compiled_autograd_worker.py)."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
 class ConvBNNet(nn.Module):
     """Convolutions with BatchNorm: running statistics are buffers (not
     parameters) that DDP broadcasts and neither planner may count."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from _dist_util import REPO_ROOT, under_torchrun
+from _dist_util import REPO_ROOT, under_torchrun, worker_result_path
 
 WORKER = Path(__file__).resolve().parents[1] / "_elastic_worker.py"
 
@@ -41,7 +41,7 @@ def test_a_restarted_run_agrees_aligns_and_trains(when):
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=420)
         output = proc.stdout + proc.stderr
         assert proc.returncode == 0, output[-6000:]
-        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
+        results = [json.loads(worker_result_path(out, r).read_text()) for r in range(2)]
     for r, result in enumerate(results):
         assert result["attempt"] == 1, (r, result)
         assert result["losses"] == result["eager"], (r, result)

@@ -40,6 +40,7 @@ from _dist_util import (
     rank,
     short_timeout_group,
     under_torchrun,
+    worker_result_path,
 )
 
 WORKER = Path(__file__).resolve().parents[1] / "_compiled_autograd_worker.py"
@@ -343,7 +344,7 @@ def test_python_reducer_goes_uncut_and_trains(tmp_path):
             pytest.fail("the Python-reducer workers did not finish within 300 s")
     assert [proc.returncode for proc in ranks] == [0, 0], "\n".join(outputs)[-6000:]
     for r in (0, 1):
-        seen = json.loads((tmp_path / f"rank{r}.json").read_text())
+        seen = json.loads(worker_result_path(tmp_path, r).read_text())
         assert seen["info"] == [
             "goddp: optimize_ddp='python_reducer' lets compiled autograd schedule DDP's allreduces; "
             "compiling the whole graph without cuts"
