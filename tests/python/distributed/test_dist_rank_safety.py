@@ -161,15 +161,17 @@ def test_no_rank_aligns_once_ddp_has_rebuilt_its_buckets(group):
 
 
 class SlowOnRank:
-    """aot_eager, except that every compile on global rank `on_rank` first
-    sleeps `seconds` (a rank still compiling while the others wait)."""
+    """aot_eager, except that the first compile on global rank `on_rank`
+    first sleeps `seconds` (a rank still compiling while the others wait:
+    every piece compiles before the agreement)."""
 
     def __init__(self, on_rank: int, seconds: float) -> None:
-        self.on_rank, self.seconds = on_rank, seconds
+        self.on_rank, self.seconds, self.slept = on_rank, seconds, False
         self._inner = lookup_backend("aot_eager")
 
     def __call__(self, gm, example_inputs):
-        if rank() == self.on_rank:
+        if rank() == self.on_rank and not self.slept:
+            self.slept = True
             time.sleep(self.seconds)
         return self._inner(gm, example_inputs)
 
@@ -196,7 +198,7 @@ def test_a_rank_missing_from_the_agreement_leaves_every_rank_on_ddps_buckets(gro
             ddp = entry.wrap(entry.build(seed=0), process_group=group, bucket_cap_mb=entry.ddp_cap_mb)
             forward = ddp
             if compile_it and (late == "slow" or rank() == 0):
-                inner = SlowOnRank(on_rank=1, seconds=6) if late == "slow" else "aot_eager"
+                inner = SlowOnRank(on_rank=1, seconds=5) if late == "slow" else "aot_eager"
                 forward = torch.compile(ddp, backend="goddp", options={"inner": inner, "log_plan": False})
             runs += [ddp, _train(ddp, forward, batches)]
     _assert_same_training(*runs)
