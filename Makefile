@@ -100,13 +100,16 @@ gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, th
 
 # One pytest worker per core (pytest-xdist), each a 1-rank process of its
 # own, one thread each. PYTEST_WORKERS=0 runs them all in this process.
+# Every core already runs a test, so Inductor compiles in the process that
+# asks (its pool of compile workers cost each process about 5 s of CPU).
 PYTEST_WORKERS ?= auto
+ONE_THREAD     := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
 pytest: install $(HOOKDIR)/.ext ## Python suites, one process per core (each a 1-rank gloo group)
-	$(PYTEST_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal tests/python
+	$(PYTEST_ENV) $(ONE_THREAD) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal tests/python
 
 # The two-rank suites under torchrun: two ranks, gloo, CPU.
 pytest-dist: install $(HOOKDIR)/.ext ## The two-rank suites (test_dist_*) under torchrun (2 ranks, gloo)
-	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
+	$(ONE_THREAD) $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
 	    tests/python/*/test_dist_*.py
 
 # ---------------------------------------------------------------------------
@@ -204,14 +207,18 @@ $(TORCH_VENV)/.goddp: $(TORCH_VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/go
 	touch $@
 
 test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, then two ranks) against torch TORCH=x.y.z in .venv-torch-x.y.z
-	GODDP_TESTS_TORCHRUN_LATER=1 OMP_NUM_THREADS=1 $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal tests/python
-	OMP_NUM_THREADS=1 $(TORCH_VENV)/bin/torchrun --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
+	GODDP_TESTS_TORCHRUN_LATER=1 $(ONE_THREAD) $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal tests/python
+	$(ONE_THREAD) $(TORCH_VENV)/bin/torchrun --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
 	    tests/python/*/test_dist_*.py
 
 # Within `make test` the plain pytest step leaves the two-rank cases to
 # pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).
-test: PYTEST_ENV = GODDP_TESTS_TORCHRUN_LATER=1
-test: gotest ctest pytest pytest-dist test-wheel ## Run every test: Go, C, Python, Python under torchrun, the wheel's user path
+# The Go and C tests run beside the making of .venv (about a minute each,
+# and neither keeps both cores busy); the Python suites then run one after
+# the other, each on every core.
+test: ## Run every test: Go, C, Python, Python under torchrun, the wheel's user path
+	$(MAKE) --no-print-directory -j2 gotest ctest install testhooks
+	$(MAKE) --no-print-directory pytest pytest-dist test-wheel PYTEST_ENV=GODDP_TESTS_TORCHRUN_LATER=1
 
 demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: GPT, Inductor, 2 CPU ranks (~140 s of CPU)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m bench.demo
