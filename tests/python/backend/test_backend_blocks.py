@@ -12,7 +12,6 @@ import logging
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import goddp
 from models import ZOO, SquareStack
@@ -180,16 +179,6 @@ def test_no_repeated_blocks_change_nothing(dist_group):
     assert on["num_pieces"] > 1
     assert on["fingerprint"] == off["fingerprint"]
     assert on["buckets"] == off["buckets"]
-
-
-def test_plans_identical_across_ranks(dist_group):
-    entry, ddp, compiled, _ = compiled_blocks(dist_group)
-    train(entry, compiled, steps=1, seed_base=10 * dist_group.rank)
-    (plan,) = goddp.last_plans()
-    mine = (plan["fingerprint"], plan["num_pieces"], plan["distinct_pieces"])
-    everyone = [None] * dist_group.world_size
-    dist.all_gather_object(everyone, mine)
-    assert all(theirs == mine for theirs in everyone), everyone
 
 
 @pytest.mark.inductor

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps
+from goddp.ddp.align import install_bucket_caps
 from models import SquareStack
 
 WIDTH = 128
