@@ -68,10 +68,11 @@ def worker_result_path(out: str | Path, rank: int) -> Path:
     return Path(out, f"rank{rank}.json")
 
 
-def report_and_leave(out: str | Path, rank: int, result: dict) -> None:
-    """A worker's last act: writes result where worker_result_path says and
-    leaves (Note [Leaving a gloo rank])."""
+def report_and_leave(out: str | Path, rank: int, result: dict, before_leaving=lambda: None) -> None:
+    """A worker's last act: writes result where worker_result_path says,
+    calls before_leaving, and leaves (Note [Leaving a gloo rank])."""
     worker_result_path(out, rank).write_text(json.dumps(result))
+    before_leaving()
     leave_without_finalizing(0)
 
 
@@ -129,8 +130,8 @@ def assert_file_passes_under_torchrun(test_file: str, *, cases_per_rank: int, ti
     if under_torchrun():
         pytest.skip("already inside torchrun: the cases above ran in this process")
     if os.environ.get(TORCHRUN_LATER_ENV) == "1" and nproc == 2:
-        # `make test` runs every test_dist_*/test_backend_* file under
-        # torchrun (two ranks) in its pytest-dist step; launching them here
+        # `make test` runs every test_dist_* file under torchrun (two
+        # ranks) in its pytest-dist step; launching them here
         # too would run each two-rank case twice. Other sizes run here.
         pytest.skip("make test runs this file's two-rank cases under torchrun in pytest-dist")
     returncode, output = run_file_under_torchrun(test_file, nproc=nproc, timeout=timeout)

@@ -65,8 +65,7 @@ def main(out: str, when: str) -> None:
         "ddp_bucket_sizes": [int(s) for s in sizes.split(", ")],
         "plan_bucket_sizes": [b["bytes"] for b in plan["buckets"]],
     }
-    dist.destroy_process_group()
-    report_and_leave(out, rank, result)
+    report_and_leave(out, rank, result, before_leaving=dist.destroy_process_group)
 
 
 if __name__ == "__main__":
