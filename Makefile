@@ -34,6 +34,8 @@ help: ## Show this help
 # process of the suites would compile torch from source again (the
 # one-process suite took 11.2 minutes instead of 6.3). pip stays in .venv
 # for goddp's editable install and for the user's path that tests/wheel walks.
+# uv reads UV_INDEX_URL / UV_DEFAULT_INDEX, not pip's PIP_INDEX_URL or pip.conf:
+# behind a mirror, set those too.
 UV_VERSION := 0.13.9
 UV         := $(VENV)/bin/uv
 UV_PIP     := $(UV) pip install -q --compile-bytecode --python $(PY)
@@ -217,8 +219,8 @@ test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, 
 # and neither keeps both cores busy); the Python suites then run one after
 # the other, each on every core.
 test: ## Run every test: Go, C, Python, Python under torchrun, the wheel's user path
-	$(MAKE) --no-print-directory -j2 gotest ctest install testhooks
-	$(MAKE) --no-print-directory pytest pytest-dist test-wheel PYTEST_ENV=GODDP_TESTS_TORCHRUN_LATER=1
+	$(MAKE) --no-print-directory -j2 --output-sync=target gotest ctest install testhooks
+	$(MAKE) --no-print-directory -j1 pytest pytest-dist test-wheel PYTEST_ENV=GODDP_TESTS_TORCHRUN_LATER=1
 
 demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: GPT, Inductor, 2 CPU ranks (~140 s of CPU)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m bench.demo
