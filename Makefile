@@ -106,13 +106,16 @@ gotest: ## Go vet, unit tests with the race detector, short fuzz runs (Build, th
 # asks (its pool of compile workers cost each process about 5 s of CPU).
 PYTEST_WORKERS ?= auto
 ONE_THREAD     := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
+ON_EVERY_CORE  := -n $(PYTEST_WORKERS) --dist worksteal
+# What pytest-dist (and test-torch) runs inside each of two torchrun ranks.
+TWO_RANKS      := --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
+                  tests/python/*/test_dist_*.py
 pytest: install $(HOOKDIR)/.ext ## Python suites, one process per core (each a 1-rank gloo group)
-	$(PYTEST_ENV) $(ONE_THREAD) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal tests/python
+	$(PYTEST_ENV) $(ONE_THREAD) $(PY) -m pytest -q $(ON_EVERY_CORE) tests/python
 
 # The two-rank suites under torchrun: two ranks, gloo, CPU.
 pytest-dist: install $(HOOKDIR)/.ext ## The two-rank suites (test_dist_*) under torchrun (2 ranks, gloo)
-	$(ONE_THREAD) $(TORCHRUN) --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
-	    tests/python/*/test_dist_*.py
+	$(ONE_THREAD) $(TORCHRUN) $(TWO_RANKS)
 
 # ---------------------------------------------------------------------------
 # Distributions: `make sdist`, `make wheel`.
@@ -209,9 +212,8 @@ $(TORCH_VENV)/.goddp: $(TORCH_VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/go
 	touch $@
 
 test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, then two ranks) against torch TORCH=x.y.z in .venv-torch-x.y.z
-	GODDP_TESTS_TORCHRUN_LATER=1 $(ONE_THREAD) $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal tests/python
-	$(ONE_THREAD) $(TORCH_VENV)/bin/torchrun --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
-	    tests/python/*/test_dist_*.py
+	GODDP_TESTS_TORCHRUN_LATER=1 $(ONE_THREAD) $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider $(ON_EVERY_CORE) tests/python
+	$(ONE_THREAD) $(TORCH_VENV)/bin/torchrun $(TWO_RANKS)
 
 # Within `make test` the plain pytest step leaves the two-rank cases to
 # pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).
