@@ -231,20 +231,23 @@ def test_compile_times_list_goddp_phases(observed):
     assert set(PHASES) <= set(observed.listed), observed.listed
     cut, fell = observed.plans
     # Each phase that ran, timed around goddp's own timing of it (the
-    # fallback's compile twice: the piece that failed, then the whole graph).
+    # fallback's compile twice: the piece that failed, then the whole graph):
+    # torch's entry holds at least goddp's time, and not the whole compile.
+    # The slack above is torch's bookkeeping of each entry (with TORCH_TRACE
+    # a trace event: up to about 20 ms seen on a loaded machine), given 5
+    # times over, so that a busy machine does not fail the test.
     for key in TIMING_KEYS:
         ran = sum(p["timings"][key] for p in (cut, fell))
         got = observed.metrics[f"goddp.{key}"]
         assert len(got) >= sum(1 for p in (cut, fell) if p["timings"][key] > 0), (key, got)
-        assert ran - 1e-4 <= sum(got) <= 1.2 * ran + 0.01 * len(got), (key, got, ran)
+        assert ran - 1e-4 <= sum(got) <= 1.5 * ran + 0.1 * len(got), (key, got, ran)
     # The agreement of each DDP module, at its first training call: the
-    # record's seconds (to the millisecond) and torch's time of the same
-    # round, apart by torch's bookkeeping of each entry (with TORCH_TRACE,
-    # the trace event it writes: up to about 20 ms on a loaded machine).
+    # record's seconds (to the millisecond) hold torch's time of the round,
+    # and its bookkeeping, with the same slack below.
     got = observed.metrics["goddp.agreement"]
     assert len(got) == 2
     said = cut["plan_check"]["seconds"] + fell["plan_check"]["seconds"]
-    assert abs(sum(got) - said) < 0.025 * len(got), (got, said)
+    assert said - 0.1 * len(got) <= sum(got) <= said + 0.001 * len(got), (got, said)
     # ... and in the compile's trace events (tlparse's chromium_events.json)
     events = json.loads((observed.out / "chromium_events.json").read_text())
     assert {"goddp.export", "goddp.plan", "goddp.cut", "goddp.stitch"} <= {e.get("name") for e in events}
