@@ -93,6 +93,7 @@ def _child(args) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from bench import models, probes
+    from bench.group import one_rank_group
 
     torch.set_num_threads(1)
     goddp = probes.goddp_module()  # import first: it turns optimize_ddp off
@@ -108,10 +109,8 @@ def _child(args) -> dict:
 
     args.compiled_graph_nodes = compiled_graph_nodes
 
-    store_file = tempfile.NamedTemporaryFile(prefix="goddp-bench-store-", delete=False)
-    store_file.close()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store_file.name}", rank=0, world_size=1)
+    one_rank_group("goddp-bench-store-")
     try:
         if args.e2e:
             return _e2e(args, torch, DDP, models, probes)
@@ -120,8 +119,6 @@ def _child(args) -> dict:
         return _compile_once(args, torch, ddp, wl, TRIVIAL, probes)
     finally:
         dist.destroy_process_group()
-        if os.path.exists(store_file.name):  # the store may remove it itself
-            os.unlink(store_file.name)
 
 
 def _canonical_names(gm):

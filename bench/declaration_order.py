@@ -28,14 +28,13 @@ launch point).
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 import goddp
+from bench.group import one_rank_group
 from goddp.measure import MIB, first_use_nodes
 
 _captured: list = []
@@ -139,8 +138,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.parse_args()
     torch.manual_seed(0)
-    store = tempfile.mkdtemp(prefix="goddp_bench_")
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(store, 's')}", rank=0, world_size=1)
+    one_rank_group()
     torch._dynamo.config.optimize_ddp = False
     depth, width = 8, 1024
     x = torch.randn(4, width)

@@ -19,7 +19,6 @@ import argparse
 import copy
 import dataclasses
 import os
-import tempfile
 from typing import Any, Callable
 
 import torch
@@ -28,6 +27,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
+from bench.group import one_rank_group
+from bench.stats import table
 
 WIDTH = 512
 DEPTH = 6
@@ -191,11 +192,9 @@ def main() -> None:
 
     logging.getLogger("goddp").setLevel(logging.WARNING)
     torch._logging.set_logs(graph_breaks=False, recompiles=False)
-    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+    one_rank_group()
     rows = [row(CASES[name], train(CASES[name])) for name in args.cases]
-    from tabulate import tabulate
-
-    print(tabulate(rows, headers="keys"))
+    print(table(list(rows[0]), [list(r.values()) for r in rows]))
     for label, names in (("the measured cases", [n for n in args.cases if n in MEASURED]),
                          ("the zoo", [n for n in args.cases if not CASES[n].differs])):
         if names:

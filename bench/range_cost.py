@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import os
-import tempfile
 import time
 
 import torch
@@ -32,6 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench import models
+from bench.group import one_rank_group
 from bench.stats import summarize
 
 VARIANTS = ("no ranges", "ranges", "ranges, ungated")
@@ -47,8 +46,7 @@ def main(argv=None) -> int:
     from goddp import measure
 
     torch.set_num_threads(1)
-    store = os.path.join(tempfile.mkdtemp(prefix="goddp_ranges_"), "store")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    one_rank_group("goddp_ranges_")
     work = models.build("gpt", "tiny", n_layer=args.layers)
     switches = {"no ranges": measure.PieceRanges("off"), "ranges": None, "ranges, ungated": measure.PieceRanges("always")}
     steps = {}

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
-import tempfile
 import time
 
 import torch
@@ -25,6 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench import models
+from bench.group import one_rank_group
 
 
 def main(argv=None) -> int:
@@ -35,8 +34,7 @@ def main(argv=None) -> int:
     import goddp
 
     torch.set_num_threads(1)
-    store = os.path.join(tempfile.mkdtemp(prefix="goddp_cost_"), "store")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    one_rank_group("goddp_cost_")
     base = models.MLPStack(256, 8)
     plain, traced = (DDP(copy.deepcopy(base), bucket_cap_mb=args.bucket_cap_mb) for _ in range(2))
     x = torch.randn(32, 256)
