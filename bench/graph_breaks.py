@@ -19,6 +19,8 @@ import argparse
 import copy
 import dataclasses
 import os
+import shutil
+import sys
 from typing import Any, Callable
 
 import torch
@@ -192,7 +194,7 @@ def main() -> None:
 
     logging.getLogger("goddp").setLevel(logging.WARNING)
     torch._logging.set_logs(graph_breaks=False, recompiles=False)
-    one_rank_group()
+    store = one_rank_group()
     rows = [row(CASES[name], train(CASES[name])) for name in args.cases]
     print(table(list(rows[0]), [list(r.values()) for r in rows]))
     for label, names in (("the measured cases", [n for n in args.cases if n in MEASURED]),
@@ -201,6 +203,8 @@ def main() -> None:
             done = sum(r["all aligned"] for r in rows if r["case"] in names)
             print(f"cross-frame alignment, {label}: {done}/{len(names)}")
     dist.destroy_process_group()
+    sys.stdout.flush()
+    shutil.rmtree(store, ignore_errors=True)  # os._exit skips atexit
     os._exit(0)  # a gloo worker may abort Python's finalization (tests/python/_dist_util.py, leave_without_finalizing)
 
 
