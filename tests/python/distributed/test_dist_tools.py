@@ -234,13 +234,13 @@ def test_compile_times_list_goddp_phases(observed):
     # fallback's compile twice: the piece that failed, then the whole graph):
     # torch's entry holds at least goddp's time, and not the whole compile.
     # The slack above is torch's bookkeeping of each entry (with TORCH_TRACE
-    # a trace event: up to about 20 ms seen on a loaded machine), given 5
+    # a trace event: up to about 20 ms seen on a loaded machine), allowed 5
     # times over, so that a busy machine does not fail the test.
     for key in TIMING_KEYS:
         ran = sum(p["timings"][key] for p in (cut, fell))
         got = observed.metrics[f"goddp.{key}"]
         assert len(got) >= sum(1 for p in (cut, fell) if p["timings"][key] > 0), (key, got)
-        assert ran - 1e-4 <= sum(got) <= 1.5 * ran + 0.1 * len(got), (key, got, ran)
+        assert ran - 1e-4 <= sum(got) <= 1.2 * ran + 0.1 * len(got), (key, got, ran)
     # The agreement of each DDP module, at its first training call: the
     # record's seconds (to the millisecond) hold torch's time of the round,
     # and its bookkeeping, with the same slack below.
