@@ -96,15 +96,18 @@ ctest: $(BUILD)/plan_toy $(HOOKDIR)/plan_toy ## Plan a toy graph from C through 
 # at once) runs under -race with the bridge's tests, whose cgo calls come
 # from many threads; the rest of the planner's tests run once, without it
 # (under -race they took 9.7 s instead of 1.3). A planner test that starts
-# goroutines is named TestConcurrent*, so that -race sees it.
+# goroutines is named TestConcurrent*, so that -race sees it (and
+# TestGoroutinesOnlyInConcurrentTests fails on one that is not).
 gotest: gounit gofuzz ## Go vet, unit tests (the race detector where goroutines run), short fuzz runs
 
+# One vet, with the test-hook tag: no file is built only without it, so it
+# vets every file, and the untagged build is checked by ctest's and
+# setup.py's builds of the shipped library.
 gounit: ## Go vet, and the Go tests (bridge and concurrent planner tests under -race)
-	$(GO) vet ./...
 	$(GO) vet -tags goddp_testhooks ./...
 	$(GO) test -race -count=1 -tags goddp_testhooks ./bridge
 	$(GO) test -race -count=1 -run '^TestConcurrent' ./planner
-	$(GO) test -count=1 ./planner
+	$(GO) test -count=1 -skip '^TestConcurrent' ./planner
 
 gofuzz: ## Short counted fuzz runs (Build, the block rule, Decide, the body stacks, the checkpoint regions)
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime 100000x ./planner
@@ -240,12 +243,14 @@ test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, 
 test: ## Run every test: Go, C, Python, Python under torchrun, the wheel's user path
 	$(MAKE) --no-print-directory -j2 --output-sync=target gounit ctest install testhooks
 	$(MAKE) --no-print-directory -j1 pytest PYTEST_ENV=GODDP_TESTS_TORCHRUN_LATER=1
-	$(MAKE) --no-print-directory -j2 --output-sync=target pytest-dist test-beside
+	$(MAKE) --no-print-directory -j2 pytest-dist test-beside
 	$(MAKE) --no-print-directory -j1 test-wheel
 
-BESIDE := $(shell command -v chrt >/dev/null 2>&1 && echo chrt --idle 0 || echo nice -n 19)
+# pytest-dist streams its output; the work beside it prints each target's
+# when that target is done.
+BESIDE := $(shell chrt --idle 0 true >/dev/null 2>&1 && echo chrt --idle 0 || echo nice -n 19)
 test-beside: install
-	$(BESIDE) $(MAKE) --no-print-directory gofuzz wheel
+	$(BESIDE) $(MAKE) --no-print-directory --output-sync=target gofuzz wheel
 
 demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: GPT, Inductor, 2 CPU ranks (~140 s of CPU)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m bench.demo
