@@ -2,7 +2,8 @@
 exists and, where the link names an anchor, that file has a heading with
 that anchor under GitHub's rules (lowercase; spaces become '-'; punctuation
 but '-' and '_' dropped; a repeated heading gets '-1', '-2', ...). Links in
-code (fenced blocks, indented blocks, `spans`) are text, not links."""
+code (fenced blocks, indented blocks, `spans`) are text, not links. And the
+README stays within its 500 lines."""
 
 from __future__ import annotations
 
@@ -150,3 +151,11 @@ def test_a_broken_link_is_found(tmp_path):
     ]
     (tmp_path / "docs" / "gone.md").write_text("# Gone\n")
     assert len(broken_links(doc_files(tmp_path), tmp_path)) == 4
+
+
+README_MAX_LINES = 500  # issue 24: the README is for users; the rest lives in docs/
+
+
+def test_the_readme_stays_short():
+    lines = (REPO / "README.md").read_text().count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move the detail to docs/ (at most {README_MAX_LINES})"
