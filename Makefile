@@ -235,7 +235,7 @@ test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, 
 # pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).
 # The Go unit tests and the C tests run beside the making of .venv (neither
 # keeps both cores busy); the one-process suite then has every core. The
-# two-rank suite leaves about a third of them idle (its ranks wait on each
+# two-rank suite leaves about a quarter of them idle (its ranks wait on each
 # other and on the rank-safety cases' deliberate delays): the Go fuzz runs
 # and the wheel's build fill that (test-beside) under SCHED_IDLE, which
 # gives way at once to any other process that wants a core (nice 19 where
