@@ -91,6 +91,8 @@ ctest: $(BUILD)/plan_toy $(HOOKDIR)/plan_toy ## Plan a toy graph from C through 
 # exceeded" failure when the time runs out on a loaded machine
 # (golang/go#75804, fixed in Go 1.27); a count has no deadline to race.
 #
+# Note [The race detector where goroutines run]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # The race detector sees races between goroutines, and the planner starts
 # none: its one test that does (TestConcurrentBuild: Build from 8 goroutines
 # at once) runs under -race with the bridge's tests, whose cgo calls come
@@ -247,8 +249,8 @@ test: ## Run every test: Go, C, Python, Python under torchrun, the wheel's user 
 	$(MAKE) --no-print-directory -j1 test-wheel
 
 # pytest-dist streams its output; the work beside it prints each target's
-# when that target is done.
-BESIDE := $(shell chrt --idle 0 true >/dev/null 2>&1 && echo chrt --idle 0 || echo nice -n 19)
+# when that target is done. BESIDE is probed only when test-beside runs.
+BESIDE = $(shell chrt --idle 0 true >/dev/null 2>&1 && echo chrt --idle 0 || echo nice -n 19)
 test-beside: install
 	$(BESIDE) $(MAKE) --no-print-directory --output-sync=target gofuzz wheel
 

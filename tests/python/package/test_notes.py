@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-SOURCES = ["python/goddp/**/*.py", "planner/*.go", "bridge/*.go", "csrc/*.[ch]", "docs/*.md", "bench/*.py", "README.md", "tests/README.md"]
+SOURCES = ["python/goddp/**/*.py", "planner/*.go", "bridge/*.go", "csrc/*.[ch]", "docs/*.md", "bench/*.py", "README.md", "tests/README.md",
+           "Makefile", "setup.py", "scripts/*.py"]
 
 NOTE = re.compile(r"Note \[([^\]\n]+)\]")
 # A definition: the name alone on a comment line, or "Note [Name]:" opening
@@ -47,10 +48,11 @@ def scan() -> tuple[dict[str, list[Path]], list[tuple[Path, str, str | None]]]:
 
 
 def module_path(place: str) -> str:
-    """goddp.ranks.agreement -> python/goddp/ranks/agreement.py; a path stays."""
+    """goddp.ranks.agreement -> python/goddp/ranks/agreement.py; a path (or
+    a file at the top, Makefile) stays."""
     if place.startswith("goddp/"):
         return "python/" + place
-    if "/" in place or place.endswith((".go", ".py", ".md", ".h", ".c")):
+    if "/" in place or place.endswith((".go", ".py", ".md", ".h", ".c")) or (REPO / place).is_file():
         return place
     return "python/" + place.replace(".", "/") + ".py"
 
