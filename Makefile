@@ -118,22 +118,35 @@ gofuzz: ## Short counted fuzz runs (Build, the block rule, Decide, the body stac
 	$(GO) test -run '^$$' -fuzz '^FuzzBodies$$' -fuzztime 50000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckpointRegions$$' -fuzztime 60000x ./planner
 
+# Note [A lost DNS answer]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# c10d looks up the name of each TCPStore peer, only for its log lines: the
+# peer of a local test group is ::ffff:127.0.0.1, which no /etc/hosts holds,
+# so every connection asks DNS, and is told there is no such name. A
+# resolver that loses an answer now and then (this machine's loses one
+# query in 50) makes that connection wait glibc's 5 s before it asks again:
+# the 64 clients of test_round_scale's store waited 10 s, the torchrun
+# launches of the suites a few seconds each now and then. RES_OPTIONS
+# (glibc's override of resolv.conf's options) makes the suites ask again
+# after 1 s; none of their names comes from DNS (/etc/hosts answers first).
+DNS_GIVES_UP   := RES_OPTIONS=timeout:1
+
 # One pytest worker per core (pytest-xdist), each a 1-rank process of its
 # own, one thread each. PYTEST_WORKERS=0 runs them all in this process.
 # Every core already runs a test, so Inductor compiles in the process that
 # asks (its pool of compile workers cost each process about 5 s of CPU).
 PYTEST_WORKERS ?= auto
-ONE_THREAD     := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
+SUITE_ENV      := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 $(DNS_GIVES_UP)
 ON_EVERY_CORE  := -n $(PYTEST_WORKERS) --dist worksteal
 # What pytest-dist (and test-torch) runs inside each of two torchrun ranks.
 TWO_RANKS      := --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
                   tests/python/*/test_dist_*.py
 pytest: install $(HOOKDIR)/.ext ## Python suites, one process per core (each a 1-rank gloo group)
-	$(PYTEST_ENV) $(ONE_THREAD) $(PY) -m pytest -q $(ON_EVERY_CORE) tests/python
+	$(PYTEST_ENV) $(SUITE_ENV) $(PY) -m pytest -q $(ON_EVERY_CORE) tests/python
 
 # The two-rank suites under torchrun: two ranks, gloo, CPU.
 pytest-dist: install $(HOOKDIR)/.ext ## The two-rank suites (test_dist_*) under torchrun (2 ranks, gloo)
-	$(ONE_THREAD) $(TORCHRUN) $(TWO_RANKS)
+	$(SUITE_ENV) $(TORCHRUN) $(TWO_RANKS)
 
 # ---------------------------------------------------------------------------
 # Distributions: `make sdist`, `make wheel`.
@@ -201,7 +214,7 @@ wheel: $(WHEEL_STAMP) ## Build and check dist/goddp-VERSION-cp310-abi3-manylinux
 # a 2-rank training from outside the checkout; the sdist without Go; the one
 # abi3 extension on every CPython >= 3.10 found here.
 test-wheel: $(WHEEL_STAMP) ## The user's path: install the wheel without Go, train 2 ranks outside the checkout; the sdist without Go
-	GODDP_WHEEL="$$(ls dist/goddp-$(VERSION)-*.whl)" GODDP_SDIST=$(SDIST) OMP_NUM_THREADS=1 \
+	GODDP_WHEEL="$$(ls dist/goddp-$(VERSION)-*.whl)" GODDP_SDIST=$(SDIST) OMP_NUM_THREADS=1 $(DNS_GIVES_UP) \
 	    $(PY) -m pytest -q -p no:cacheprovider tests/wheel
 
 # ---------------------------------------------------------------------------
@@ -230,8 +243,8 @@ $(TORCH_VENV)/.goddp: $(TORCH_VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/go
 	touch $@
 
 test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, then two ranks) against torch TORCH=x.y.z in .venv-torch-x.y.z
-	GODDP_TESTS_TORCHRUN_LATER=1 $(ONE_THREAD) $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider $(ON_EVERY_CORE) tests/python
-	$(ONE_THREAD) $(TORCH_VENV)/bin/torchrun $(TWO_RANKS)
+	GODDP_TESTS_TORCHRUN_LATER=1 $(SUITE_ENV) $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider $(ON_EVERY_CORE) tests/python
+	$(SUITE_ENV) $(TORCH_VENV)/bin/torchrun $(TWO_RANKS)
 
 # Within `make test` the plain pytest step leaves the two-rank cases to
 # pytest-dist instead of launching torchrun for them itself (tests/python/_dist_util.py).
