@@ -47,62 +47,16 @@
 extern "C" {
 #endif
 
-/* Bumped on any incompatible change to the structs or functions below.
- * 2: goddp_config.align_buckets.
- * 3: "partition" renamed "piece" in every field name (one word from Go to Python).
- * 4: goddp_graph.node_block_ids (optional, at the end of the struct).
- * 5: goddp_graph.param_ddp_positions, goddp_config.bucket_order,
- *    goddp_plan.alignment, num_ddp_caps, ddp_caps and merged_cuts.
- * 6: the planner owns the decisions (docs/planner.md, "Decisions"):
- *    goddp_graph's module stacks, goddp_config.defaults, block_cuts, edges
- *    and ddp (goddp_ddp), and goddp_plan's settings, align_reason,
- *    align_detail, alignment_name, num_counted_params, piece_params,
- *    eager_pieces and node_block_ids.
- * Added without a bump (new, nothing changed): goddp_layout and
- * goddp_layout_digest; goddp_forward, goddp_forward_plan,
- * goddp_combine_forward and goddp_forward_plan_free;
- * GODDP_REASON_PART_OF_FORWARD.
- * 7: goddp_graph.node_weights (optional, at the end of the struct).
- * 8: goddp_plan.ddp_bucket_order (DDP's own bucket order, aligned or not).
- *    Added within 8 (new values, no layout change): GODDP_REASON_NO_PARAMS and
- *    the alignment refusals, GODDP_DDP_NO_PER_BUCKET_CAPS ..
- *    GODDP_DDP_SEVERAL_PARAM_GROUPS with GODDP_REASON_NO_PER_BUCKET_CAPS ..
- *    GODDP_REASON_PARAM_GROUPS.
- * 9: goddp_agree (the agreement verdict of a DDP module's ranks, JSON text in
- *    and out; docs/planner.md, "Agreement"); goddp_forward_plan.ddp_caps
- *    (at the end of the struct). Layout digests name the build,
- *    so builds of ABI 8 and 9 never agree with each other.
- *    Also 9: the reports, goddp_plan_table and goddp_trace_report (JSON in,
- *    text out; gone in 11, the shim's again).
- *    Also 9: goddp_config.uniform_caps (at the end of the struct).
- *    Also 9: goddp_plan.block_runs and checkpoint_regions (at the end of
- *    the struct).
- * 10: goddp_checkpoint_split (how to split a graph's activation checkpoints
- *    into regions, JSON text in and out; docs/planner.md, "Checkpoint
- *    regions"); and
- *    the planner words the agreement's lines (planner/words.go):
- *    goddp_agree's request takes "group" and its verdict gives "log";
- *    goddp_forward_layout (a forward's members in,
- *    its one layout or refusal and its line out, JSON); goddp_follow (a
- *    later graph of a decided DDP module, JSON); goddp_plan_notes (the INFO
- *    lines a plan deserves, JSON); goddp_round_error (the error text of an
- *    agreement round that did not end in "go", JSON); goddp_trace_plans
- *    (a DDP module's plans in goddp.trace's record, JSON; gone in 11, the
- *    shim's again); goddp_ddp_refusal
- *    (why goddp.trace or the reducer rebuild leaves a DDP module alone,
- *    JSON; Note [DDP refusals]) with goddp_ddp.flags GODDP_DDP_TRACED,
- *    GODDP_DDP_DELAYS_EVERY_ALLREDUCE and GODDP_DDP_JOIN.
- *    Also 10: goddp_graph's body facts, node_hop_calls .. body_stack_types
- *    (optional, at the end of the struct): the planner sees the module
- *    stacks and weights through higher-order-op bodies itself.
- * 11: planning only: replies are numbers and reason codes, never
- *    sentences (the shim words them). goddp_plan loses align_detail and
- *    alignment_name and gains aligned_params; goddp_checkpoint_split's
- *    reply loses "reason" and "describe" and gains "node" and "region",
- *    its request loses "type" and "op"; a cap not given is
- *    GODDP_CAP_NOT_GIVEN (0) everywhere, goddp_config.defaults and the
- *    GODDP_DEFAULT_* bits are gone, and goddp_ddp.first_bucket_cap_bytes
- *    says "this torch keeps none" with it (was -1). */
+/* The ABI's version. Compatibility is equality: a caller compares
+ * goddp_abi_version() (the library it loaded) with the GODDP_ABI_VERSION it
+ * was built or generated from, and refuses a library of another version.
+ * The version goes up with any change that would break a caller built
+ * against the previous header: a struct field added, removed, moved or
+ * retyped (the caller lays out the input structs), a function's signature
+ * or the keys of a JSON request or reply changed, an enum value or flag bit
+ * renumbered. A new function, enum value or flag bit leaves it alone.
+ * Layout digests name the build (goddp_layout.build), so ranks of two
+ * versions never agree on a layout. */
 #define GODDP_ABI_VERSION 11
 
 /* FX node kinds, as in torch.fx.Node.op. */
