@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -114,18 +115,87 @@ def run_file_under_torchrun(test_file: str, nproc: int = 2, timeout: float = 300
     return proc.returncode, out
 
 
-def passed_counts(output: str) -> list[int]:
-    """The 'N passed' counts of each rank's pytest summary line."""
-    return [int(m) for m in re.findall(r"(\d+) passed", output)]
-
-
 # Set by `make test` (Makefile), never by the library.
 TORCHRUN_LATER_ENV = "GODDP_TESTS_TORCHRUN_LATER"
+# Set by the launcher below: the folder where each rank writes what it ran.
+RANK_REPORTS_ENV = "GODDP_TESTS_RANK_REPORTS"
 
 
-def assert_file_passes_under_torchrun(test_file: str, *, cases_per_rank: int, timeout: float, nproc: int = 2) -> None:
-    """For a plain pytest run: run test_file's multi-rank cases under
-    torchrun with nproc ranks and require every rank to pass all of them.
+def rank_report_path(folder: str | Path, rank: int) -> Path:
+    return Path(folder, f"rank{rank}.report.json")
+
+
+class RankCases:
+    """What one rank of a torchrun'd pytest collected and how each case
+    ended (conftest's hooks feed it under torchrun).
+
+    Note [Every two-rank file passes a case]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    torchrun's exit status says only that no case failed: a test_dist_*
+    file whose cases all skip on a rank (a module-level importorskip, a
+    WORLD_SIZE that never reached the rank) would pass unnoticed. So under
+    torchrun each rank, at the end of its session, fails the run when a
+    test_dist_* file could not be collected, or holds cases that may run
+    here (not single_process) and passed none of them (`make pytest-dist`,
+    and so `make test`). The launchers (assert_file_passes_under_torchrun)
+    ask more: every such case passes on every rank, the cases being what
+    pytest itself collected in that run, never a hand count that can go
+    stale."""
+
+    def __init__(self) -> None:
+        self.expected: list[str] = []
+        self.outcomes: dict[str, str] = {}
+        self.uncollected: list[str] = []
+
+    @staticmethod
+    def is_two_rank_file(nodeid: str) -> bool:
+        return re.fullmatch(r"test_dist_\w+\.py", Path(nodeid.split("::")[0]).name) is not None
+
+    def collected(self, report) -> None:
+        if report.skipped and self.is_two_rank_file(report.nodeid):
+            why = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+            self.uncollected.append(f"{report.nodeid}: {why}")
+
+    def items(self, items) -> None:
+        self.expected = [item.nodeid for item in items if not item.get_closest_marker("single_process")]
+
+    def ran(self, report) -> None:
+        # A case passed if its call passed and none of its phases failed or skipped.
+        if report.failed:
+            self.outcomes[report.nodeid] = "failed"
+        elif report.skipped:
+            self.outcomes.setdefault(report.nodeid, "skipped")
+        elif report.when == "call":
+            self.outcomes.setdefault(report.nodeid, "passed")
+
+    def passed(self) -> list[str]:
+        return [nodeid for nodeid in self.expected if self.outcomes.get(nodeid) == "passed"]
+
+    def problems(self) -> list[str]:
+        """Why this rank's run must fail though no case failed (the Note)."""
+        found = [f"could not be collected: {u}" for u in self.uncollected]
+        files = {}
+        for nodeid in self.expected:
+            if self.is_two_rank_file(nodeid):
+                files.setdefault(nodeid.split("::")[0], []).append(nodeid)
+        passed = set(self.passed())
+        for path, cases in sorted(files.items()):
+            if not passed.intersection(cases):
+                found.append(f"{path}: none of its {len(cases)} cases passed on rank {rank()} ({self._ends(cases)})")
+        return found
+
+    def _ends(self, cases) -> str:
+        return ", ".join(f"{c.split('::', 1)[-1]} {self.outcomes.get(c, 'not run')}" for c in cases)
+
+    def report(self) -> dict:
+        return {"rank": rank(), "expected": self.expected, "outcomes": self.outcomes,
+                "uncollected": self.uncollected}
+
+
+def assert_file_passes_under_torchrun(test_file: str, *, timeout: float, nproc: int = 2) -> None:
+    """For a plain pytest run: run test_file under torchrun with nproc ranks
+    and require every rank to pass every case pytest collected there that may
+    run under torchrun (Note [Every two-rank file passes a case]).
     Inside torchrun those cases already ran in this process, so this skips."""
     if under_torchrun():
         pytest.skip("already inside torchrun: the cases above ran in this process")
@@ -134,7 +204,19 @@ def assert_file_passes_under_torchrun(test_file: str, *, cases_per_rank: int, ti
         # ranks) in its pytest-dist step; launching them here
         # too would run each two-rank case twice. Other sizes run here.
         pytest.skip("make test runs this file's two-rank cases under torchrun in pytest-dist")
-    returncode, output = run_file_under_torchrun(test_file, nproc=nproc, timeout=timeout)
-    assert returncode == 0, output[-6000:]
-    # Every rank ran every case (the launching test itself skips inside torchrun).
-    assert passed_counts(output) == [cases_per_rank] * nproc, output[-6000:]
+    with tempfile.TemporaryDirectory(prefix="goddp_ranks_") as folder:
+        returncode, output = run_file_under_torchrun(
+            test_file, nproc=nproc, timeout=timeout, extra_env={RANK_REPORTS_ENV: folder}
+        )
+        assert returncode == 0, output[-6000:]
+        reports = []
+        for r in range(nproc):
+            path = rank_report_path(folder, r)
+            assert path.is_file(), f"rank {r} wrote no report\n{output[-6000:]}"
+            reports.append(json.loads(path.read_text()))
+    for report in reports:
+        expected, outcomes = report["expected"], report["outcomes"]
+        assert expected, f"rank {report['rank']} collected no case of {test_file}: {report['uncollected']}"
+        not_passed = {nodeid: outcomes.get(nodeid, "not run") for nodeid in expected if outcomes.get(nodeid) != "passed"}
+        assert not_passed == {}, f"rank {report['rank']}: {not_passed}\n{output[-6000:]}"
+    assert all(report["expected"] == reports[0]["expected"] for report in reports), [r["expected"] for r in reports]

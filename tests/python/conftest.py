@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -40,7 +41,14 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))
 
 import goddp  # noqa: E402  (after the path tweaks)
-from _dist_util import leave_without_finalizing, under_torchrun  # noqa: E402
+from _dist_util import (  # noqa: E402
+    RANK_REPORTS_ENV,
+    RankCases,
+    leave_without_finalizing,
+    rank,
+    rank_report_path,
+    under_torchrun,
+)
 
 
 @dataclass(frozen=True)
@@ -69,12 +77,46 @@ def dist_group():
 
 
 _session_status: int | None = None
+# Under torchrun: what this rank collected and ran (Note [Every two-rank file passes a case]).
+_rank_cases = RankCases() if under_torchrun() else None
+
+
+def pytest_collectreport(report):
+    if _rank_cases is not None:
+        _rank_cases.collected(report)
+
+
+def pytest_runtest_logreport(report):
+    if _rank_cases is not None:
+        _rank_cases.ran(report)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
+    """Under torchrun: a test_dist_* file that passed no case on this rank
+    fails the run (Note [Every two-rank file passes a case]); the launchers'
+    folder gets this rank's report. Then the status is kept for
+    pytest_unconfigure."""
     global _session_status
+    _check_rank_cases(session)
     _session_status = int(session.exitstatus)
+
+
+def _check_rank_cases(session):
+    if _rank_cases is None or session.config.option.collectonly:
+        return
+    _rank_cases.items(session.items)
+    folder = os.environ.get(RANK_REPORTS_ENV)
+    if folder:
+        rank_report_path(folder, rank()).write_text(json.dumps(_rank_cases.report()))
+    problems = _rank_cases.problems()
+    if problems and session.exitstatus == pytest.ExitCode.OK:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write("\n")
+        reporter.write_sep("=", "goddp: a two-rank file passed no case on this rank", red=True)
+        for line in problems:
+            reporter.write_line(line, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(trylast=True)

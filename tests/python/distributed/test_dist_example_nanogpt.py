@@ -72,4 +72,4 @@ def test_rank0_only_evaluation_before_the_first_step(group):
 @pytest.mark.single_process
 def test_example_under_torchrun():
     """Plain pytest: run this file's two-rank case under torchrun."""
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=1, timeout=300)
+    assert_file_passes_under_torchrun(__file__, timeout=300)

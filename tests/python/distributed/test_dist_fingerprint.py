@@ -121,4 +121,4 @@ def _gather(value, group):
 @pytest.mark.single_process
 def test_fingerprint_under_torchrun():
     """Plain pytest: run this file's two-rank cases under torchrun."""
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=4, timeout=240)
+    assert_file_passes_under_torchrun(__file__, timeout=240)

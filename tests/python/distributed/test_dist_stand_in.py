@@ -101,4 +101,4 @@ def test_a_stand_in_is_planned_and_cut_without_agreement(dist_group, caplog, ord
 @pytest.mark.single_process
 def test_stand_in_under_torchrun():
     """Plain pytest: run this file's cases inside each of two ranks too."""
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=2, timeout=240)
+    assert_file_passes_under_torchrun(__file__, timeout=240)

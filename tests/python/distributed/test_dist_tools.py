@@ -367,4 +367,4 @@ def test_tools_under_torchrun():
     """Plain pytest: run this file's cases under torchrun, 2 ranks."""
     if under_torchrun():
         pytest.skip("already inside torchrun")
-    assert_file_passes_under_torchrun(__file__, cases_per_rank=6, timeout=540)
+    assert_file_passes_under_torchrun(__file__, timeout=540)

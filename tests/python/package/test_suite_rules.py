@@ -71,3 +71,74 @@ def test_pytest_recurses_into_every_group_folder(pytestconfig):
     folders = sorted(p.name for p in HERE.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
     assert folders, HERE
     assert [f for f in folders if any(fnmatch.fnmatch(f, pattern) for pattern in patterns)] == []
+
+
+class _Report:
+    def __init__(self, nodeid, outcome, when="call", longrepr=None):
+        self.nodeid, self.outcome, self.when, self.longrepr = nodeid, outcome, when, longrepr
+        self.passed, self.failed, self.skipped = outcome == "passed", outcome == "failed", outcome == "skipped"
+
+
+class _Item:
+    def __init__(self, nodeid, single_process=False):
+        self.nodeid, self._single = nodeid, single_process
+
+    def get_closest_marker(self, name):
+        return object() if name == "single_process" and self._single else None
+
+
+def _rank_cases(collect=(), items=(), ran=()):
+    cases = _dist_util.RankCases()
+    for report in collect:
+        cases.collected(report)
+    for report in ran:
+        cases.ran(report)
+    cases.items(items)
+    return cases
+
+
+D = "tests/python/distributed/"
+
+
+def test_a_two_rank_file_that_passes_a_case_is_fine():
+    """Note [Every two-rank file passes a case]: one case passed, the
+    launcher-only file (single_process) and other folders' files ask nothing."""
+    cases = _rank_cases(
+        items=[_Item(D + "test_dist_a.py::t1"), _Item(D + "test_dist_a.py::t2"),
+               _Item(D + "test_dist_elastic.py::t", single_process=True), _Item("tests/python/x/test_b.py::t")],
+        ran=[_Report(D + "test_dist_a.py::t1", "passed", "setup"), _Report(D + "test_dist_a.py::t1", "passed"),
+             _Report(D + "test_dist_a.py::t2", "skipped", "setup")],
+    )
+    assert cases.problems() == []
+    assert cases.passed() == [D + "test_dist_a.py::t1"]
+
+
+def test_a_two_rank_file_whose_cases_all_skip_fails():
+    cases = _rank_cases(items=[_Item(D + "test_dist_a.py::t1")], ran=[_Report(D + "test_dist_a.py::t1", "skipped", "setup")])
+    assert cases.problems() == [f"{D}test_dist_a.py: none of its 1 cases passed on rank 0 (t1 skipped)"]
+
+
+def test_a_two_rank_file_skipped_at_collection_fails():
+    """A module-level importorskip: pytest collects nothing from the file."""
+    why = (D + "test_dist_a.py", 2, "Skipped: could not import 'x'")
+    cases = _rank_cases(collect=[_Report(D + "test_dist_a.py", "skipped", "collect", why), _Report("tests/python/x/test_b.py", "skipped", "collect", why)])
+    assert cases.problems() == [f"could not be collected: {D}test_dist_a.py: Skipped: could not import 'x'"]
+
+
+def test_a_case_whose_teardown_fails_did_not_pass():
+    cases = _rank_cases(items=[_Item(D + "test_dist_a.py::t1")],
+                        ran=[_Report(D + "test_dist_a.py::t1", "passed"), _Report(D + "test_dist_a.py::t1", "failed", "teardown")])
+    assert cases.passed() == [] and cases.problems()
+
+
+def test_every_launcher_runs_only_in_a_plain_pytest():
+    """A launcher (a call to assert_file_passes_under_torchrun) inside
+    torchrun would skip there and count as a case that did not pass."""
+    unmarked = []
+    for path in HERE.glob("*/test_dist_*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and "assert_file_passes_under_torchrun" in ast.unparse(node):
+                marks = [ast.unparse(d) for d in node.decorator_list]
+                if "pytest.mark.single_process" not in marks:
+                    unmarked.append(f"{path.name}::{node.name}")
+    assert unmarked == []
