@@ -12,7 +12,7 @@ Environment:
               the C compiler (for cgo and the extension) and the extension's
               linker, read by go and setuptools as usual; `make wheel` points
               both at zig's cross compiler for an older glibc
-              (Note [Manylinux toolchain] in Makefile).
+              (Note [Manylinux toolchain] in docs/installing.md).
   GOTOOLCHAIN left as you set it; when unset it is pinned to "local" so that
               a build never downloads a toolchain behind your back.
   GODDP_TESTHOOKS=1

@@ -115,7 +115,7 @@ def run_file_under_torchrun(test_file: str, nproc: int = 2, timeout: float = 300
     return proc.returncode, out
 
 
-# Set by `make test` (Makefile), never by the library.
+# Set by `make test` (scripts/test_all.sh), never by the library.
 TORCHRUN_LATER_ENV = "GODDP_TESTS_TORCHRUN_LATER"
 # Set by the launcher below: the folder where each rank writes what it ran.
 RANK_REPORTS_ENV = "GODDP_TESTS_RANK_REPORTS"

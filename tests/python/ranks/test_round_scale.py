@@ -50,7 +50,7 @@ class _Counted:
 @pytest.fixture(scope="module")
 def clients():
     """WIDE clients of one TCPStore server; each test counts afresh. (Their
-    connections ask DNS for a name: Note [A lost DNS answer] in Makefile.)"""
+    connections ask DNS for a name: Note [A lost DNS answer] in docs/testing.md.)"""
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     made = [dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=60)) for _ in range(WIDE)]
     yield lambda n: [_Counted(c) for c in made[:n]]
