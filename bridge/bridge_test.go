@@ -120,9 +120,14 @@ func TestSetMaxProcs(t *testing.T) {
 	}
 }
 
+// TestFreeNilIsNoop: the free exports accept NULL, as free(3) does. Their
+// deferred recoverSilently would hide a nil dereference, so the freeing
+// helpers are called directly too.
 func TestFreeNilIsNoop(t *testing.T) {
-	callPlanFreeNil()
-	callStringFreeNil()
+	assert.NotPanics(t, func() { freePlan(nil) }, "freePlan(nil)")
+	assert.NotPanics(t, func() { freeForwardPlan(nil) }, "freeForwardPlan(nil)")
+	assert.NotPanics(t, callPlanFreeNil, "goddp_plan_free(NULL)")
+	assert.NotPanics(t, callStringFreeNil, "goddp_string_free(NULL)")
 }
 
 func TestConvertGraph(t *testing.T) {
