@@ -83,3 +83,32 @@ func TestEveryFileIsVettedWithTheTestHooks(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryFuzzTargetIsFuzzed: make gofuzz fuzzes each Fuzz* function of
+// the planner (a counted -fuzztime Nx run); without it, plain go test runs
+// only a fuzz target's seeds.
+func TestEveryFuzzTargetIsFuzzed(t *testing.T) {
+	makefile, err := os.ReadFile("../Makefile")
+	require.NoError(t, err)
+	recipe := ""
+	if _, after, ok := strings.Cut(string(makefile), "\ngofuzz:"); ok {
+		recipe, _, _ = strings.Cut(after, "\n\n")
+	}
+	require.NotEmpty(t, recipe, "the Makefile has no gofuzz target")
+	files, err := filepath.Glob("*_test.go")
+	require.NoError(t, err)
+	fset := token.NewFileSet()
+	var targets []string
+	for _, name := range files {
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		require.NoError(t, err, name)
+		for _, decl := range f.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Fuzz") {
+				targets = append(targets, fn.Name.Name)
+				assert.Regexp(t, `-fuzz '\^`+fn.Name.Name+`\$\$' -fuzztime [0-9]+x \./planner`, recipe,
+					"%s: %s is never fuzzed; add a counted run of it to the Makefile's gofuzz target", fset.Position(fn.Pos()), fn.Name.Name)
+			}
+		}
+	}
+	assert.Contains(t, targets, "FuzzPlan", "the check found no fuzz target at all")
+}
