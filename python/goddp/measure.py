@@ -38,7 +38,7 @@ from goddp.compile import pipeline
 from goddp.graph import blocks, stitch
 from goddp.graph.export import export_graph
 from goddp.graph.nodes import is_compute
-from goddp.native.plan import MIB
+from goddp.options import MIB
 from goddp.ranks.group import Group
 from goddp.ranks.layout import Layout
 from goddp.ranks.plan_check import Statement, exchange

@@ -14,11 +14,9 @@ match), and the validator's messages use the same choices.
 
 from __future__ import annotations
 
-import warnings
-
-import math
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
@@ -34,6 +32,14 @@ EDGE_CHOICES = ("auto", "compile", "eager")
 COMMON_INNER = ("inductor", "aot_eager", "eager")
 
 BOOLS = (True, False)
+
+# The planner takes caps in bytes and max_pieces as int64 (goddp_config in
+# csrc/goddp.h), each cap at least one byte (planner/settings.go). A cap in
+# MiB makes int(mb * MIB) bytes, as DDP's bucket_cap_mb does, so the caps
+# it takes are exactly 2**-20 <= mb < 2**43: the one rule, here.
+MIB = 1 << 20  # bytes per MiB, as DDP's bucket_cap_mb and goddp's caps count them
+INT64_MAX = (1 << 63) - 1
+CAP_MB_RANGE = "a number of MiB from 2**-20 (1 byte) up to, not including, 2**43 (2**63 bytes)"
 
 
 @dataclass(frozen=True)
@@ -74,19 +80,19 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "bucket_cap_mb",
         ": the DDP module's",
-        "a number > 0 (MiB) or `None`",
+        "a number of MiB, at least `2**-20` (1 byte) and below `2**43`, or `None`",
         "bucket cap, overriding the DDP module's",
     ),
     OptionDoc(
         "first_bucket_cap_mb",
         ": the DDP module's (`\"torch\"` mode: 1 MiB)",
-        "a number > 0 (MiB), at most `bucket_cap_mb` when both are given, or `None`",
+        "a number of MiB as for `bucket_cap_mb`, at most `bucket_cap_mb` when both are given, or `None`",
         "first-bucket cap",
     ),
     OptionDoc(
         "max_pieces",
         " (no limit)",
-        "an int ≥ 1 or `None`; `\"ddp\"` mode only",
+        "an int from 1 to `2**63 - 1`, or `None`; `\"ddp\"` mode only",
         "at most this many pieces, whatever the bucket size",
     ),
     OptionDoc(
@@ -165,6 +171,16 @@ class Options:
         return replace(self, compile_mode=compile_mode)
 
     @property
+    def bucket_cap_bytes(self) -> int | None:
+        """bucket_cap_mb as the planner takes it (None: not given)."""
+        return cap_bytes(self.bucket_cap_mb)
+
+    @property
+    def first_bucket_cap_bytes(self) -> int | None:
+        """first_bucket_cap_mb as the planner takes it (None: not given)."""
+        return cap_bytes(self.first_bucket_cap_mb)
+
+    @property
     def aligns_buckets(self) -> bool:
         return self.mode == "ddp" and self.align_buckets is not False
 
@@ -185,13 +201,26 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def cap_bytes(mb: float | None) -> int | None:
+    """A cap in MiB that _check_cap accepted, in bytes as the planner takes
+    it (None: not given): the one conversion."""
+    return None if mb is None else int(mb * MIB)
+
+
+def valid_cap_bytes(nbytes: int) -> bool:
+    """Whether the planner takes nbytes as a cap."""
+    return 1 <= nbytes <= INT64_MAX
+
+
 def _check_cap(key: str, value: Any) -> float | None:
     if value is None:
         return None
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+    # 2**-20 <= value < 2**43 is exactly valid_cap_bytes(cap_bytes(value)),
+    # without the float overflow of a huge value; NaN fails it too.
+    if not _is_number(value) or not 2.0**-20 <= value < 2.0**43:
         raise ValueError(
-            f"goddp option {key!r} must be a number of MiB greater than 0 "
-            f"(or None to use the DDP module's setting), got {value!r}"
+            f"goddp option {key!r} must be {CAP_MB_RANGE}, or None to use the DDP module's setting; "
+            f"got {value!r}"
         )
     return float(value)
 
@@ -238,9 +267,11 @@ def check_mode(mode: Any) -> str:
 
 def check_max_pieces(max_pieces: Any) -> int | None:
     if max_pieces is not None and (
-        not isinstance(max_pieces, int) or isinstance(max_pieces, bool) or max_pieces < 1
+        not isinstance(max_pieces, int) or isinstance(max_pieces, bool) or not 1 <= max_pieces <= INT64_MAX
     ):
-        raise ValueError(f"goddp option 'max_pieces' must be an int >= 1 or None (no limit), got {max_pieces!r}")
+        raise ValueError(
+            f"goddp option 'max_pieces' must be an int >= 1 or None (no limit), at most 2**63 - 1; got {max_pieces!r}"
+        )
     return max_pieces
 
 

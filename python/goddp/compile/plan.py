@@ -16,7 +16,7 @@ from torch import fx, nn
 
 from goddp.graph.export import ExportedGraph, export_graph, parameter_names, with_ddp_positions
 from goddp.native import extension as _native
-from goddp.native.plan import MIB, DDPRequest, GraphPlan, PlanRequest
+from goddp.native.plan import DDPRequest, GraphPlan, PlanRequest
 from goddp.native.plan import decode_plan as _decode
 from goddp.options import Options, check_ddp_mode_only, check_max_pieces, check_mode
 
@@ -26,14 +26,10 @@ def request_for(options: Options, ddp: DDPRequest | None, align: bool = False) -
     not given, Note [Cap defaults] in planner/settings.go), in bytes, and
     the DDP module's settings; align asks for DDP's buckets to be the
     pieces."""
-
-    def in_bytes(mb: float | None) -> int | None:
-        return None if mb is None else int(mb * MIB)
-
     return PlanRequest(
         mode=options.mode,
-        bucket_cap_bytes=in_bytes(options.bucket_cap_mb),
-        first_bucket_cap_bytes=in_bytes(options.first_bucket_cap_mb),
+        bucket_cap_bytes=options.bucket_cap_bytes,
+        first_bucket_cap_bytes=options.first_bucket_cap_bytes,
         max_pieces=options.max_pieces,
         align_buckets=align,
         block_cuts=options.cuts_at_blocks,

@@ -19,7 +19,6 @@ from typing import Any, Mapping, Sequence
 
 from goddp.native import extension as _native
 
-MIB = 1 << 20  # bytes per MiB, as DDP's bucket_cap_mb and goddp's caps count them
 MODE_CODES = {"ddp": _native.MODE_DDP, "torch": _native.MODE_TORCH}
 # enum goddp_bucket_order: the order DDP fills the buckets it reduces with;
 # "declaration" when it never rebuilds them (see Note [Declaration order]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from goddp.native.plan import MIB, GraphPlan
+from goddp.native.plan import GraphPlan
+from goddp.options import MIB
 
 HEADER = ("bucket", "MiB", "piece", "params")
 

@@ -14,7 +14,9 @@ import torch
 from torch._dynamo.backends.registry import lookup_backend
 
 import goddp
-from goddp.options import OPTION_KEYS, parse_options
+from goddp.options import CAP_MB_RANGE, INT64_MAX, MIB, OPTION_KEYS, parse_options
+
+CAP_RANGE = f"must be {CAP_MB_RANGE}, or None"
 
 
 def test_goddp_is_a_listed_backend():
@@ -53,13 +55,23 @@ def test_importing_goddp_switched_off_torch_ddp_optimizer():
         ({"inner": "no_such_backend"}, "valid choices:"),
         ({"inner": 3}, "'inductor', 'aot_eager', 'eager'"),
         ({"inner": "goddp"}, "cannot be 'goddp'"),
-        ({"bucket_cap_mb": 0}, "greater than 0"),
-        ({"bucket_cap_mb": -1.5}, "greater than 0"),
-        ({"first_bucket_cap_mb": "1"}, "greater than 0"),
-        ({"bucket_cap_mb": float("nan")}, "greater than 0"),
+        ({"bucket_cap_mb": 0}, CAP_RANGE),
+        ({"bucket_cap_mb": -1.5}, CAP_RANGE),
+        ({"first_bucket_cap_mb": "1"}, CAP_RANGE),
+        ({"bucket_cap_mb": True}, CAP_RANGE),
+        ({"bucket_cap_mb": float("nan")}, CAP_RANGE),
+        # The caps the planner refuses: fewer than 1 byte, more than int64's.
+        ({"bucket_cap_mb": 1e-7}, CAP_RANGE),
+        ({"first_bucket_cap_mb": 2.0**-21}, CAP_RANGE),
+        ({"bucket_cap_mb": float("inf")}, CAP_RANGE),
+        ({"bucket_cap_mb": 2**43}, CAP_RANGE),
+        ({"first_bucket_cap_mb": 1e300}, CAP_RANGE),
+        ({"bucket_cap_mb": 10**30}, CAP_RANGE),
         ({"max_pieces": 0}, "int >= 1 or None"),
+        ({"max_pieces": -3}, "int >= 1 or None"),
         ({"max_pieces": 2.0}, "int >= 1 or None"),
         ({"max_pieces": True}, "int >= 1 or None"),
+        ({"max_pieces": 2**63}, "at most 2**63 - 1"),
         ({"max_pieces": 4, "mode": "torch"}, "only to mode='ddp'"),
         ({"align_buckets": True, "mode": "torch"}, "only to mode='ddp'"),
         ({"align_buckets": "on"}, "True (DDP's buckets close at the cuts), False (DDP keeps its own) or None"),
@@ -103,6 +115,16 @@ def test_every_documented_key_is_accepted():
     assert set(valid) == set(OPTION_KEYS)
     options = parse_options(valid)
     assert (options.max_pieces, options.first_bucket_cap_mb, options.strict) == (3, 0.5, True)
+
+
+def test_the_bounds_the_planner_takes_are_accepted_in_bytes():
+    # The one conversion (goddp.options.cap_bytes): int(mb * MIB), as DDP's.
+    low = parse_options({"bucket_cap_mb": 2.0**-20, "first_bucket_cap_mb": 2.0**-20, "max_pieces": INT64_MAX})
+    assert (low.bucket_cap_bytes, low.first_bucket_cap_bytes, low.max_pieces) == (1, 1, INT64_MAX)
+    high = parse_options({"bucket_cap_mb": 2**43 - 2.0**-10})
+    assert high.bucket_cap_bytes == (1 << 63) - 1024 <= INT64_MAX
+    assert parse_options({"bucket_cap_mb": 0.5}).bucket_cap_bytes == MIB // 2
+    assert parse_options({}).bucket_cap_bytes is None and parse_options({}).first_bucket_cap_bytes is None
 
 
 def test_defaults():

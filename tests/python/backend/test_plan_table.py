@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from _golden import check_golden, golden_path
-from goddp.native.plan import MIB, BucketInfo, GraphPlan, PlanSettings
+from goddp.native.plan import BucketInfo, GraphPlan, PlanSettings
+from goddp.options import MIB
 from goddp.reports.table import plan_table
 
 
