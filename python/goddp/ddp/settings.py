@@ -1,7 +1,8 @@
 """Reading the active DistributedDataParallel module's real settings.
 
 Only facts are read here; what caps and bucket order they make is the
-planner's decision (planner/settings.go, Note [Cap defaults]).
+planner's decision (planner/settings.go, Note [Cap defaults]). Caps the
+planner would refuse are refused here, at compile time (check_caps).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from goddp.ddp import private
 from goddp.ddp.align import users_bucket_config
 from goddp.graph.export import parameter_names
 from goddp.native.plan import AlignmentFacts, DDPRequest
+from goddp.options import CAP_MB_RANGE, valid_cap_bytes
 
 logger = logging.getLogger("goddp")
 
@@ -54,7 +56,27 @@ def read_ddp_settings(ddp: Any) -> DDPSettings:
         find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),
         static_graph=bool(getattr(ddp, "static_graph", False)),
     )
+    check_caps(own)
     return DDPSettings(own, ignored, lambda p: names.get(id(p)))
+
+
+def check_caps(own: DDPRequest) -> None:
+    """ValueError for a DDP cap the planner takes no plan with (fewer than
+    1 or more than 2**63 - 1 bytes, planner/settings.go): DDP itself takes
+    a bucket_cap_mb, or bucket_cap_mb_list entry, that makes 0 bytes. Said
+    when goddp first compiles inside the module, as goddp.options says it
+    of the user's caps, never as a fallback at planning."""
+    caps = [("bucket cap (bucket_bytes_cap)", own.bucket_cap_bytes)]
+    if own.first_bucket_cap_bytes is not None:
+        caps.append(("first-bucket cap", own.first_bucket_cap_bytes))
+    caps += [(f"per-bucket cap {i} (from bucket_cap_mb_list)", c) for i, c in enumerate(own.bucket_caps_bytes)]
+    for what, nbytes in caps:
+        if not valid_cap_bytes(nbytes):
+            raise ValueError(
+                f"goddp cannot plan inside this DDP module: its {what} is {nbytes} bytes, and goddp's planner "
+                f"takes caps of 1 to 2**63 - 1 bytes; DDP's bucket_cap_mb (and each bucket_cap_mb_list entry) must "
+                f"be {CAP_MB_RANGE}"
+            )
 
 
 _noted_modules: "weakref.WeakSet[Any]" = weakref.WeakSet()

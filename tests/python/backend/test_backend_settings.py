@@ -3,6 +3,8 @@ parameters (names, flags) the way the planner needs them."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import fx, nn
@@ -15,7 +17,7 @@ from goddp.graph.export import export_graph, name_from_dynamo_source
 from goddp.native.extension import PARAM_DDP_IGNORED, PARAM_REQUIRES_GRAD
 from goddp.compile.plan import plan, request_for
 from goddp.native.plan import PlanSettings
-from goddp.options import parse_options
+from goddp.options import INT64_MAX, parse_options
 
 MIB = 1 << 20
 
@@ -86,6 +88,46 @@ def test_option_overrides(dist_group, native_module):
     # A cap below DDP's first-bucket cap clamps the first cap.
     caps = caps_for(settings, parse_options({"bucket_cap_mb": 0.5}))
     assert caps.first_bucket_cap_bytes == MIB // 2
+
+
+def test_the_planner_takes_every_cap_and_limit_the_options_accept(dist_group, native_module):
+    # goddp.options' bounds are the planner's: the extremes plan.
+    settings = read_ddp_settings(DDP(Two()))
+    low = caps_for(settings, parse_options({"bucket_cap_mb": 2.0**-20, "max_pieces": INT64_MAX}))
+    assert (low.bucket_cap_bytes, low.first_bucket_cap_bytes, low.max_pieces) == (1, 1, INT64_MAX)
+    high = caps_for(settings, parse_options({"bucket_cap_mb": 2**43 - 2.0**-10}))
+    assert high.bucket_cap_bytes == (1 << 63) - 1024
+
+
+def _zero_cap(ddp):
+    ddp.bucket_bytes_cap = 0  # changed after DDP was built
+    return ddp
+
+
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda: DDP(Two(), bucket_cap_mb=1e-7), "its bucket cap (bucket_bytes_cap) is 0 bytes"),
+        (lambda: DDP(Two(), bucket_cap_mb_list=[1, 1e-7]), "its per-bucket cap 1 (from bucket_cap_mb_list) is 0 bytes"),
+        (lambda: _zero_cap(DDP(Two())), "its bucket cap (bucket_bytes_cap) is 0 bytes"),
+    ],
+)
+def test_a_ddp_cap_the_planner_refuses_is_a_value_error(dist_group, make, fragment):
+    with pytest.raises(ValueError, match="goddp cannot plan inside this DDP module") as info:
+        read_ddp_settings(make())
+    assert fragment in str(info.value) and "2**-20 (1 byte)" in str(info.value)
+
+
+def test_a_ddp_cap_of_0_bytes_fails_the_compile_not_the_plan(dist_group, native_module):
+    # At the first call, named; never a "planning failed" fallback.
+    torch._dynamo.reset()
+    compiled = torch.compile(DDP(Two(), bucket_cap_mb=1e-7), backend=goddp.backend(inner="aot_eager"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(Exception, match="its bucket cap \\(bucket_bytes_cap\\) is 0 bytes"):
+            compiled(torch.randn(2, 8))
+    assert not [w for w in caught if "planning failed" in str(w.message)]
+    torch._dynamo.reset()
 
 
 def test_ignored_parameters_are_flagged_and_left_out_of_buckets(dist_group, native_module):
