@@ -1,12 +1,15 @@
-"""The backend's use of the Go planner: panics, threads, fork.
+"""The backend's use of the Go planner: DataLoader workers forked after Go
+started, and plans that do not depend on the interpreter's hash seed.
 
-These need the real extension (``native_module`` skips without it)."""
+Panics, threads and a forked child's refusal are test_native.py's, at the
+extension. These need the real extension (``native_module`` fails without it)."""
 
 from __future__ import annotations
 
 import copy
-import os
-import threading
+import json
+import subprocess
+import sys
 
 import torch
 from torch import fx, nn
@@ -15,11 +18,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import goddp
 from goddp.native import extension as _native
-from goddp.graph.export import export_graph
-from goddp.native.plan import PlanRequest
 import _testhooks
-from _fork_util import wait_for_child
 from models import SquareStack
+
+# A watchdog against a hung child interpreter, not a measure of speed.
+WATCHDOG_S = 600
 
 
 def Stack(width: int = 32, depth: int = 6) -> nn.Module:
@@ -36,85 +39,6 @@ def capture_dynamo_graph(model: nn.Module, *inputs) -> fx.GraphModule:
     torch.compile(model, backend=record)(*inputs)
     assert len(graphs) == 1
     return graphs[0]
-
-
-def test_go_panic_becomes_a_planner_error_and_the_process_survives():
-    # Only the test build of the extension has debug_panic; see _testhooks.py.
-    out = _testhooks.run(
-        """
-        import pytest, torch
-        import goddp
-        from test_backend_native import Stack, capture_dynamo_graph
-
-        with pytest.raises(ext.PlannerError) as info:
-            ext.debug_panic()
-        assert info.value.code == 4
-        assert isinstance(info.value, RuntimeError)
-        # The planner still works afterwards.
-        torch.manual_seed(0)
-        gm = capture_dynamo_graph(Stack(16, 3), torch.randn(2, 16))
-        # Each Linear(16, 16) (1088 bytes) fills a 1000-byte bucket by itself.
-        plan = goddp.plan_graph_module(gm, bucket_cap_bytes=1000, first_bucket_cap_bytes=1000)
-        assert plan.num_pieces == 3
-        print("pieces", plan.num_pieces)
-        """
-    )
-    assert out.split() == ["pieces", "3"]
-
-
-def test_plan_graph_module_from_four_threads_gives_identical_plans(native_module):
-    torch.manual_seed(0)
-    gm = capture_dynamo_graph(Stack(32, 8), torch.randn(2, 32))
-    expected = goddp.plan_graph_module(gm, bucket_cap_bytes=9000, first_bucket_cap_bytes=4500)
-    assert expected.num_pieces > 2
-
-    results: list = [None] * 4
-    errors: list = []
-    barrier = threading.Barrier(4)
-
-    def worker(i: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            plans = [
-                goddp.plan_graph_module(gm, bucket_cap_bytes=9000, first_bucket_cap_bytes=4500) for _ in range(20)
-            ]
-            results[i] = {(p.fingerprint, p.num_pieces, tuple(map(tuple, p.piece_inputs))) for p in plans}
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    assert all(not t.is_alive() for t in threads)
-    want = {(expected.fingerprint, expected.num_pieces, tuple(map(tuple, expected.piece_inputs)))}
-    assert results == [want] * 4
-
-
-def test_forked_child_calling_the_planner_gets_a_clear_error(native_module):
-    torch.manual_seed(0)
-    gm = capture_dynamo_graph(Stack(16, 2), torch.randn(2, 16))
-    exported = export_graph(gm)
-    config = PlanRequest("ddp", bucket_cap_bytes=1000, first_bucket_cap_bytes=1000).to_native()
-    _native.plan_graph(exported.arrays, config)  # Go is running in the parent
-    assert _native.is_loaded()
-
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        code = 3
-        try:
-            _native.plan_graph(exported.arrays, config)
-            code = 2  # returned a plan: the fork guard failed
-        except native_module.ForkedChildError as exc:
-            code = 0 if "fork" in str(exc).lower() else 4
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    exit_code = wait_for_child(pid, timeout=30)
-    assert exit_code == 0, {1: "other exception", 2: "planned in the child", 4: "unclear message"}.get(exit_code)
 
 
 def test_fork_dataloader_workers_train_with_goddp_after_go_started(dist_group, native_module):
@@ -142,3 +66,53 @@ def test_fork_dataloader_workers_train_with_goddp_after_go_started(dist_group, n
     assert record["fallback"] is None and record["num_pieces"] > 1
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q)
+
+
+_PLAN_UNDER_A_HASH_SEED = """
+import dataclasses, hashlib, json
+import torch
+import goddp
+from goddp.graph.export import export_graph
+from models import TiedEmbeddingLM, TransformerStack
+from test_backend_native import capture_dynamo_graph
+
+
+def digest(value):
+    try:
+        return hashlib.sha256(bytes(memoryview(value))).hexdigest()
+    except TypeError:
+        return repr(value)
+
+
+seen = {"hash": hash("goddp")}
+torch.manual_seed(0)
+for name, model, batch in [
+    ("transformer", TransformerStack(32, 4, 3), torch.randn(2, 8, 32)),
+    ("tied", TiedEmbeddingLM(256, 32), torch.randint(0, 256, (2, 8))),
+]:
+    gm = capture_dynamo_graph(model, batch)
+    seen[name + "/export"] = {key: digest(value) for key, value in sorted(export_graph(gm).arrays.items())}
+    for mode, options in [("ddp", {"block_cuts": True}), ("ddp", {"align_buckets": True}), ("torch", {})]:
+        plan = goddp.plan_graph_module(gm, mode=mode, bucket_cap_bytes=20_000, **options)
+        seen[f"{name}/{mode}/{sorted(options)}"] = dataclasses.asdict(plan)
+print(json.dumps(seen, default=repr, sort_keys=True))
+"""
+
+
+def test_plans_and_fingerprints_do_not_depend_on_the_hash_seed():
+    """Plans are deterministic across processes: two interpreters whose
+    str hashes differ (PYTHONHASHSEED) capture the same models with Dynamo,
+    export them and plan them, and get the same arrays, plans and
+    fingerprints."""
+    runs = []
+    for seed in ("1", "2024"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _PLAN_UNDER_A_HASH_SEED], capture_output=True, text=True, timeout=WATCHDOG_S,
+            env=_testhooks.child_env(PYTHONHASHSEED=seed, OMP_NUM_THREADS="1"), cwd=_testhooks.HERE,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    a, b = runs
+    assert a.pop("hash") != b.pop("hash"), "the seeds did not take: str hashes are equal"
+    assert len(a) == 8 and all(plan["fingerprint"] for key, plan in a.items() if "/export" not in key)
+    assert a == b
