@@ -21,6 +21,7 @@ choices.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import sys
 import types
 from typing import Any, Callable, Mapping, Sequence
@@ -37,6 +38,8 @@ if __doc__:  # None under python -OO
 
 BACKEND_NAME = "goddp"
 ENTRY_POINT_GROUP = "torch_dynamo_backends"
+
+logger = logging.getLogger("goddp")
 
 
 def goddp_backend(
@@ -89,7 +92,8 @@ def make_backend(**options: Any) -> Callable[..., Any]:
 def _entry_point_installed() -> bool:
     try:
         return any(ep.name == BACKEND_NAME for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
-    except Exception:
+    except Exception:  # another package's broken metadata: goddp registers itself, and imports
+        logger.debug("goddp: could not read the %s entry points", ENTRY_POINT_GROUP, exc_info=True)
         return False
 
 

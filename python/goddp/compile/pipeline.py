@@ -259,7 +259,8 @@ class _DDPGraphCompile:
         part of the layout] in goddp.ranks.layout); else plan, unchanged."""
         try:
             found = installed_layout(self.ddp)
-        except Exception:  # a DDP whose private API differs: the plan as it is
+        except Exception:  # a DDP whose private API differs: the plan as it is, which trains
+            logger.debug("goddp: could not read the layout DDP's ranks installed", exc_info=True)
             found = None
         if found is None or found[0].order != "ready" or not _in_ready_order(plan):
             return plan, None
@@ -289,7 +290,8 @@ class _DDPGraphCompile:
     def _ready_layout(self, plan: GraphPlan) -> Layout | None:
         try:
             return self.layout(plan, plan.ddp_caps, "ready")
-        except Exception:  # a name DDP does not know: the gate says so (training_gate)
+        except Exception:  # a name DDP does not know: the plan as it is; the gate says so (training_gate)
+            logger.debug("goddp: could not state the plan's layout", exc_info=True)
             return None
 
     def identify(
@@ -447,7 +449,8 @@ class _DDPGraphCompile:
             try:
                 layout = self.layout(planned.plan, caps_bytes, planned.caps.bucket_order)
                 digest = layout.digest()
-            except Exception as exc:  # a name DDP does not know, a layout the planner refuses
+            except Exception as exc:  # a name DDP does not know, a layout the planner refuses: DDP's buckets
+                logger.debug("goddp: could not state DDP's layout", exc_info=True)
                 layout, reason = None, f"could not state DDP's layout ({type(exc).__name__}: {exc})"
         member_layout, member_reason, later = layout, reason, False
         if planned is not None and planned.part_of_forward and record.fallback is None:
@@ -456,7 +459,8 @@ class _DDPGraphCompile:
             try:
                 member_layout = self.layout(planned.plan, planned.plan.ddp_caps, "ready")
                 later = True
-            except Exception as exc:  # a name DDP does not know
+            except Exception as exc:  # a name DDP does not know: no layout, DDP's buckets serve
+                logger.debug("goddp: could not state DDP's layout", exc_info=True)
                 member_reason = f"could not state DDP's layout ({type(exc).__name__}: {exc})"
         statement = Statement(
             layout=layout,

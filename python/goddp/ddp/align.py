@@ -12,10 +12,13 @@ buckets (the plan's cuts still apply).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 from goddp.ddp import private
 from goddp.ddp.private import ReducerLost
+
+logger = logging.getLogger("goddp")
 
 # Set on a DDP module once goddp has installed its caps: the caps, and DDP's
 # own bucket settings from before, which planning keeps reading.
@@ -74,7 +77,8 @@ def install_or_reset(ddp: Any, caps_bytes: Sequence[int]) -> str | None:
         return None
     except ReducerLost:
         raise
-    except Exception as exc:
+    except Exception as exc:  # DDP's own buckets serve on every rank alike (the agreement's second round)
+        logger.debug("goddp: installing the caps failed", exc_info=True)
         why = f"installing the caps failed ({type(exc).__name__}: {exc})"
     if private.reducer_of(ddp) is before:
         reset_to_ddp_buckets(ddp)

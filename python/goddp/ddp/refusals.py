@@ -15,10 +15,13 @@ refusals]).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from goddp.ddp import private
 from goddp.native.plan import AlignmentFacts
+
+logger = logging.getLogger("goddp")
 
 # Set on a DDP module while a goddp.trace is installed on it.
 TRACE_ACTIVE_ATTR = "_goddp_trace_active"
@@ -61,7 +64,9 @@ def alignment_facts(ddp: Any) -> tuple[AlignmentFacts | None, str | None]:
 
 def could_not_inspect(exc: Exception) -> str:
     """Why goddp leaves the buckets of a DDP module alone whose private API
-    raised exc (the caller's refusal of Note [Alignment refusals])."""
+    raised exc (the caller's refusal of Note [Alignment refusals]); the
+    traceback goes to DEBUG, since a bug in goddp reads the same."""
+    logger.debug("goddp: could not inspect DDP", exc_info=exc)
     return f"could not inspect DDP ({type(exc).__name__}: {exc})"
 
 
@@ -112,7 +117,8 @@ def trace_refusal(ddp: Any) -> str | None:
         return f"DDP lists {hooks} comm hooks; expected at most one"
     try:
         builtin = private.builtin_comm_hook(ddp)
-    except Exception as exc:
+    except Exception as exc:  # a DDP whose private API differs: it is not traced, and trains as it is
+        logger.debug("goddp: could not read DDP's logging data", exc_info=True)
         return f"could not read DDP's logging data ({type(exc).__name__}: {exc})"
     if builtin:
         return (

@@ -56,12 +56,12 @@ def frame_info(gm: fx.GraphModule) -> FrameInfo:
         code = getattr(tx, "f_code", None)
         if code is not None:
             frame = _where(code.co_name, code.co_filename, code.co_firstlineno)
-    except Exception:  # outside Dynamo (a test calling the backend by hand)
+    except AttributeError:  # outside Dynamo (a test calling the backend by hand): no translator
         pass
     try:
         current = torch._guards.CompileContext.current_compile_id()
         compile_id = str(current) if current is not None else None
-    except Exception:
+    except AttributeError:  # a torch that keeps the compile id elsewhere
         pass
     reason = getattr(gm, "compile_subgraph_reason", None)
     graph_break = break_at = None

@@ -378,7 +378,8 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
         failed = install_or_reset(ddp, decision.caps)
     except ReducerLost as exc:
         lost = exc
-    except Exception as exc:  # even DDP's own settings could not be put back
+    except Exception as exc:  # even DDP's own settings could not be put back: raised below, after the round
+        logger.debug("goddp: the install and its rollback failed", exc_info=True)
         lost = ReducerLost(
             f"goddp: could not give DDP a fresh reducer with its own buckets after a failed install "
             f"({type(exc).__name__}: {exc}); this rank would allreduce buckets the others do not"
@@ -403,7 +404,8 @@ def _namer(ddp: Any) -> Callable[[int], str]:
     """DDP position -> parameter name (the same on every rank)."""
     try:
         names = ddp_parameter_names(ddp)
-    except Exception:  # a DDP whose private API differs: positions will do
+    except Exception:  # a DDP whose private API differs: positions will do, in messages only
+        logger.debug("goddp: could not name DDP's parameters", exc_info=True)
         names = []
     return lambda p: names[p] if 0 <= p < len(names) else f"parameter {p}"
 

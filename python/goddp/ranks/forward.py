@@ -171,7 +171,8 @@ def combine(members: list[Member], param_bytes: list[int]) -> Combined:
     other ranks hold, so that every rank keeps DDP's buckets alike."""
     try:
         return _Forward(members, param_bytes).combined()
-    except Exception as exc:
+    except Exception as exc:  # no layout: DDP's buckets serve, on every rank alike (see above)
+        logger.debug("goddp: could not combine the forward's layouts", exc_info=True)
         why = f"could not combine the forward's layouts ({type(exc).__name__}: {exc})"
         return Combined(None, None, why, {"graphs": [m.describe for m in members]}, f"goddp: {why}")
 

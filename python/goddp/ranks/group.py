@@ -97,7 +97,7 @@ def process_group_timeout_s(process_group: Any) -> float:
         for device in ("cpu", "cuda"):
             try:
                 return float(process_group._get_backend(torch.device(device)).options._timeout.total_seconds())
-            except Exception:  # no backend for that device, or a backend without options
+            except (AttributeError, RuntimeError):  # no backend for that device, or one without options
                 continue
     return FALLBACK_TIMEOUT_S
 

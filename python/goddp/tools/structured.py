@@ -63,7 +63,7 @@ def current_compile_id() -> Any:
     """Dynamo's compile id of the graph being compiled (None outside one)."""
     try:
         return torch._guards.CompileContext.current_compile_id()
-    except Exception:  # a torch that keeps it elsewhere: the artifact goes without
+    except AttributeError:  # a torch that keeps it elsewhere: the artifact goes without
         return None
 
 
@@ -76,7 +76,7 @@ def _artifact(name: str, encoding: str, payload_fn: Callable[[], Any], compile_i
             payload_fn=payload_fn,
             **kwargs,
         )
-    except Exception:
+    except Exception:  # the trace is for reading later: a failure to write it never stops a compile
         logger.debug("goddp: could not write %s to the structured trace", name, exc_info=True)
 
 

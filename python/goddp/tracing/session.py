@@ -79,7 +79,7 @@ def _attributed_plans(ddp: Any) -> list[dict[str, Any]]:
     when the attribution fails, since the other ranks gather it."""
     try:
         return goddp_plans_for(ddp)
-    except Exception:
+    except Exception:  # the record matters more than its plans: the other ranks wait for it
         logger.debug("goddp.trace: could not attribute goddp's plans", exc_info=True)
         return []
 
@@ -241,6 +241,7 @@ class Trace:
         except Exception as exc:
             # The record is still published: the other ranks gather it.
             logger.warning("goddp.trace: the figures of this rank's steps failed: %s", exc)
+            logger.debug("goddp.trace: the figures' failure:", exc_info=True)
             record["verdict"] = f"no figures: {exc}"
             return record
         record.update(steps=figures["steps"], step_stats=figures["step_stats"], verdict=figures["verdict"])
