@@ -95,7 +95,7 @@ def placeholder_parameter(node: fx.Node) -> torch.Tensor | None:
     if grapharg is not None:
         try:
             real = grapharg.example
-        except Exception:  # a dead weak reference: fall back to the fake
+        except AssertionError:  # a dead weak reference (GraphArg.example asserts): fall back to the fake
             real = None
         if isinstance(real, torch.Tensor):
             return real
@@ -111,14 +111,14 @@ def _placeholder_source_name(node: fx.Node) -> str | None:
         return None
     try:
         return source.name if isinstance(source.name, str) else source.name()
-    except Exception:
+    except NotImplementedError:  # a Source kind without a name: named from the node instead
         return None
 
 
 def _storage_bytes(param: torch.Tensor, fallback: int) -> int:
     try:
         return int(param.untyped_storage().nbytes())
-    except Exception:  # tensors without storage (some subclasses)
+    except RuntimeError:  # tensors without storage (some subclasses; NotImplementedError is one)
         return fallback
 
 
