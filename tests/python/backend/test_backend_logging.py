@@ -58,9 +58,12 @@ def test_plan_table_is_logged_at_info(dist_group, native_module, caplog):
 
 
 def test_log_plan_false_logs_no_table(dist_group, native_module, caplog):
+    """log_plan=False: the graph is planned and cut as ever, and no table is logged."""
     _, compiled = compile_trio(log_plan=False)
     with caplog.at_level(logging.INFO, logger="goddp"):
         compiled(torch.randn(2, 32))
+    (record,) = goddp.last_plans()
+    assert record["fallback"] is None and record["num_pieces"] == 3, record
     assert not any(r.getMessage().startswith("goddp plan:") for r in caplog.records)
 
 

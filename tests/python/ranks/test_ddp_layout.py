@@ -22,14 +22,30 @@ def test_the_digest_is_the_planners(native_module):
     assert SAMPLE.digest() == PINNED
 
 
+def module_layout_digest() -> int:
+    """The digest of a module's layout built from its parameter names, as
+    the ranks build it (DDP order: the last layer's bucket first)."""
+    from models import SquareStack
+
+    names = [name for name, _ in SquareStack(16, 4).named_parameters()]
+    positions = dict(zip(names, range(len(names))))
+    buckets = [names[i:i + 2][::-1] for i in range(len(names) - 2, -1, -2)]
+    return layout_of(buckets, [4352] * len(buckets), "ready", positions).digest()
+
+
 def test_the_digest_is_the_same_in_another_process(native_module):
-    code = (
-        "from goddp.ranks.layout import Layout; "
-        "print(Layout(buckets=((5, 4), (3, 2), (1, 0)), caps=(4352, 16640, 16900), order='ready', "
-        "build='goddp 0.1.0 abi 5').digest())"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert int(out) == PINNED
+    """A module's layout digests alike in this process and in two others
+    whose str hashes differ (PYTHONHASHSEED)."""
+    import _testhooks
+
+    code = "from test_ddp_layout import module_layout_digest; print(hash('goddp'), module_layout_digest())"
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env=_testhooks.child_env(PYTHONHASHSEED=seed), cwd=_testhooks.HERE).stdout.split()
+        for seed in ("1", "2024")
+    ]
+    assert runs[0][0] != runs[1][0], "the seeds did not take: str hashes are equal"
+    assert int(runs[0][1]) == int(runs[1][1]) == module_layout_digest()
 
 
 @pytest.mark.parametrize(
