@@ -1,21 +1,19 @@
-"""Ranks whose layouts for DDP's buckets differ: nobody aligns, nobody dies.
+"""Ranks whose layouts for DDP's buckets differ, under strict=True: every
+rank stops before a collective.
 
 Two ranks that set the same DDP module's buckets differently would issue
 bucket allreduces that do not pair up and hang. Here rank 1 runs a
 genuinely different model: the same parameters (so DDP's own shape check at
 construction passes) applied in the opposite order, so its buckets would
-hold other parameters. At the first training call every rank keeps DDP's
-own buckets, promptly and alike, and trains on; under strict=True every rank
-raises PlanMismatchError naming what differs, and again at every later call.
-In torch mode goddp never touches DDP's buckets: different cuts are no
-difference in what DDP communicates.
+hold other parameters. Under strict=True every rank raises
+PlanMismatchError naming what differs, and again at every later call;
+without it every rank keeps DDP's own buckets and trains on
+(test_dist_rank_layouts.py, in both modes). Ranks with the same model agree.
 
 A plain pytest run launches this file under torchrun itself.
 """
 
 from __future__ import annotations
-
-import time
 
 import pytest
 import torch
@@ -55,48 +53,24 @@ def _compile(group, mode, reverse, strict=False):
 
 
 @needs_two_ranks
-@pytest.mark.parametrize("mode", ["ddp", "torch"])
-def test_a_different_model_on_one_rank_trains_on_ddp_buckets(group, mode):
-    torch._dynamo.reset()
-    goddp.clear_plans()
-    compiled = _compile(group, mode, reverse=rank() == 1)
-    started = time.monotonic()
-    for _ in range(2):
-        compiled(torch.randn(8, 64)).sum().backward()
-    elapsed = time.monotonic() - started
-    (plan,) = goddp.last_plans()
-    assert plan["num_pieces"] > 1
-    assert plan["ddp_buckets"]["aligned"] is False
-    reason = plan["plan_check"]["reason"]
-    if mode == "ddp":
-        assert reason.startswith("the ranks' layouts differ: bucket 0: rank 1 holds ["), reason
-    assert _gather(reason, group)[0] == reason  # the same decision on every rank
-    assert elapsed < 45, f"the difference took {elapsed:.0f} s to settle: something waited on a timeout"
-    torch._dynamo.reset()
-
-
-@needs_two_ranks
 def test_a_different_model_on_one_rank_raises_on_every_rank_under_strict(group):
     torch._dynamo.reset()
     goddp.clear_plans()
     compiled = _compile(group, "ddp", reverse=rank() == 1, strict=True)
-    started = time.monotonic()
     messages = []
     for _ in range(2):
         with pytest.raises(PlanMismatchError) as raised:
             compiled(torch.randn(8, 64)).sum().backward()
         messages.append(str(raised.value))
-    elapsed = time.monotonic() - started
     message = messages[0]
     assert messages[1] == message  # every later call stops too
     assert "proposed different layouts for DDP's buckets (bucket 0: rank 1 holds [" in message
     (plan,) = goddp.last_plans()
-    # it names every rank's plan, so the user can see who disagreed
+    # it names every rank's plan, so the user can see who disagreed (and
+    # every rank was heard: the round settled, nobody waited on a timeout)
     for r, fingerprint in enumerate(_gather(plan["fingerprint"], group)):
         assert f"rank {r}: plan {fingerprint:016x}" in message, message
-    outcomes = _gather((message, round(elapsed, 1)), group)
-    assert outcomes[0][0] == outcomes[1][0], outcomes  # the same error on every rank
-    assert elapsed < 45, f"the mismatch took {elapsed:.0f} s to surface: something waited on a timeout"
+    assert len(set(_gather(message, group))) == 1, message  # the same error on every rank
     torch._dynamo.reset()
 
 
