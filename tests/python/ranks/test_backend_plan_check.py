@@ -151,9 +151,18 @@ def test_the_verdict_names_ranks_in_order_whatever_order_they_came_in():
 # The exchange
 
 
+# A watchdog against a hang, never a measure of speed: how long _play waits
+# for its ranks before it fails the test.
+WATCHDOG_S = 120.0
+# A rank's wait that no test may sit out: a case that passes with it ended
+# its wait for another reason than its own timeout.
+LONG_WAIT_S = 3600.0
+
+
 def _play(store, key, ranks, payloads, timeout=30.0, arrive=None):
     """Runs exchange for each rank of `arrive` (default: all) in a thread;
-    returns {rank: result or exception}."""
+    returns {rank: result or exception}. A rank still waiting after
+    WATCHDOG_S fails the test."""
     results: dict = {}
 
     def run(rank):
@@ -163,11 +172,12 @@ def _play(store, key, ranks, payloads, timeout=30.0, arrive=None):
         except Exception as exc:
             results[rank] = exc
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in (ranks if arrive is None else arrive)]
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in (ranks if arrive is None else arrive)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout + 30)
+        t.join(WATCHDOG_S)
+    assert not any(t.is_alive() for t in threads), f"a rank still waits after the {WATCHDOG_S:.0f} s watchdog"
     return results
 
 
@@ -200,15 +210,12 @@ def test_a_second_round_on_the_same_key_never_sees_the_first():
 
 def test_a_rank_that_never_comes_is_named_after_the_bounded_wait():
     store = dist.HashStore()
-    started = time.monotonic()
     results = _play(store, "k", (0, 1, 2), {0: "x", 1: "y", 2: "z"}, timeout=1.0, arrive=(0, 1))
-    elapsed = time.monotonic() - started
     for rank in (0, 1):
         assert isinstance(results[rank], RanksMissingError), results[rank]
         message = str(results[rank])
         assert f"rank {rank} waited" in message and "for rank(s) [2]" in message
         assert plan_check.TIMEOUT_ENV in message
-    assert elapsed < 20
 
 
 def test_a_latecomer_does_not_wait_on_a_round_already_given_up():
@@ -220,11 +227,9 @@ def test_a_latecomer_does_not_wait_on_a_round_already_given_up():
     early = _play(store, "k", (0, 1, 2), {0: "x", 1: "y", 2: "z"}, timeout=0.5, arrive=(0,))
     assert isinstance(early[0], RanksMissingError)
     assert early[0].unsettled == {"stopped_by": 0, "missing": [1, 2]}
-    started = time.monotonic()
-    late = _play(store, "k", (0, 1, 2), {0: "x", 1: "y", 2: "z"}, timeout=60.0, arrive=(1,))
-    assert time.monotonic() - started < 10
+    late = _play(store, "k", (0, 1, 2), {0: "x", 1: "y", 2: "z"}, timeout=LONG_WAIT_S, arrive=(1,))
     assert isinstance(late[1], RanksMissingError), late[1]
-    assert late[1].unsettled == {"stopped_by": 0, "missing": [2]}
+    assert late[1].unsettled == {"stopped_by": 0, "missing": [2]}  # rank 0's give-up, not its own wait
     assert set(late[1].seen) == {0, 1}
 
 
@@ -235,7 +240,7 @@ def test_a_rank_that_comes_after_the_others_gave_up_is_told_so():
     store = dist.HashStore()
     early = _play(store, "k", (0, 1), {0: "x", 1: "y"}, timeout=0.5, arrive=(0,))
     assert isinstance(early[0], RanksMissingError) and "for rank(s) [1]" in str(early[0])
-    late = _play(store, "k", (0, 1), {0: "x", 1: "y"}, timeout=30.0, arrive=(1,))
+    late = _play(store, "k", (0, 1), {0: "x", 1: "y"}, timeout=LONG_WAIT_S, arrive=(1,))
     assert isinstance(late[1], RanksMissingError), late[1]
     assert "after the others had stopped waiting for it (gave up: rank 0)" in str(late[1])
 

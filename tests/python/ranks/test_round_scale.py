@@ -60,6 +60,20 @@ def clients():
 _bases = iter(range(1_000_000))
 
 
+# A watchdog against a hang, never a measure of speed: how long a test waits
+# for its ranks (threads) before it fails.
+WATCHDOG_S = 120.0
+# A rank's wait that no test may sit out: a case that passes with it ended
+# its wait for another reason than its own timeout.
+LONG_WAIT_S = 3600.0
+
+
+def _join(threads):
+    for t in threads:
+        t.join(WATCHDOG_S)
+    assert not any(t.is_alive() for t in threads), f"a rank still waits after the {WATCHDOG_S:.0f} s watchdog"
+
+
 def _play(stores, run, arrive=None):
     """run(rank, store) in a thread per rank of `arrive` (default all);
     returns {rank: result or exception}."""
@@ -71,11 +85,11 @@ def _play(stores, run, arrive=None):
         except Exception as exc:
             results[rank] = exc
 
-    threads = [threading.Thread(target=one, args=(r,)) for r in (range(len(stores)) if arrive is None else arrive)]
+    threads = [threading.Thread(target=one, args=(r,), daemon=True)
+               for r in (range(len(stores)) if arrive is None else arrive)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(120)
+    _join(threads)
     return results
 
 
@@ -171,12 +185,12 @@ def test_what_the_others_read_does_not_depend_on_who_came_first(clients):
         verdict = lambda s: seen.append(dict(s)) or "refused"  # noqa: E731
         return settle(store, base, Group("g", tuple(range(WIDE)), rank, 30.0), said[rank], verdict, "test")
 
-    first = threading.Thread(target=lambda: ended.update(_play(stores, run, arrive=[0])))
+    first = threading.Thread(target=lambda: ended.update(_play(stores, run, arrive=[0])), daemon=True)
     first.start()
     while stores[0]._store.add(f"{base}/count", 0) < 1:
         time.sleep(0.01)
     ended.update(_play(stores, run, arrive=range(1, WIDE)))
-    first.join(60)
+    _join([first])
     assert seen == [said] and all(dict(e.statements) == said for e in ended.values())
     readers = [s.read for r, s in enumerate(stores) if s.calls["get"] == 2]  # read the summary
     assert len(readers) >= WIDE - 2
@@ -186,9 +200,7 @@ def test_what_the_others_read_does_not_depend_on_who_came_first(clients):
 def test_a_rank_that_never_comes_costs_a_bounded_wait_and_every_rank_keeps(clients):
     stores = clients(WIDE)
     payloads = {r: _says().to_json() for r in range(WIDE)}
-    started = time.monotonic()
     results, key = _exchange_all(stores, payloads, timeout=1.0, arrive=[r for r in range(WIDE) if r != 40])
-    assert time.monotonic() - started < 15
     stopped_by = set()
     for rank, exc in results.items():
         assert isinstance(exc, RanksMissingError), (rank, exc)
@@ -200,9 +212,7 @@ def test_a_rank_that_never_comes_costs_a_bounded_wait_and_every_rank_keeps(clien
     assert len(stopped_by) == 1  # one outcome for all
 
     # the rank that never came, late: it reads the give-up and keeps too
-    started = time.monotonic()
-    late = _exchange_all(stores, payloads, timeout=60.0, arrive=[40], key=key)[0][40]
-    assert time.monotonic() - started < 10
+    late = _exchange_all(stores, payloads, timeout=LONG_WAIT_S, arrive=[40], key=key)[0][40]
     assert isinstance(late, RanksMissingError), late
     assert f"after the others had stopped waiting for it ({GAVE_UP}{stopped_by.pop()})" in str(late)
     assert set(late.seen) == set(range(WIDE))
