@@ -149,6 +149,19 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 			return nil, err
 		}
 	}
+	// Optional (ABI 12), both or neither: NULL means no cost estimates.
+	if (g.node_flops == nil) != (g.node_bytes == nil) {
+		return nil, invalidGraph("goddp: node_flops and node_bytes go together: give both or neither")
+	}
+	if g.node_flops != nil {
+		var err error
+		if out.NodeFlops, err = cCopy[int64](unsafe.Pointer(g.node_flops), n, "node_flops", planner.ErrInvalidGraph); err != nil {
+			return nil, err
+		}
+		if out.NodeBytes, err = cCopy[int64](unsafe.Pointer(g.node_bytes), n, "node_bytes", planner.ErrInvalidGraph); err != nil {
+			return nil, err
+		}
+	}
 	// One string for all names; each Param.Name is a substring of it.
 	names := string(nameBytes)
 	// Optional (ABI 5): NULL means no parameter has a DDP position.

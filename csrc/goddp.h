@@ -57,7 +57,7 @@ extern "C" {
  * renumbered. A new function, enum value or flag bit leaves it alone.
  * Layout digests name the build (goddp_layout.build), so ranks of two
  * versions never agree on a layout. */
-#define GODDP_ABI_VERSION 11
+#define GODDP_ABI_VERSION 12
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -131,7 +131,7 @@ enum goddp_align_reason {
  * (goddp_config.edges; planner/edges.go, Note [Edges]). */
 enum goddp_edges {
     GODDP_EDGES_COMPILE = 0, /* none */
-    GODDP_EDGES_AUTO = 1,    /* those no bigger than the mean block, in compute nodes */
+    GODDP_EDGES_AUTO = 1,    /* those whose unfused traffic is a negligible share of the step (node_flops, node_bytes) */
     GODDP_EDGES_EAGER = 2    /* every edge */
 };
 
@@ -244,6 +244,17 @@ typedef struct goddp_graph {
     const int64_t *body_stack_offsets;    /* [node_body_offsets[num_nodes] + 1]: entries of each body node */
     const int32_t *body_stack_paths;      /* [body_stack_offsets[last]] string index of the path */
     const int32_t *body_stack_types;      /* [body_stack_offsets[last]] string index of the type */
+
+    /* Optional (ABI 12), both or neither: per node, what it costs to run,
+     * estimated from its shapes, both >= 0 (planner/edges.go, Note [Edge
+     * costs]). node_flops: the floating-point work of the library kernels
+     * it calls (matrix products, convolutions, attention), the same
+     * compiled or not; node_bytes: the memory it reads and writes when it
+     * runs unfused, what compiling may save. With them edges "auto" keeps
+     * eager only the edges whose unfused traffic is a negligible share of
+     * the step; without them it compiles every edge. */
+    const int64_t *node_flops;            /* [num_nodes] or NULL */
+    const int64_t *node_bytes;            /* [num_nodes] or NULL */
 } goddp_graph;
 
 /* A DistributedDataParallel module's own settings (goddp_config.ddp, ABI 6). */

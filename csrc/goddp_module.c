@@ -248,6 +248,8 @@ enum graph_array {
     BODY_STACK_OFFSETS,
     BODY_STACK_PATHS,
     BODY_STACK_TYPES,
+    NODE_FLOPS,
+    NODE_BYTES,
     NUM_GRAPH_ARRAYS
 };
 #define FIRST_OPTIONAL_ARRAY NODE_BLOCK_IDS
@@ -284,6 +286,8 @@ static const struct {
     [BODY_STACK_OFFSETS] = {"body_stack_offsets", 8, "int64, e.g. array('q')"},
     [BODY_STACK_PATHS] = {"body_stack_paths", 4, "int32, e.g. array('i')"},
     [BODY_STACK_TYPES] = {"body_stack_types", 4, "int32, e.g. array('i')"},
+    [NODE_FLOPS] = {"node_flops", 8, "int64, e.g. array('q')"},
+    [NODE_BYTES] = {"node_bytes", 8, "int64, e.g. array('q')"},
 };
 
 static const char *const graph_keys[] = {
@@ -298,6 +302,8 @@ static const char *const graph_keys[] = {
     "node_weights", /* optional (ABI 7): absent or None means one each */
     /* optional (ABI 10), all or none, with the module stacks: the body facts */
     "node_hop_calls", "node_body_offsets", "body_stack_offsets", "body_stack_paths", "body_stack_types",
+    /* optional (ABI 12), both or neither: the node costs */
+    "node_flops", "node_bytes",
 };
 #define NUM_GRAPH_KEYS (sizeof graph_keys / sizeof graph_keys[0])
 #define NUM_REQUIRED_GRAPH_KEYS 16 /* the optional ones come last */
@@ -561,6 +567,14 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
     if (stacks_from_views(gv, num_nodes, &num_module_strings) < 0) return -1;
     if (gv->held[NODE_WEIGHTS] && check_len(gv, NODE_WEIGHTS, num_nodes, "num_nodes") < 0) return -1;
     if (bodies_from_views(gv, num_nodes) < 0) return -1;
+    if (gv->held[NODE_FLOPS] != gv->held[NODE_BYTES]) {
+        PyErr_SetString(PyExc_ValueError, "graph: the node costs need both 'node_flops' and 'node_bytes', or neither");
+        return -1;
+    }
+    if (gv->held[NODE_FLOPS] && (check_len(gv, NODE_FLOPS, num_nodes, "num_nodes") < 0 ||
+                                 check_len(gv, NODE_BYTES, num_nodes, "num_nodes") < 0)) {
+        return -1;
+    }
 
     if (check_len(gv, NODE_OPS, num_nodes, "num_nodes") < 0 ||
         check_len(gv, NODE_MODULE_IDS, num_nodes, "num_nodes") < 0 ||
@@ -621,6 +635,8 @@ static int graph_from_dict(PyObject *graph, struct graph_views *gv, goddp_graph 
         g->body_stack_paths = gv->views[BODY_STACK_PATHS].buf;
         g->body_stack_types = gv->views[BODY_STACK_TYPES].buf;
     }
+    g->node_flops = gv->held[NODE_FLOPS] ? gv->views[NODE_FLOPS].buf : NULL;
+    g->node_bytes = gv->held[NODE_BYTES] ? gv->views[NODE_BYTES].buf : NULL;
     return 0;
 }
 

@@ -145,7 +145,7 @@ func Decide(req *Request) (*Decision, error) {
 	}
 	d.clampCaps()
 	d.pieceParams()
-	d.out.EagerPieces = eagerPieces(&d.g, d.stacks, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
+	d.out.EagerPieces = eagerPieces(&d.g, d.out.Plan.NodePiece, d.out.Plan.NumPieces, d.s.Edges)
 	d.out.BlockIDs = d.g.BlockIDs
 	d.out.CheckpointRegions = checkpointRegions(d.s, d.out.Plan)
 	return &d.out, nil

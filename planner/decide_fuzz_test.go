@@ -76,6 +76,13 @@ func decodeFuzzRequest(data []byte) *Request {
 			}
 		}
 	}
+	if s.chance(160) && validateGraph(g) == nil { // node costs (Note [Edge costs])
+		g.NodeFlops, g.NodeBytes = make([]int64, len(g.Ops)), make([]int64, len(g.Ops))
+		for i := range g.Ops {
+			g.NodeFlops[i] = int64(s.intn(1 << 20))
+			g.NodeBytes[i] = int64(s.intn(1 << 16))
+		}
+	}
 	return &Request{Graph: g, Stacks: stacks, Settings: set}
 }
 
@@ -155,7 +162,7 @@ func checkDecide(t *testing.T, req *Request) {
 			require.NotContains(t, dec.EagerPieces, p, "eager piece %d holds node %d inside the block span [%d, %d]", p, i, first, last)
 		}
 	}
-	require.Equal(t, naiveEagerPieces(&g, req.Stacks, pl, s.Edges), dec.EagerPieces, "eager pieces")
+	require.Equal(t, naiveEagerPieces(&g, pl, s.Edges), dec.EagerPieces, "eager pieces")
 
 	// Piece parameters: the naive reference.
 	ref := referencePieceParams(&g, pl, cfg.Mode)
@@ -189,46 +196,28 @@ func blockSpan(g *Graph) (first, last int) {
 
 // naiveEagerPieces is Note [Edges] written from its words: a piece whose
 // compute nodes all lie outside the block span is an edge; EdgesEager runs
-// every edge eagerly, EdgesAuto those whose size is at most the mean size
-// of the blocks; sizes are compute nodes, each weighing its weight in st
-// (Note [Node weights]; one without weights).
-func naiveEagerPieces(g *Graph, st *ModuleStacks, pl *Plan, policy EdgePolicy) []int32 {
-	weight := func(i int) float64 {
-		if st == nil || st.Weights == nil {
-			return 1
-		}
-		return float64(st.Weights[i])
-	}
+// every edge eagerly, EdgesAuto those that naiveEagerAuto (Note [Edge
+// costs]) picks, none without costs.
+func naiveEagerPieces(g *Graph, pl *Plan, policy EdgePolicy) []int32 {
 	first, last := blockSpan(g)
-	if policy == EdgesCompile || first < 0 {
+	switch {
+	case policy == EdgesCompile || first < 0:
 		return nil
+	case policy == EdgesAuto && g.NodeFlops == nil:
+		return nil
+	case policy == EdgesAuto:
+		return naiveEagerAuto(g, pl.NodePiece, pl.NumPieces)
 	}
-	perBlock := map[int32]float64{}
-	for i, op := range g.Ops {
-		if isCompute(op) && g.BlockIDs[i] >= 0 {
-			perBlock[g.BlockIDs[i]] += weight(i)
-		}
-	}
-	total := 0.0
-	for _, n := range perBlock {
-		total += n
-	}
-	mean := total / float64(len(perBlock))
 	var out []int32
 	for p := range pl.NumPieces {
-		var nodes []int
-		size := 0.0
+		edge, compute := true, false
 		for i, q := range pl.NodePiece {
 			if int(q) == p && isCompute(g.Ops[i]) {
-				nodes = append(nodes, i)
-				size += weight(i)
+				compute = true
+				edge = edge && (i < first || i > last)
 			}
 		}
-		edge := size > 0
-		for _, i := range nodes {
-			edge = edge && (i < first || i > last)
-		}
-		if edge && (policy == EdgesEager || size <= mean) {
+		if edge && compute {
 			out = append(out, int32(p))
 		}
 	}

@@ -77,6 +77,13 @@ type Graph struct {
 	// belongs to, or -1. nil means no block information. With at least two
 	// block runs, ModeDDP cuts at block boundaries (see blocks.go).
 	BlockIDs []int32
+
+	// NodeFlops and NodeBytes (optional, both or neither) estimate what
+	// each node costs to run (Note [Edge costs]): the flops of the library
+	// kernels it calls, and the bytes it reads and writes unfused. nil:
+	// no estimate.
+	NodeFlops []int64
+	NodeBytes []int64
 }
 
 // Config holds the bucket caps and the mode.

@@ -84,6 +84,10 @@ func validateGraph(g *Graph) error {
 		return errorf(ErrInvalidGraph, "planner: BlockIDs has %d entries, want one per node (%d) or none", len(g.BlockIDs), n)
 	}
 
+	if err := validateCosts(g.NodeFlops, g.NodeBytes, n); err != nil {
+		return err
+	}
+
 	output := -1
 	for i, op := range g.Ops {
 		if op < OpPlaceholder || op > OpOutput {
@@ -239,6 +243,31 @@ func validateBodies(b *BodyFacts, n, numStrings int) error {
 			if ref.idx < 0 || int(ref.idx) >= numStrings {
 				return errorf(ErrInvalidGraph, "planner: body stack entry %d: %s string %d out of range [0, %d)",
 					k, ref.what, ref.idx, numStrings)
+			}
+		}
+	}
+	return nil
+}
+
+// validateCosts checks the optional node costs (Note [Edge costs]): both or
+// neither, one of each per node, none negative.
+func validateCosts(flops, bytes []int64, n int) error {
+	if (flops == nil) != (bytes == nil) {
+		return errorf(ErrInvalidGraph, "planner: NodeFlops and NodeBytes go together: give both or neither")
+	}
+	for _, c := range [2]struct {
+		what   string
+		values []int64
+	}{{"NodeFlops", flops}, {"NodeBytes", bytes}} {
+		if c.values == nil {
+			continue
+		}
+		if len(c.values) != n {
+			return errorf(ErrInvalidGraph, "planner: %s has %d entries, want one per node (%d) or none", c.what, len(c.values), n)
+		}
+		for i, v := range c.values {
+			if v < 0 {
+				return errorf(ErrInvalidGraph, "planner: node %d: %s is %d; a cost is at least 0", i, c.what, v)
 			}
 		}
 	}

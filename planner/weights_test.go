@@ -27,20 +27,6 @@ func TestWeightsCountInstances(t *testing.T) {
 	assert.Nil(t, assignBlocks(g, st))
 }
 
-func TestWeightsSizeEdges(t *testing.T) {
-	// preamble of 4 nodes, two checkpointed blocks of 3 outer nodes
-	// standing for 10 compute nodes each (get_attr 0, call 10, getitem 0),
-	// a tail of 5 nodes
-	g, pieces, n := edgeGraph([][]int32{{-1, -1, -1, -1}, {0, 0, 0}, {1, 1, 1}, {-1, -1, -1, -1, -1}})
-	assert.Equal(t, []int32{}, append([]int32{}, eagerPieces(g, nil, pieces, n, EdgesAuto)...),
-		"unweighted, the blocks look smaller than the edges")
-	weights := []int32{1, 1, 1, 1, 1, 0, 10, 0, 0, 10, 0, 1, 1, 1, 1, 1, 1}
-	require.Len(t, weights, len(g.Ops))
-	st := &ModuleStacks{Offsets: make([]int64, len(g.Ops)+1), Weights: weights}
-	require.NoError(t, validateStacks(st, len(g.Ops)))
-	assert.Equal(t, []int32{0, 3}, eagerPieces(g, st, pieces, n, EdgesAuto))
-}
-
 func TestWeightsValidated(t *testing.T) {
 	g := blockGraph([][]stackEntry{nil, nil})
 	for _, tc := range []struct {
