@@ -25,7 +25,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -132,13 +131,12 @@ def _pip_install_sdist(venv: Path, sdist: Path, env, cwd) -> subprocess.Complete
 def test_sdist_without_go_fails_at_once_and_points_to_the_wheel(tmp_path, borrowed_site):
     sdist = one_built("goddp-*.tar.gz", "sdist", "GODDP_SDIST")
     venv = _make_venv(tmp_path, borrowed_site)
-    start = time.monotonic()
     result = _pip_install_sdist(venv, sdist, _clean_env(venv, with_go=False), tmp_path)
-    seconds = time.monotonic() - start
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "needs the Go toolchain" in output and "'go' was not found" in output, output
     assert "https://go.dev/dl" in output and "prebuilt goddp wheel" in output, output
     assert not list((venv / "lib").glob("python3*/site-packages/goddp")), "a goddp was installed anyway"
-    # Before anything is compiled: pip's own start-up and setuptools' metadata step only.
-    assert seconds < 60, seconds
+    # At once: before anything is compiled (setup.py says "goddp: <go> build
+    # ..." as it starts Go, and the C compiler runs only after it).
+    assert "build -buildmode=c-archive" not in output and "goddp_module.c" not in output, output

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 
 import pytest
 import torch
@@ -33,6 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
+from goddp.ddp.state import state_of
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
 
 WIDTH = 48
@@ -131,6 +131,16 @@ def _gather(value, group):
     return values
 
 
+def _nobody_waited_on_a_timeout(group):
+    """Every agreement round this rank took part in heard every rank: none
+    was given up after GROUP_TIMEOUT_S, so no rank stalled waiting for
+    another (what a time bound would say, without the machine's speed)."""
+    checks = [p["plan_check"] for p in goddp.last_plans() if p["plan_check"] is not None and p["plan_check"].get("ranks")]
+    assert checks, goddp.last_plans()
+    everyone = list(range(dist.get_world_size(group)))
+    assert all([r["rank"] for r in c["ranks"]] == everyone for c in checks), checks
+
+
 @needs_two_ranks
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_break_in_the_middle_aligns_on_both_ranks(group, order):
@@ -163,9 +173,8 @@ def test_a_branch_first_taken_at_step_3_keeps_ddp_buckets(group):
 
 @needs_two_ranks
 def test_a_branch_taken_at_step_3_on_one_rank_only_waits_for_nobody(group):
-    started = time.monotonic()
     ddp, reducers = _train_both(group, "compile(DDP(m))", break_at=4, late_from=2 if rank() == 1 else None, steps=6)
-    assert time.monotonic() - started < GROUP_TIMEOUT_S / 2
+    _nobody_waited_on_a_timeout(group)
     assert reducers[1:] == [reducers[1]] * 5
     together = _together()
     assert len(together) == 2 and all(p["ddp_buckets"]["aligned"] for p in together)
@@ -178,15 +187,14 @@ def test_a_branch_taken_at_step_3_on_one_rank_only_waits_for_nobody(group):
 @needs_two_ranks
 def test_ranks_that_break_at_different_places_do_not_align_and_do_not_stall(group, caplog):
     caplog.set_level(logging.INFO, logger="goddp")
-    started = time.monotonic()
     ddp, _ = _train_both(group, "compile(DDP(m))", break_at=2 if rank() == 0 else 6)
-    assert time.monotonic() - started < GROUP_TIMEOUT_S / 2
+    _nobody_waited_on_a_timeout(group)
     together = _together()
     assert len(together) == 2
     assert all(p["ddp_buckets"]["aligned"] is False for p in together)
-    assert not hasattr(ddp, "_goddp_aligned_caps")
+    assert state_of(ddp).aligned_caps is None
     reasons = _gather(together[0]["plan_check"]["reason"], group)
-    assert reasons[0] == reasons[1] and "differ" in reasons[0], reasons
+    assert len(set(reasons)) == 1 and "differ" in reasons[0], reasons
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "goddp"]
     assert any("differ" in w for w in warnings), warnings
     _fresh()
@@ -194,9 +202,8 @@ def test_ranks_that_break_at_different_places_do_not_align_and_do_not_stall(grou
 
 @needs_two_ranks
 def test_one_rank_breaks_and_the_other_does_not(group):
-    started = time.monotonic()
     ddp, _ = _train_both(group, "compile(DDP(m))", break_at=4 if rank() == 1 else None)
-    assert time.monotonic() - started < GROUP_TIMEOUT_S / 2
+    _nobody_waited_on_a_timeout(group)
     checks = [p["plan_check"] for p in goddp.last_plans() if p["plan_check"] is not None]
     # The second agreement's outcome, the same on both ranks.
     final = checks[-1]

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
-from goddp.ddp.align import ALIGNED_CAPS_ATTR
+from goddp.ddp.state import state_of
 from goddp.ranks import agreement
 from goddp.ranks.layout import layout_of
 from goddp.ranks.plan_check import INSTALL, KEEP, TIMEOUT_ENV, PlanMismatchError, Statement
@@ -32,6 +32,10 @@ from models import SquareStack
 WIDTH, DEPTH = 16, 4
 PER_LAYER = (WIDTH * WIDTH + WIDTH) * 4
 WAIT_S = "1.5"  # the first round's bound where a rank is missing on purpose
+# The groups' own timeout. Also the watchdog of the bounded-wait case: a rank
+# that waited on it, not on WAIT_S, would take this long (forty times WAIT_S:
+# no machine is that slow).
+GROUP_TIMEOUT_S = 60
 
 
 def _last() -> int:
@@ -56,7 +60,7 @@ def _run(statement_of=None, before=lambda: None, steps=2):
     statement, agreed at the module's first training call (None: this rank
     never comes to the agreement). Returns (ddp, decisions, gradients of
     each step, the group)."""
-    group = short_timeout_group(60)
+    group = short_timeout_group(GROUP_TIMEOUT_S)
     torch.manual_seed(0)
     model = SquareStack(WIDTH, DEPTH)
     ddp = DDP(model, process_group=group, bucket_cap_mb=0.25)
@@ -94,7 +98,7 @@ def _assert_trained_alike(grads, group):
 @needs_two_ranks
 def test_ranks_that_agree_install_the_layout_on_every_rank(dist_group):
     ddp, (decision,), grads, group = _run(_statement)
-    assert decision.action == INSTALL and getattr(ddp, ALIGNED_CAPS_ATTR) == decision.caps
+    assert decision.action == INSTALL and state_of(ddp).aligned_caps == decision.caps
     assert [r["rank"] for r in decision.summary()["ranks"]] == list(range(dist.get_world_size()))
     _assert_trained_alike(grads, group)
 
@@ -106,7 +110,7 @@ _DIFFERENCE = "bucket 0: rank {last} holds [layers.1.bias, layers.1.weight] wher
 @needs_two_ranks
 def test_ranks_that_differ_keep_ddp_buckets_and_name_who_differs(dist_group):
     ddp, (decision,), grads, group = _run(lambda m: _statement(m, differs=rank() == _last()))
-    assert decision.action == KEEP and decision.disagreed and not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert decision.action == KEEP and decision.disagreed and state_of(ddp).aligned_caps is None
     assert decision.reason.startswith(f"the ranks' layouts differ: {_DIFFERENCE.format(last=_last())}"), decision.reason
     assert len(set(_everyone(decision.reason, group))) == 1
     _assert_trained_alike(grads, group)
@@ -120,7 +124,7 @@ def test_layouts_that_differ_raise_on_every_rank_under_strict(dist_group):
     assert f"proposed different layouts for DDP's buckets ({_DIFFERENCE.format(last=_last())})" in message, message
     for r in range(dist.get_world_size()):
         assert f"rank {r}: plan {0xF00D + r:016x}" in message, message
-    assert len(set(_everyone(message, short_timeout_group(60)))) == 1
+    assert len(set(_everyone(message, short_timeout_group(GROUP_TIMEOUT_S)))) == 1
 
 
 @needs_two_ranks
@@ -128,7 +132,7 @@ def test_a_rank_that_never_comes_costs_a_bounded_wait_and_every_rank_keeps(dist_
     monkeypatch.setenv(TIMEOUT_ENV, WAIT_S)
     started = time.monotonic()
     ddp, decisions, grads, group = _run(None if rank() == _last() else _statement)
-    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert state_of(ddp).aligned_caps is None
     _assert_trained_alike(grads, group)  # the missing rank's DDP buckets pair with everyone's
     if rank() == _last():
         assert decisions == []
@@ -136,7 +140,7 @@ def test_a_rank_that_never_comes_costs_a_bounded_wait_and_every_rank_keeps(dist_
     (decision,) = decisions
     assert decision.action == KEEP
     assert f"rank(s) [{_last()}] did not come to the agreement within the bounded wait" in decision.reason, decision.reason
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < GROUP_TIMEOUT_S, "the wait was the group's timeout, not the bounded wait"
 
 
 @needs_two_ranks
@@ -145,7 +149,7 @@ def test_a_latecomer_after_the_others_gave_up_keeps_as_they_do(dist_group, monke
     late = rank() == _last()
     with caplog.at_level("WARNING", logger="goddp"):
         ddp, (decision,), grads, group = _run(_statement, before=lambda: time.sleep(4) if late else None)
-    assert decision.action == KEEP and not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert decision.action == KEEP and state_of(ddp).aligned_caps is None
     _assert_trained_alike(grads, group)
     if late:
         assert "stopped waiting before this rank had seen every rank's statement" in decision.reason, decision.reason
@@ -156,7 +160,7 @@ def test_a_latecomer_after_the_others_gave_up_keeps_as_they_do(dist_group, monke
 
 @needs_two_ranks
 def test_every_rank_enters_and_leaves_a_trace(dist_group):
-    group = short_timeout_group(60)
+    group = short_timeout_group(GROUP_TIMEOUT_S)
     torch.manual_seed(0)
     ddp = DDP(SquareStack(WIDTH, DEPTH), process_group=group)
     with goddp.trace(ddp, timeout=30) as tr:
