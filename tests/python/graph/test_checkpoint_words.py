@@ -6,7 +6,6 @@ rewrites it); and the same words through the planner."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -15,10 +14,11 @@ import torch
 
 from goddp.graph import checkpoints as _checkpoints
 from goddp.graph.checkpoints import BodyBuckets, describe_split, kept_whole_reason, mib
+from _golden import check_golden, golden_path
 from test_checkpoints import _hand_made, plan_split
 
 REPO = Path(__file__).resolve().parents[3]
-GOLDEN = Path(__file__).parent / "testdata" / "checkpoint_split_wording.golden"
+GOLDEN = golden_path(__file__, "checkpoint_split_wording")
 
 
 def planner_codes() -> list[str]:
@@ -45,11 +45,7 @@ def render() -> str:
 
 
 def test_wording_golden():
-    text = render()
-    if os.environ.get("GODDP_UPDATE_GOLDENS") == "1":
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(text, encoding="utf-8")
-    assert text == GOLDEN.read_text(encoding="utf-8"), "run with GODDP_UPDATE_GOLDENS=1 if the change is intended"
+    check_golden(GOLDEN, render())
 
 
 def test_every_planner_code_has_words():

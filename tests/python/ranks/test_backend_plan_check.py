@@ -277,7 +277,8 @@ def test_a_rank_that_times_out_as_the_round_settles_follows_it():
     while inner.add("k/0/count", 0) < 1:  # rank 0 is in; rank 1 comes last and settles
         time.sleep(0.01)
     run(1, inner, 30.0)
-    early.join(30)
+    early.join(WATCHDOG_S)
+    assert not early.is_alive(), "rank 0 still waits after the watchdog"
     assert results == {0: {0: "x", 1: "y"}, 1: {0: "x", 1: "y"}}
 
 
