@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-import weakref
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from goddp.compile import ddp_optimizer
 from goddp.ddp.private import uses_python_reducer
 from goddp.ddp.refusals import stand_in_blocker
+from goddp.ddp.state import state_of
 
 logger = logging.getLogger("goddp")
 
@@ -46,9 +46,8 @@ CPP_REDUCER = (
     "module's graphs as usual, for a backward that runs outside torch.compile"
 )
 
-# The modes (optimize_ddp) and the DDP modules already told.
+# The modes (optimize_ddp) already told (the DDP modules warned: their state).
 _said_uncut: set[str] = set()
-_warned: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def inlines_ddp(gm: fx.GraphModule) -> bool:
@@ -91,11 +90,9 @@ def warn_cpp_reducer(ddp: Any) -> None:
         return
     if uses_python_reducer(ddp) or stand_in_blocker(ddp) is not None:
         return
-    try:
-        if ddp in _warned:
-            return
-        _warned.add(ddp)
-    except TypeError:  # not weakly referenceable: warn each time
-        pass
+    state = state_of(ddp)
+    if state.warned_cpp_reducer:
+        return
+    state.warned_cpp_reducer = True
     warnings.warn(CPP_REDUCER, RuntimeWarning, stacklevel=2)
     logger.warning("%s", CPP_REDUCER)

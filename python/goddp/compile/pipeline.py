@@ -48,7 +48,8 @@ from goddp.compile.plan import call_planner, decode_plan, plan_graph_module, req
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
 from goddp.ddp.refusals import STAND_IN, alignment_facts, could_not_inspect, stand_in_blocker
-from goddp.ddp.settings import module_of, note_ddp_settings, note_once, read_ddp_settings
+from goddp.ddp.settings import module_of, note_ddp_settings, settings_of
+from goddp.ddp.state import state_of
 from goddp.graph.blocks import group_pieces, piece_signature
 from goddp.graph.checkpoints import BodyBuckets, log_splits, split_checkpoints
 from goddp.graph.cut import Piece, cut_graph
@@ -122,7 +123,7 @@ class _DDPGraphCompile:
         self.options = options
         self.inner = inner
         self.ddp = ddp
-        self.settings = read_ddp_settings(ddp)
+        self.settings = settings_of(ddp)
         self.frame = frame_info(gm)
         self.stages = Stages(options.strict, new_timings())
         self._outer: tuple[fx.GraphModule, ExportedGraph] | None = None
@@ -375,7 +376,7 @@ class _DDPGraphCompile:
             logger.info("%s", planned.follows)
         for note in plan_notes(facts):
             if note.once:
-                note_once(self.ddp, note.text)
+                state_of(self.ddp).note_once(note.text)
             else:
                 logger.info("%s", note.text)
 

@@ -6,8 +6,10 @@
   moves DDP's internals touches that module alone.
 - ``refusals``: why goddp leaves a DDP module alone (alignment) or cannot
   trace it, in one place.
+- ``state``: what goddp knows and decided about a DDP module, in one
+  object (Note [One object per DDP module]).
 - ``settings``: the active DDP module's real settings and the caps to plan
-  with; the per-module key plan records name.
+  with; the module as plan records name it.
 - ``declaration``: DDP's declaration order (find_unused_parameters=True).
 - ``align``: installing goddp's per-bucket caps on DDP (docs/align.md).
 """

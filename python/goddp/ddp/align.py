@@ -17,20 +17,16 @@ from typing import Any, Sequence
 
 from goddp.ddp import private
 from goddp.ddp.private import ReducerLost
+from goddp.ddp.state import state_of
 
 logger = logging.getLogger("goddp")
-
-# Set on a DDP module once goddp has installed its caps: the caps, and DDP's
-# own bucket settings from before, which planning keeps reading.
-ALIGNED_CAPS_ATTR = "_goddp_aligned_caps"
-ORIGINAL_CONFIG_ATTR = "_goddp_original_bucket_config"
 
 
 def users_bucket_config(ddp: Any) -> Any:
     """DDP's bucket settings as the user made them: goddp's own per-bucket
     caps replace them on the module, but plans keep following the user's,
     so that recompiling a frame plans the same cuts."""
-    return getattr(ddp, ORIGINAL_CONFIG_ATTR, None) or private.bucket_config(ddp)
+    return state_of(ddp).original_config or private.bucket_config(ddp)
 
 
 def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
@@ -44,24 +40,26 @@ def install_bucket_caps(ddp: Any, caps_bytes: Sequence[int]) -> bool:
     caps = tuple(int(c) for c in caps_bytes)
     if any(c < 1 for c in caps):
         raise ValueError(f"goddp: DDP bucket caps must be at least 1 byte, got {list(caps)}")
-    if getattr(ddp, ALIGNED_CAPS_ATTR, None) == caps:
+    state = state_of(ddp)
+    if state.aligned_caps == caps:
         return False
-    if not hasattr(ddp, ORIGINAL_CONFIG_ATTR):
-        setattr(ddp, ORIGINAL_CONFIG_ATTR, private.bucket_config(ddp))
+    if state.original_config is None:
+        state.original_config = private.bucket_config(ddp)
     private.rebuild_reducer(
         ddp, config=private.with_per_bucket_caps(private.bucket_config(ddp), caps), in_forward=True
     )
-    setattr(ddp, ALIGNED_CAPS_ATTR, caps)
+    state.aligned_caps = caps
     return True
 
 
 def remove_bucket_caps(ddp: Any) -> bool:
     """Undoes install_bucket_caps: a reducer with DDP's own bucket settings.
     Same conditions; returns False if goddp's caps were not in place."""
-    if not hasattr(ddp, ALIGNED_CAPS_ATTR):
+    state = state_of(ddp)
+    if state.aligned_caps is None:
         return False
-    private.rebuild_reducer(ddp, config=getattr(ddp, ORIGINAL_CONFIG_ATTR), in_forward=True)
-    delattr(ddp, ALIGNED_CAPS_ATTR)
+    private.rebuild_reducer(ddp, config=state.original_config, in_forward=True)
+    state.aligned_caps = None
     return True
 
 
@@ -90,5 +88,4 @@ def reset_to_ddp_buckets(ddp: Any) -> None:
     are in place or not, and whatever a failed install left: how every rank
     ends when one rank's install failed (Note [Agreeing on DDP's layout])."""
     private.rebuild_reducer(ddp, config=users_bucket_config(ddp), in_forward=True)
-    if hasattr(ddp, ALIGNED_CAPS_ATTR):
-        delattr(ddp, ALIGNED_CAPS_ATTR)
+    state_of(ddp).aligned_caps = None

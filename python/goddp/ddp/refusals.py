@@ -19,12 +19,10 @@ import logging
 from typing import Any
 
 from goddp.ddp import private
+from goddp.ddp.state import state_of
 from goddp.native.plan import AlignmentFacts
 
 logger = logging.getLogger("goddp")
-
-# Set on a DDP module while a goddp.trace is installed on it.
-TRACE_ACTIVE_ATTR = "_goddp_trace_active"
 
 
 STAND_IN = (
@@ -104,7 +102,8 @@ def rebuild_blocker(ddp: Any) -> str | None:
 def trace_refusal(ddp: Any) -> str | None:
     """Why this DDP module cannot be traced (goddp.trace), or None (Note
     [DDP refusals])."""
-    if getattr(ddp, TRACE_ACTIVE_ATTR, None) is not None:
+    state = state_of(ddp, create=False)
+    if state is not None and state.trace is not None:
         return "this DDP module is already being traced (one goddp.trace at a time)"
     if private.uses_python_reducer(ddp):
         return "DDP uses the Python reducer (compiled autograd): it has no comm hooks"

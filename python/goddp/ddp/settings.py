@@ -8,10 +8,7 @@ planner would refuse are refused here, at compile time (check_caps).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,6 +16,7 @@ import torch
 
 from goddp.ddp import private
 from goddp.ddp.align import users_bucket_config
+from goddp.ddp.state import module_type_name, state_of
 from goddp.graph.export import parameter_names
 from goddp.native.plan import AlignmentFacts, DDPRequest
 from goddp.options import CAP_MB_RANGE, valid_cap_bytes
@@ -79,65 +77,30 @@ def check_caps(own: DDPRequest) -> None:
             )
 
 
-_noted_modules: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_module_keys: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-_module_count = itertools.count()
-_module_lock = threading.Lock()
-
-
-def module_key(ddp: Any, create: bool = True) -> str | None:
-    """This DDP module's key in plan records: the wrapped module's qualified
-    class name and a number unique in this process (never reused, unlike
-    id()), the same for every graph of the module. None when create is
-    False and goddp never compiled a graph inside the module."""
-    with _module_lock:
-        try:
-            key = _module_keys.get(ddp)
-            if key is None and create:
-                key = _module_keys[ddp] = f"{module_type_name(ddp)}#{next(_module_count)}"
-            return key
-        except TypeError:  # a module that cannot be weakly referenced
-            return f"{module_type_name(ddp)}@{id(ddp):x}"
+def settings_of(ddp: Any) -> DDPSettings:
+    """ddp's settings, read at goddp's first graph inside it and kept in its
+    state (Note [One object per DDP module] in goddp.ddp.state)."""
+    state = state_of(ddp)
+    if state.settings is None:
+        state.settings = read_ddp_settings(ddp)
+    return state.settings
 
 
 def module_of(ddp: Any) -> dict[str, Any]:
     """The plan record's "ddp_module": key, type and process_group."""
     process_group = getattr(ddp, "process_group", None)
     return {
-        "key": module_key(ddp),
+        "key": state_of(ddp).module_key(ddp),
         "type": module_type_name(ddp),
         "process_group": None if process_group is None else str(getattr(process_group, "group_name", "") or ""),
     }
 
 
-def module_type_name(ddp: Any) -> str:
-    """The wrapped module's qualified class name."""
-    kind = type(getattr(ddp, "module", ddp))
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
-_noted_messages: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-
-
-def note_once(ddp: Any, message: str) -> None:
-    """Logs message at INFO once per DDP module."""
-    try:
-        seen = _noted_messages.setdefault(ddp, set())
-    except TypeError:
-        seen = set()
-    if message not in seen:
-        seen.add(message)
-        logger.info("%s", message)
-
-
 def note_ddp_settings(ddp: Any, message: str | None) -> None:
     """Logs message (a plan's settings note, Note [A plan's notes] in
     goddp.compile.notes) at INFO if this is the DDP module's first plan."""
-    try:
-        if ddp in _noted_modules:
-            return
-        _noted_modules.add(ddp)
-    except TypeError:
-        pass
-    if message is not None:
-        logger.info("%s", message)
+    state = state_of(ddp)
+    if not state.settings_noted:
+        state.settings_noted = True
+        if message is not None:
+            logger.info("%s", message)

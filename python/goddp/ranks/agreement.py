@@ -101,10 +101,11 @@ from typing import Any, Callable
 import torch
 
 from goddp.ranks import forward as _forward
-from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_or_reset, remove_bucket_caps
+from goddp.ddp.align import install_or_reset, remove_bucket_caps
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
 from goddp.ddp.refusals import rebuild_blocker
+from goddp.ddp.state import state_of
 from goddp.ranks.group import Group, group_of, store_for
 from goddp.ranks.layout import Layout, installed_run
 from goddp.ranks.plan_check import (
@@ -130,30 +131,9 @@ logger = logging.getLogger("goddp")
 Report = Callable[[dict[str, Any], dict[str, Any]], None]
 
 
-@dataclasses.dataclass
-class _ModuleState:
-    decision: Decision | None = None
-    # The parameters (DDP positions) that several graphs of the installed
-    # forward held (Note [A later graph's part of the layout] in
-    # goddp.ranks.layout).
-    shared: frozenset[int] = frozenset()
-    # Set when the module cannot train on; raised at every later call.
-    fatal: BaseException | None = None
-
-
-_states: "weakref.WeakKeyDictionary[Any, _ModuleState]" = weakref.WeakKeyDictionary()
-
-
-def _state_of(ddp: Any) -> _ModuleState:
-    state = _states.get(ddp)
-    if state is None:
-        state = _states[ddp] = _ModuleState()
-    return state
-
-
 def decided(ddp: Any) -> Decision | None:
     """The module's decision so far (None before its first agreement)."""
-    state = _states.get(ddp)
+    state = state_of(ddp, create=False)
     return None if state is None else state.decision
 
 
@@ -187,7 +167,7 @@ class TrainingGate:
         if ddp is None:
             self.armed = False
             return
-        state = _state_of(ddp)
+        state = state_of(ddp)
         if state.fatal is not None:
             raise state.fatal
         if state.decision is None:
@@ -234,7 +214,7 @@ class TrainingGate:
                              "reason": ddp_buckets["reason"]})
 
         decision = agree(ddp, statement, report_all, may_defer=False)
-        _state_of(ddp).shared = _forward.shared(members)
+        state_of(ddp).shared = _forward.shared(members)
         if not self._joined:
             self._follow(decision)
 
@@ -243,7 +223,7 @@ class TrainingGate:
         decision (follow); this rank alone runs it."""
         part = None if self.member is None else self.member.layout
         ddp = self._ddp()
-        shared = frozenset() if ddp is None else _state_of(ddp).shared
+        shared = frozenset() if ddp is None else state_of(ddp).shared
         plan_check, ddp_buckets, line = follow(decision, self.statement.layout, part, shared)
         if line is not None:
             logger.info("%s", line)
@@ -302,7 +282,7 @@ def installed_layout(ddp: Any) -> tuple[Layout, frozenset[int]] | None:
     part of the layout] in goddp.ranks.layout)."""
     decision = decided(ddp)
     if decision is not None and decision.action == INSTALL:
-        return decision.layout, _state_of(ddp).shared
+        return decision.layout, state_of(ddp).shared
     if decision is None or decision.action != LATER or _forward.in_recorded_forward(ddp):
         return None
     members = _forward.recorded(ddp)
@@ -321,7 +301,7 @@ def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True
     may_defer=False. Reports to the plan record, logs the outcome, and
     returns the decision; raises (now and at every later gate) when the
     module cannot train on."""
-    state = _state_of(ddp)
+    state = state_of(ddp)
     if state.fatal is not None:
         raise state.fatal
     started = time.monotonic()
@@ -415,7 +395,7 @@ def _model_key(ddp: Any) -> str:
 
 
 def _put_ddp_buckets_back(ddp: Any) -> None:
-    if hasattr(ddp, ALIGNED_CAPS_ATTR):
+    if state_of(ddp).aligned_caps is not None:
         try:
             remove_bucket_caps(ddp)
         except ReducerLost:

@@ -53,17 +53,15 @@ import array
 import dataclasses
 import logging
 import re
-import weakref
 from typing import Any, Callable
 
 import torch
 
+from goddp.ddp.state import state_of
 from goddp.native import extension as _native
 from goddp.ranks.layout import Layout, build_id
 
 logger = logging.getLogger("goddp")
-
-FORWARDS_ATTR = "_goddp_forwards"
 
 
 @dataclasses.dataclass
@@ -80,9 +78,12 @@ class Member:
 
 @dataclasses.dataclass
 class ForwardRecord:
-    forward: int
+    """The recorded forward (a DDP module's state holds it while it runs):
+    its members, and how many grad-enabled forwards began since."""
+
     members: list[Member] = dataclasses.field(default_factory=list)
     keys: set[int] = dataclasses.field(default_factory=set)
+    forwards: int = 0
     hook: Any = None
 
 
@@ -98,36 +99,29 @@ class Combined:
     note: str
 
 
-_records: "weakref.WeakKeyDictionary[Any, ForwardRecord]" = weakref.WeakKeyDictionary()
-
-
 @torch.compiler.disable
 def _count_forward(module: Any, args: Any) -> None:
-    if torch.is_grad_enabled():
-        module.__dict__[FORWARDS_ATTR] = module.__dict__.get(FORWARDS_ATTR, 0) + 1
-
-
-def forwards(ddp: Any) -> int:
-    """How many grad-enabled forwards of ddp the hook has counted."""
-    return ddp.__dict__.get(FORWARDS_ATTR, 0)
+    record = state_of(module).forward
+    if record is not None and torch.is_grad_enabled():
+        record.forwards += 1
 
 
 def start(ddp: Any) -> None:
     """Starts recording ddp's forward (inside it: the hook counts the next)."""
-    if ddp in _records:
-        return
-    hook = ddp.register_forward_pre_hook(_count_forward)
-    _records[ddp] = ForwardRecord(forward=forwards(ddp), hook=hook)
+    state = state_of(ddp)
+    if state.forward is None:
+        state.forward = ForwardRecord()
+        state.forward.hook = ddp.register_forward_pre_hook(_count_forward)
 
 
 def in_recorded_forward(ddp: Any) -> bool:
-    record = _records.get(ddp)
-    return record is not None and record.forward == forwards(ddp)
+    record = state_of(ddp).forward
+    return record is not None and record.forwards == 0
 
 
 def join(ddp: Any, key: int, member: Member) -> None:
     """Adds a graph (key: its gate's id) to the recorded forward, once."""
-    record = _records[ddp]
+    record = state_of(ddp).forward
     if key not in record.keys:
         record.keys.add(key)
         record.members.append(member)
@@ -135,18 +129,17 @@ def join(ddp: Any, key: int, member: Member) -> None:
 
 def recorded(ddp: Any) -> list[Member]:
     """The members recorded so far, in call order (the recording goes on)."""
-    record = _records.get(ddp)
+    record = state_of(ddp).forward
     return [] if record is None else list(record.members)
 
 
 def finish(ddp: Any) -> list[Member]:
     """Ends the recording: the members, in call order; removes the hook."""
-    record = _records.pop(ddp, None)
+    state = state_of(ddp)
+    record, state.forward = state.forward, None
     if record is None:
         return []
-    if record.hook is not None:
-        record.hook.remove()
-    ddp.__dict__.pop(FORWARDS_ATTR, None)
+    record.hook.remove()
     return record.members
 
 

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from goddp.ddp import private
 from goddp.ddp.private import ReducerLost
-from goddp.ddp.refusals import TRACE_ACTIVE_ATTR
+from goddp.ddp.state import state_of
 from goddp.tracing.recorder import TraceError, Recorder, timing_hook
 
 
@@ -121,13 +121,13 @@ class Installation:
             return output
 
         private.override_forward_steps(ddp, _pre_forward, _post_forward)
-        setattr(ddp, TRACE_ACTIVE_ATTR, self)
+        state_of(ddp).trace = self
 
     def remove(self) -> None:
         ddp = self.ddp
         self.recorder.recording = False
         private.restore_forward_steps(ddp)
-        ddp.__dict__.pop(TRACE_ACTIVE_ATTR, None)
+        state_of(ddp).trace = None
         self.removed = True
         if self.rebuild_pending:  # no forward swapped the reducer: it is DDP's own still
             return

@@ -12,7 +12,7 @@ from typing import Any
 import torch.distributed as dist
 
 from goddp.ddp.refusals import trace_refusal
-from goddp.ddp.settings import module_key
+from goddp.ddp.state import state_of
 from goddp.graph.export import parameter_names
 from goddp.ranks.group import group_of, round_error, store_for, timeout_s
 from goddp.ranks.store_round import agree, gather, publish
@@ -88,10 +88,10 @@ def goddp_plans_for(ddp: Any) -> list[dict[str, Any]]:
     """The goddp plans (from ``goddp.last_plans()``) of this DDP module's
     graphs, oldest first, one per fingerprint; empty when goddp did not
     compile it (Note [A trace's plans])."""
-    key = module_key(ddp, create=False)
-    if key is None:
+    state = state_of(ddp, create=False)
+    if state is None or state.key is None:
         return []
-    return traced_plans(key, last_plans())
+    return traced_plans(state.key, last_plans())
 
 
 # Note [A trace's plans]

@@ -3,6 +3,12 @@ goddp.ddp.align), and leaves DDP alone, saying why, where that is not safe."""
 
 from __future__ import annotations
 
+import ast
+import copy
+import gc
+import pathlib
+import weakref
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,8 +16,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from goddp.ddp.align import ALIGNED_CAPS_ATTR, install_bucket_caps
+from goddp.ddp.align import install_bucket_caps
 from goddp.ddp.refusals import alignment_facts
+from goddp.ddp.state import ATTR, ModuleState, state_of
 from goddp.native.plan import AlignmentFacts
 from models import ZOO, SquareStack
 
@@ -59,7 +66,7 @@ def test_installed_caps_make_ddp_rebuild_exactly_those_buckets_and_keep_comm_hoo
         seen.clear()
         ddp(torch.randn(4, 128)).sum().backward()
     assert installed == [True, False, False]  # idempotent once in place
-    assert getattr(ddp, ALIGNED_CAPS_ATTR) == tuple(caps)
+    assert state_of(ddp).aligned_caps == tuple(caps)
     assert _rebuilt_sizes(ddp) == caps
     # The hook saw every bucket of the last iteration, each of the right size.
     assert [sum(p.numel() * 4 for p in params) for params in seen] == caps
@@ -104,7 +111,7 @@ def test_ddp_keeps_its_own_buckets_where_goddp_cannot_set_them(ddp_kwargs, optio
     assert plan["num_pieces"] > 1
     assert plan["ddp_buckets"]["aligned"] is False
     assert reason in plan["ddp_buckets"]["reason"]
-    assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert ddp.reducer is before and state_of(ddp).aligned_caps is None
 
 
 def test_a_graph_break_leaves_ddp_buckets_alone_until_the_next_training_call(monkeypatch):
@@ -127,12 +134,12 @@ def test_a_graph_break_leaves_ddp_buckets_alone_until_the_next_training_call(mon
         assert plan["ddp_buckets"]["aligned"] is False
     assert "of DDP's" in plans[1]["ddp_buckets"]["reason"]
     assert "next training call" in plans[0]["ddp_buckets"]["reason"]
-    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert state_of(ddp).aligned_caps is None
     entry.loss(compiled(*entry.make_inputs(1))).backward()
     plans = goddp.last_plans()
     assert [p["forward"]["position"] for p in plans] == [0, 1]
     assert all(p["ddp_buckets"]["aligned"] is True for p in plans)
-    assert hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert state_of(ddp).aligned_caps is not None
 
 
 def _failing_first_init(ddp, failures: int):
@@ -172,7 +179,7 @@ def test_a_failed_install_puts_a_working_reducer_back():
     (plan,) = goddp.last_plans()
     assert plan["ddp_buckets"]["aligned"] is False
     assert "injected reducer failure" in plan["ddp_buckets"]["reason"]
-    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert state_of(ddp).aligned_caps is None
 
 
 def test_losing_the_reducer_stops_training_at_every_call():
@@ -232,7 +239,7 @@ def test_manual_backward_finalization_survives_the_rebuild():
 
     eager, compiled = _train_twins(setup, after_backward=lambda ddp: ddp.finalize_backward())
     _assert_same_parameters(eager, compiled)
-    assert getattr(compiled, ALIGNED_CAPS_ATTR)
+    assert state_of(compiled).aligned_caps
     (plan,) = goddp.last_plans()
     assert plan["ddp_buckets"]["aligned"]
     assert _rebuilt_sizes(compiled) == [b["bytes"] for b in plan["buckets"]]
@@ -250,7 +257,7 @@ def test_optimizer_in_backward_survives_the_rebuild():
 
     eager, compiled = _train_twins(setup, device="cuda")
     _assert_same_parameters(eager, compiled)
-    assert getattr(compiled, ALIGNED_CAPS_ATTR)
+    assert state_of(compiled).aligned_caps
     for p in compiled.module.parameters():
         assert p.grad is None  # DDP's optimizer-in-backward mode frees them, as on eager DDP
 
@@ -263,7 +270,7 @@ def test_comm_hook_name_stays_in_ddp_logging_data():
         return None
 
     eager, compiled = _train_twins(setup, steps=1)
-    assert getattr(compiled, ALIGNED_CAPS_ATTR)
+    assert state_of(compiled).aligned_caps
     assert compiled._get_ddp_logging_data()["comm_hook"] == eager._get_ddp_logging_data()["comm_hook"]
     assert "hook" in compiled._get_ddp_logging_data()["comm_hook"]
 
@@ -280,7 +287,7 @@ def test_inside_join_ddp_keeps_its_buckets_and_says_why():
     (plan,) = goddp.last_plans()
     assert plan["ddp_buckets"]["aligned"] is False
     assert "Join" in plan["ddp_buckets"]["reason"]
-    assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert ddp.reducer is before and state_of(ddp).aligned_caps is None
 
 
 def _second_compile(**options):
@@ -294,7 +301,7 @@ def _second_compile(**options):
     first = _compiled(ddp, max_pieces=2)
     x = torch.randn(4, 128)
     first(x).sum().backward()
-    decided = getattr(ddp, ALIGNED_CAPS_ATTR)
+    decided = state_of(ddp).aligned_caps
     assert len(decided) == 2
 
     torch._dynamo.reset()
@@ -307,7 +314,7 @@ def _second_compile(**options):
     for p, q in zip(ddp.module.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
     first_plan, second_plan = goddp.last_plans()
-    assert getattr(ddp, ALIGNED_CAPS_ATTR) == decided
+    assert state_of(ddp).aligned_caps == decided
     assert _rebuilt_sizes(ddp) == list(decided)
     assert first_plan["ddp_buckets"]["aligned"] is True
     return ddp, decided, second_plan
@@ -342,7 +349,7 @@ def test_caps_below_one_byte_are_refused_before_the_reducer_is_touched():
     before = ddp.reducer
     with pytest.raises(ValueError, match=r"at least 1 byte, got \[0, 5\]"):
         install_bucket_caps(ddp, [0, 5])
-    assert ddp.reducer is before and not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert ddp.reducer is before and state_of(ddp).aligned_caps is None
 
 
 def test_trace_and_rebuild_refusals_read_a_real_ddp():
@@ -352,8 +359,39 @@ def test_trace_and_rebuild_refusals_read_a_real_ddp():
 
     ddp = DDP(Stack(), bucket_cap_mb=0.125)
     assert refusals.trace_refusal(ddp) is None and refusals.rebuild_blocker(ddp) is None
-    setattr(ddp, refusals.TRACE_ACTIVE_ATTR, object())
+    state_of(ddp).trace = object()
     assert refusals.trace_refusal(ddp) == "this DDP module is already being traced (one goddp.trace at a time)"
-    delattr(ddp, refusals.TRACE_ACTIVE_ATTR)
+    state_of(ddp).trace = None
     ddp._comm_hooks = [(None, None), (None, None)]
     assert refusals.trace_refusal(ddp) == "DDP lists 2 comm hooks; expected at most one"
+
+
+def test_a_ddp_modules_goddp_state_is_one_object_that_goes_with_it():
+    """Note [One object per DDP module]: what goddp knows and decided about a
+    DDP module is one attribute of it, a copy starts afresh, and the state
+    goes away with the module; no module-level registry holds modules."""
+    torch.manual_seed(0)
+    ddp = DDP(Stack(), bucket_cap_mb=0.125)
+    _compiled(ddp, max_pieces=2)(torch.randn(4, 128)).sum().backward()
+    assert [k for k in vars(ddp) if "goddp" in k] == [ATTR]
+    state = state_of(ddp)
+    assert state.decision.action == "install" and state.aligned_caps == state.decision.caps
+    assert state.original_config is not None and state.settings.own.bucket_cap_bytes == ddp.bucket_bytes_cap
+    assert state.key == goddp.last_plans()[0]["ddp_module"]["key"] and state.settings_noted
+    fresh = copy.deepcopy(state)
+    assert isinstance(fresh, ModuleState) and fresh.decision is None and fresh.key is None
+
+    gone = weakref.ref(state)
+    del ddp, state
+    torch._dynamo.reset()
+    gc.collect()
+    assert gone() is None
+
+    package = pathlib.Path(goddp.__file__).parent
+    registries = [
+        f"{path.relative_to(package)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and "weakref.Weak" in ast.unparse(node)
+    ]
+    assert registries == []

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from _golden import check_golden
 from goddp.ddp import private, refusals
+from goddp.ddp.state import state_of
 
 GOLDEN = Path(__file__).resolve().parent / "testdata" / "ddp_refusals.golden"
 
@@ -38,7 +39,7 @@ class StandIn:
 
     def __init__(self, facts: Facts) -> None:
         if facts.traced:
-            setattr(self, refusals.TRACE_ACTIVE_ATTR, object())
+            state_of(self).trace = object()
         self._use_python_reducer = facts.python_reducer
         self.static_graph = facts.static_graph
         self._delay_all_reduce_all_params = facts.every_delayed

@@ -23,7 +23,7 @@ import torch
 
 import goddp
 from _dist_util import REPO_ROOT, assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
-from goddp.ddp.align import ALIGNED_CAPS_ATTR
+from goddp.ddp.state import state_of
 
 EXAMPLE = REPO_ROOT / "examples" / "nanogpt_ddp.py"
 
@@ -65,7 +65,7 @@ def test_rank0_only_evaluation_before_the_first_step(group):
     assert plan["ddp_buckets"]["aligned"] is True
     assert plan["plan_check"]["size"] == 2
     assert {r["fingerprint"] for r in plan["plan_check"]["ranks"]} == {f"{plan['fingerprint']:016x}"}
-    assert getattr(compiled["model"], ALIGNED_CAPS_ATTR) == tuple(plan["plan_check"]["caps"])
+    assert state_of(compiled["model"]).aligned_caps == tuple(plan["plan_check"]["caps"])
     torch._dynamo.reset()
 
 

@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
+from goddp.ddp.state import state_of
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
 
 ORDERS = ["compile(DDP(m))", "DDP(compile(m))"]
@@ -340,7 +341,7 @@ def test_an_install_that_fails_on_one_rank_puts_ddp_buckets_back_everywhere(grou
     (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
     assert plan["ddp_buckets"]["aligned"] is False
     assert "the ranks agreed, but rank 1: installing the caps failed" in plan["ddp_buckets"]["reason"], plan
-    assert not hasattr(ddp, "_goddp_aligned_caps")
+    assert state_of(ddp).aligned_caps is None
     # DDP's own settings on a fresh reducer, rebuilt from the compiled
     # backward's gradient order: the same on both ranks
     assert ddp._bucket_config == eager_ddp._bucket_config
@@ -405,7 +406,7 @@ def test_layouts_that_differ_keep_ddp_buckets_and_warn_on_every_rank(group, capl
     (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
     assert plan["num_pieces"] > 1
     assert plan["ddp_buckets"]["aligned"] is False
-    assert not hasattr(ddp, "_goddp_aligned_caps")
+    assert state_of(ddp).aligned_caps is None
     reason = plan["plan_check"]["reason"]
     assert [r["rank"] for r in plan["plan_check"]["ranks"]] == list(range(dist.get_world_size(group))), plan["plan_check"]
     assert len(set(_gather(reason, group))) == 1, reason  # the same decision on every rank

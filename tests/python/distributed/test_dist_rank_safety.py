@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
-from goddp.ddp.align import ALIGNED_CAPS_ATTR
+from goddp.ddp.state import state_of
 from goddp.ranks.plan_check import TIMEOUT_ENV
 from models import ZOO
 
@@ -118,7 +118,7 @@ def test_a_fallback_on_one_rank_keeps_ddp_buckets_on_every_rank(group, caplog):
     (plan,) = goddp.last_plans()
     assert (plan["fallback"] is not None) == (rank() == 1)
     assert plan["ddp_buckets"]["aligned"] is False
-    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert state_of(ddp).aligned_caps is None
     reason = plan["ddp_buckets"]["reason"]
     assert "rank 1:" in reason and "fallback: compiling piece 1" in reason, reason
     assert "rank 0:" in reason and "proposes DDP buckets" in reason, reason
@@ -150,7 +150,7 @@ def test_no_rank_aligns_once_ddp_has_rebuilt_its_buckets(group):
     _assert_same_training(*runs)
     (plan,) = goddp.last_plans()
     assert plan["ddp_buckets"]["aligned"] is False
-    assert not hasattr(runs[2], ALIGNED_CAPS_ATTR)
+    assert state_of(runs[2]).aligned_caps is None
     reason = plan["ddp_buckets"]["reason"]
     assert "rank 1:" in reason and "fallback: compiling piece 1" in reason, reason
     assert len(set(_gather(reason, group))) == 1
@@ -202,7 +202,7 @@ def test_a_rank_missing_from_the_agreement_leaves_every_rank_on_ddps_buckets(gro
                 forward = torch.compile(ddp, backend="goddp", options={"inner": inner, "log_plan": False})
             runs += [ddp, _train(ddp, forward, batches)]
     _assert_same_training(*runs)
-    assert not hasattr(runs[2], ALIGNED_CAPS_ATTR)
+    assert state_of(runs[2]).aligned_caps is None
     if late == "never" and rank() == 1:
         assert goddp.last_plans() == []
         return
@@ -233,7 +233,7 @@ def test_an_uneven_last_batch_recompiles_on_one_rank_without_waiting_or_rebucket
     assert first["ddp_buckets"]["aligned"] is True
     assert first["plan_check"]["size"] == 2
     caps = tuple(first["plan_check"]["caps"])
-    assert getattr(ddp, ALIGNED_CAPS_ATTR) == caps
+    assert state_of(ddp).aligned_caps == caps
     if rank() == 1:
         # the recompiled graph followed the decision: no exchange, no re-bucketing
         assert plans[1]["plan_check"]["followed"]
@@ -281,7 +281,7 @@ def test_manual_backward_finalization_survives_aligning(group):
     _assert_same_training(eager, eager_losses, ddp, losses)
     (plan,) = goddp.last_plans()
     assert plan["ddp_buckets"]["aligned"] is True
-    assert getattr(ddp, ALIGNED_CAPS_ATTR) == tuple(plan["plan_check"]["caps"])
+    assert state_of(ddp).aligned_caps == tuple(plan["plan_check"]["caps"])
     assert ddp.require_manual_backward_finalization
 
 
@@ -324,7 +324,7 @@ def test_ranks_that_declare_differently_keep_ddps_buckets(group, caplog):
     compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "log_plan": False})
     with caplog.at_level(logging.WARNING, logger="goddp"):
         compiled(torch.randn(4, DECLARED_WIDTH)).sum().backward()
-    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert state_of(ddp).aligned_caps is None
     assert any("layouts differ" in r.getMessage() for r in caplog.records), caplog.text
 
 
@@ -338,7 +338,7 @@ def test_ranks_that_declare_differently_stop_under_strict(group):
     with pytest.raises(Exception, match="different layouts") as raised:
         compiled(torch.randn(4, DECLARED_WIDTH))
     assert type(raised.value).__name__ == "PlanMismatchError"
-    assert not hasattr(ddp, ALIGNED_CAPS_ATTR)
+    assert state_of(ddp).aligned_caps is None
 
 
 @pytest.mark.single_process

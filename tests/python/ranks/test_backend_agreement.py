@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from goddp.ddp.align import ALIGNED_CAPS_ATTR
+from goddp.ddp.state import state_of
 from goddp.ranks import agreement as _agreement
 from goddp.ranks.layout import layout_of
 from goddp.ranks.plan_check import INSTALL, LATER, Statement
@@ -62,7 +62,7 @@ def test_a_deferred_agreement_installs_at_the_next_training_call(dist_group):
     got, want = _train(ddp), _train(eager)
     assert reports == [(LATER, False), (INSTALL, True)]
     assert not _agreement.round_due(ddp)
-    assert getattr(ddp, ALIGNED_CAPS_ATTR) == layout.caps
+    assert state_of(ddp).aligned_caps == layout.caps
     assert _rebuilt_sizes(ddp) == list(layout.caps)
     for step, (g, w) in enumerate(zip(got, want)):
         assert all(torch.equal(a, b) for a, b in zip(g, w)), f"step {step}: gradients differ from eager DDP"
