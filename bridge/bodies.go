@@ -26,27 +26,30 @@ func bodiesFromC(g *C.goddp_graph) (*planner.BodyFacts, error) {
 	var (
 		b                     planner.BodyFacts
 		bodyNodes, numEntries int64
-		err                   error
 	)
-	if b.Calls, err = cCopy[int32](unsafe.Pointer(g.node_hop_calls), n, "node_hop_calls", planner.ErrInvalidGraph); err != nil {
+	s, err := spansOf(g.spans, g.num_spans, planner.ErrInvalidGraph)
+	if err != nil {
 		return nil, err
 	}
-	if b.Offsets, err = cCopy[int64](unsafe.Pointer(g.node_body_offsets), n+1, "node_body_offsets", planner.ErrInvalidGraph); err != nil {
+	if b.Calls, err = cCopy[int32](s, unsafe.Pointer(g.node_hop_calls), n, "node_hop_calls", planner.ErrInvalidGraph); err != nil {
+		return nil, err
+	}
+	if b.Offsets, err = cCopy[int64](s, unsafe.Pointer(g.node_body_offsets), n+1, "node_body_offsets", planner.ErrInvalidGraph); err != nil {
 		return nil, err
 	}
 	if bodyNodes, err = csrValuesLen(b.Offsets, "node_body_offsets"); err != nil {
 		return nil, err
 	}
-	if b.StackOffsets, err = cCopy[int64](unsafe.Pointer(g.body_stack_offsets), bodyNodes+1, "body_stack_offsets", planner.ErrInvalidGraph); err != nil {
+	if b.StackOffsets, err = cCopy[int64](s, unsafe.Pointer(g.body_stack_offsets), bodyNodes+1, "body_stack_offsets", planner.ErrInvalidGraph); err != nil {
 		return nil, err
 	}
 	if numEntries, err = csrValuesLen(b.StackOffsets, "body_stack_offsets"); err != nil {
 		return nil, err
 	}
-	if b.Paths, err = cCopy[int32](unsafe.Pointer(g.body_stack_paths), numEntries, "body_stack_paths", planner.ErrInvalidGraph); err != nil {
+	if b.Paths, err = cCopy[int32](s, unsafe.Pointer(g.body_stack_paths), numEntries, "body_stack_paths", planner.ErrInvalidGraph); err != nil {
 		return nil, err
 	}
-	if b.Types, err = cCopy[int32](unsafe.Pointer(g.body_stack_types), numEntries, "body_stack_types", planner.ErrInvalidGraph); err != nil {
+	if b.Types, err = cCopy[int32](s, unsafe.Pointer(g.body_stack_types), numEntries, "body_stack_types", planner.ErrInvalidGraph); err != nil {
 		return nil, err
 	}
 	return &b, nil

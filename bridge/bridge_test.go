@@ -395,6 +395,29 @@ func TestBadPointersAndLengths(t *testing.T) {
 	})
 }
 
+// TestSpansBoundEveryRead: with the caller's arrays given (goddp_span,
+// ABI 12), an array shorter than its count or offsets say, or one that is
+// none of the caller's, is refused naming the field, never read past.
+func TestSpansBoundEveryRead(t *testing.T) {
+	g := toyGraph(1000)
+	g.Spans = true
+	assert.Equal(t, statusOK, callPlanGraph(g, toyConfig(planner.ModeDDP), false).Status)
+	cases := map[string]func(g *rawGraph){
+		"node_users has 12 items, but 13 are needed": func(g *rawGraph) { g.NodeUsers = g.NodeUsers[1:] },
+		"node_ops has 13 items, but 14 are needed":   func(g *rawGraph) { g.NodeOps = g.NodeOps[1:] },
+		"param_names has 2 items, but":               func(g *rawGraph) { g.ParamNames = g.ParamNames[:2] },
+		"param_flags has 0 items, but 6 are needed":  func(g *rawGraph) { g.ParamFlags = []uint32{} },
+	}
+	for message, edit := range cases {
+		g := toyGraph(1000)
+		g.Spans = true
+		edit(g)
+		res := callPlanGraph(g, toyConfig(planner.ModeDDP), false)
+		assert.Equal(t, statusInvalidGraph, res.Status, message)
+		assert.Contains(t, res.Msg, message)
+	}
+}
+
 // TestBridgeMatchesPlanner checks the round trip through C: whatever
 // planner.Build returns for the toy graph, success or error, the export
 // must return the same thing.

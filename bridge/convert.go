@@ -22,10 +22,41 @@ import (
 // reported instead of faulting.
 const maxArrayLen = math.MaxInt32
 
+// spans are the caller's arrays (goddp_span), where it gives them: with
+// them, every read of an array is checked against the memory the caller
+// holds, here and nowhere else (a binding that holds buffers of known
+// size, such as python/goddp/native, checks no length itself). A C caller
+// that gives none vouches for its counts.
+type spans []C.goddp_span
+
+// spansOf reads a struct's spans; code is the status of a bad pair.
+func spansOf(p *C.goddp_span, n C.int64_t, code planner.ErrorCode) (spans, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if n < 0 || n > maxArrayLen || p == nil {
+		return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: num_spans = %d with spans %p", int64(n), p)}
+	}
+	return unsafe.Slice(p, int(n)), nil
+}
+
+// held is how many bytes from p on the caller holds: the rest of the span
+// p points into, or -1 when it points into none.
+func (s spans) held(p unsafe.Pointer) int64 {
+	for _, span := range s {
+		begin := uintptr(span.data)
+		if at := uintptr(p); at == begin || (at > begin && at < begin+uintptr(span.bytes)) {
+			return int64(span.bytes) - int64(at-begin)
+		}
+	}
+	return -1
+}
+
 // cView returns a Go view of n elements of type E at p without copying,
-// after checking the pointer/length pair: a negative or absurd length, or a
-// NULL pointer with a nonzero length, is an error naming the field.
-func cView[E any](p unsafe.Pointer, n int64, field string, code planner.ErrorCode) ([]E, error) {
+// after checking the pointer/length pair: a negative or absurd length, a
+// NULL pointer with a nonzero length, or (with spans) more elements than
+// the caller's array holds, is an error naming the field.
+func cView[E any](s spans, p unsafe.Pointer, n int64, field string, code planner.ErrorCode) ([]E, error) {
 	switch {
 	case n < 0:
 		return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s: negative length %d", field, n)}
@@ -36,13 +67,19 @@ func cView[E any](p unsafe.Pointer, n int64, field string, code planner.ErrorCod
 	case p == nil:
 		return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s is NULL but its length is %d", field, n)}
 	}
+	if s != nil {
+		size := int64(unsafe.Sizeof(*new(E)))
+		if held := s.held(p); held < n*size {
+			return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s has %d items, but %d are needed", field, max(held, 0)/size, n)}
+		}
+	}
 	return unsafe.Slice((*E)(p), n), nil
 }
 
 // cCopy is cView followed by a copy into Go memory: the planner must never
 // hold on to the caller's memory.
-func cCopy[E any](p unsafe.Pointer, n int64, field string, code planner.ErrorCode) ([]E, error) {
-	v, err := cView[E](p, n, field, code)
+func cCopy[E any](s spans, p unsafe.Pointer, n int64, field string, code planner.ErrorCode) ([]E, error) {
+	v, err := cView[E](s, p, n, field, code)
 	if err != nil {
 		return nil, err
 	}
@@ -62,16 +99,16 @@ func csrValuesLen(offsets []int64, field string) (int64, error) {
 
 // copyInto and viewInto make the readers of graphFromC's table: each reads
 // one C array into *dst, copied (kept by the planner) or viewed (read once).
-func copyInto[E any](dst *[]E) func(unsafe.Pointer, int64, string) error {
+func copyInto[E any](s spans, dst *[]E) func(unsafe.Pointer, int64, string) error {
 	return func(p unsafe.Pointer, n int64, field string) (err error) {
-		*dst, err = cCopy[E](p, n, field, planner.ErrInvalidGraph)
+		*dst, err = cCopy[E](s, p, n, field, planner.ErrInvalidGraph)
 		return err
 	}
 }
 
-func viewInto[E any](dst *[]E) func(unsafe.Pointer, int64, string) error {
+func viewInto[E any](s spans, dst *[]E) func(unsafe.Pointer, int64, string) error {
 	return func(p unsafe.Pointer, n int64, field string) (err error) {
-		*dst, err = cView[E](p, n, field, planner.ErrInvalidGraph)
+		*dst, err = cView[E](s, p, n, field, planner.ErrInvalidGraph)
 		return err
 	}
 }
@@ -88,6 +125,10 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 	np := int64(g.num_params)
 	if np < 0 || np >= maxArrayLen {
 		return nil, invalidGraph("goddp: num_params = %d is out of range [0, %d)", np, int64(maxArrayLen))
+	}
+	s, err := spansOf(g.spans, g.num_spans, planner.ErrInvalidGraph)
+	if err != nil {
+		return nil, err
 	}
 
 	// Every array of goddp_graph is one row: the C pointer, its length and
@@ -113,22 +154,22 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 	}{
 		// OpKind and RefKind have the C element types as underlying types,
 		// so the caller's arrays are read as planner types directly.
-		{"node_ops", unsafe.Pointer(g.node_ops), &n, copyInto(&out.Ops), nil, nil},
-		{"node_module_ids", unsafe.Pointer(g.node_module_ids), &n, copyInto(&out.ModuleIDs), nil, nil},
-		{"node_param_offsets", unsafe.Pointer(g.node_param_offsets), &nodesPlus1, copyInto(&out.ParamOffsets), &out.ParamOffsets, &numRefs},
-		{"node_params", unsafe.Pointer(g.node_params), &numRefs, copyInto(&out.ParamIndex), nil, nil},
-		{"node_param_refs", unsafe.Pointer(g.node_param_refs), &numRefs, copyInto(&out.ParamRefs), nil, nil},
-		{"node_user_offsets", unsafe.Pointer(g.node_user_offsets), &nodesPlus1, copyInto(&out.UserOffsets), &out.UserOffsets, &numUsers},
-		{"node_users", unsafe.Pointer(g.node_users), &numUsers, copyInto(&out.Users), nil, nil},
+		{"node_ops", unsafe.Pointer(g.node_ops), &n, copyInto(s, &out.Ops), nil, nil},
+		{"node_module_ids", unsafe.Pointer(g.node_module_ids), &n, copyInto(s, &out.ModuleIDs), nil, nil},
+		{"node_param_offsets", unsafe.Pointer(g.node_param_offsets), &nodesPlus1, copyInto(s, &out.ParamOffsets), &out.ParamOffsets, &numRefs},
+		{"node_params", unsafe.Pointer(g.node_params), &numRefs, copyInto(s, &out.ParamIndex), nil, nil},
+		{"node_param_refs", unsafe.Pointer(g.node_param_refs), &numRefs, copyInto(s, &out.ParamRefs), nil, nil},
+		{"node_user_offsets", unsafe.Pointer(g.node_user_offsets), &nodesPlus1, copyInto(s, &out.UserOffsets), &out.UserOffsets, &numUsers},
+		{"node_users", unsafe.Pointer(g.node_users), &numUsers, copyInto(s, &out.Users), nil, nil},
 		// The parameter table is transposed into []planner.Param below, so
 		// its columns are only viewed here, not copied twice.
-		{"param_bytes", unsafe.Pointer(g.param_bytes), &np, viewInto(&bytes), nil, nil},
-		{"param_storage_bytes", unsafe.Pointer(g.param_storage_bytes), &np, viewInto(&storage), nil, nil},
-		{"param_dtypes", unsafe.Pointer(g.param_dtypes), &np, viewInto(&dtypes), nil, nil},
-		{"param_devices", unsafe.Pointer(g.param_devices), &np, viewInto(&devices), nil, nil},
-		{"param_flags", unsafe.Pointer(g.param_flags), &np, viewInto(&flags), nil, nil},
-		{"param_name_offsets", unsafe.Pointer(g.param_name_offsets), &paramsPlus1, viewInto(&nameOffsets), &nameOffsets, &namesLen},
-		{"param_names", unsafe.Pointer(g.param_names), &namesLen, viewInto(&nameBytes), nil, nil},
+		{"param_bytes", unsafe.Pointer(g.param_bytes), &np, viewInto(s, &bytes), nil, nil},
+		{"param_storage_bytes", unsafe.Pointer(g.param_storage_bytes), &np, viewInto(s, &storage), nil, nil},
+		{"param_dtypes", unsafe.Pointer(g.param_dtypes), &np, viewInto(s, &dtypes), nil, nil},
+		{"param_devices", unsafe.Pointer(g.param_devices), &np, viewInto(s, &devices), nil, nil},
+		{"param_flags", unsafe.Pointer(g.param_flags), &np, viewInto(s, &flags), nil, nil},
+		{"param_name_offsets", unsafe.Pointer(g.param_name_offsets), &paramsPlus1, viewInto(s, &nameOffsets), &nameOffsets, &namesLen},
+		{"param_names", unsafe.Pointer(g.param_names), &namesLen, viewInto(s, &nameBytes), nil, nil},
 	}
 	for _, a := range arrays {
 		if err := a.read(a.ptr, *a.n, a.field); err != nil {
@@ -144,8 +185,7 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 	}
 	// Optional (ABI 4): NULL means no block information (a nil BlockIDs).
 	if g.node_block_ids != nil {
-		var err error
-		if out.BlockIDs, err = cCopy[int32](unsafe.Pointer(g.node_block_ids), n, "node_block_ids", planner.ErrInvalidGraph); err != nil {
+		if out.BlockIDs, err = cCopy[int32](s, unsafe.Pointer(g.node_block_ids), n, "node_block_ids", planner.ErrInvalidGraph); err != nil {
 			return nil, err
 		}
 	}
@@ -154,11 +194,10 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 		return nil, invalidGraph("goddp: node_flops and node_bytes go together: give both or neither")
 	}
 	if g.node_flops != nil {
-		var err error
-		if out.NodeFlops, err = cCopy[int64](unsafe.Pointer(g.node_flops), n, "node_flops", planner.ErrInvalidGraph); err != nil {
+		if out.NodeFlops, err = cCopy[int64](s, unsafe.Pointer(g.node_flops), n, "node_flops", planner.ErrInvalidGraph); err != nil {
 			return nil, err
 		}
-		if out.NodeBytes, err = cCopy[int64](unsafe.Pointer(g.node_bytes), n, "node_bytes", planner.ErrInvalidGraph); err != nil {
+		if out.NodeBytes, err = cCopy[int64](s, unsafe.Pointer(g.node_bytes), n, "node_bytes", planner.ErrInvalidGraph); err != nil {
 			return nil, err
 		}
 	}
@@ -167,7 +206,7 @@ func graphFromC(g *C.goddp_graph) (*planner.Graph, error) {
 	// Optional (ABI 5): NULL means no parameter has a DDP position.
 	var positions []int32
 	if g.param_ddp_positions != nil {
-		if err := viewInto(&positions)(unsafe.Pointer(g.param_ddp_positions), np, "param_ddp_positions"); err != nil {
+		if err := viewInto(s, &positions)(unsafe.Pointer(g.param_ddp_positions), np, "param_ddp_positions"); err != nil {
 			return nil, err
 		}
 	}
@@ -224,30 +263,33 @@ func stacksFromC(g *C.goddp_graph) (*planner.ModuleStacks, error) {
 	if numStrings < 0 || numStrings >= maxArrayLen {
 		return nil, invalidGraph("goddp: num_module_strings = %d is out of range [0, %d)", numStrings, int64(maxArrayLen))
 	}
-	var err error
-	if st.Offsets, err = cCopy[int64](unsafe.Pointer(g.node_stack_offsets), int64(g.num_nodes)+1, "node_stack_offsets", planner.ErrInvalidGraph); err != nil {
+	s, err := spansOf(g.spans, g.num_spans, planner.ErrInvalidGraph)
+	if err != nil {
+		return nil, err
+	}
+	if st.Offsets, err = cCopy[int64](s, unsafe.Pointer(g.node_stack_offsets), int64(g.num_nodes)+1, "node_stack_offsets", planner.ErrInvalidGraph); err != nil {
 		return nil, err
 	}
 	if numEntries, err = csrValuesLen(st.Offsets, "node_stack_offsets"); err != nil {
 		return nil, err
 	}
-	if st.Paths, err = cCopy[int32](unsafe.Pointer(g.node_stack_paths), numEntries, "node_stack_paths", planner.ErrInvalidGraph); err != nil {
+	if st.Paths, err = cCopy[int32](s, unsafe.Pointer(g.node_stack_paths), numEntries, "node_stack_paths", planner.ErrInvalidGraph); err != nil {
 		return nil, err
 	}
-	if st.Types, err = cCopy[int32](unsafe.Pointer(g.node_stack_types), numEntries, "node_stack_types", planner.ErrInvalidGraph); err != nil {
+	if st.Types, err = cCopy[int32](s, unsafe.Pointer(g.node_stack_types), numEntries, "node_stack_types", planner.ErrInvalidGraph); err != nil {
 		return nil, err
 	}
-	if err = viewInto(&stringOffsets)(unsafe.Pointer(g.module_string_offsets), numStrings+1, "module_string_offsets"); err != nil {
+	if err = viewInto(s, &stringOffsets)(unsafe.Pointer(g.module_string_offsets), numStrings+1, "module_string_offsets"); err != nil {
 		return nil, err
 	}
 	if namesLen, err = csrValuesLen(stringOffsets, "module_string_offsets"); err != nil {
 		return nil, err
 	}
-	if err = viewInto(&stringBytes)(unsafe.Pointer(g.module_strings), namesLen, "module_strings"); err != nil {
+	if err = viewInto(s, &stringBytes)(unsafe.Pointer(g.module_strings), namesLen, "module_strings"); err != nil {
 		return nil, err
 	}
 	if g.node_weights != nil {
-		if st.Weights, err = cCopy[int32](unsafe.Pointer(g.node_weights), int64(g.num_nodes), "node_weights", planner.ErrInvalidGraph); err != nil {
+		if st.Weights, err = cCopy[int32](s, unsafe.Pointer(g.node_weights), int64(g.num_nodes), "node_weights", planner.ErrInvalidGraph); err != nil {
 			return nil, err
 		}
 	}
@@ -274,7 +316,7 @@ func settingsFromC(c *C.goddp_config) (planner.Settings, error) {
 	if c == nil {
 		return planner.Settings{}, invalidConfig("goddp: config is NULL")
 	}
-	caps, err := cCopy[int64](unsafe.Pointer(c.bucket_caps_bytes), int64(c.num_bucket_caps), "bucket_caps_bytes", planner.ErrInvalidConfig)
+	caps, err := cCopy[int64](nil, unsafe.Pointer(c.bucket_caps_bytes), int64(c.num_bucket_caps), "bucket_caps_bytes", planner.ErrInvalidConfig)
 	if err != nil {
 		return planner.Settings{}, err
 	}
@@ -312,7 +354,7 @@ func ddpFromC(d *C.goddp_ddp) (*planner.DDPSettings, error) {
 		return nil, invalidConfig("goddp: ddp.flags = %#x has unknown bits (valid: the GODDP_DDP_* bits of goddp.h, mask %#x)", uint32(d.flags), uint32(knownFlags))
 	}
 	has := func(bit C.uint32_t) bool { return d.flags&bit != 0 }
-	caps, err := cCopy[int64](unsafe.Pointer(d.bucket_caps_bytes), int64(d.num_bucket_caps), "ddp.bucket_caps_bytes", planner.ErrInvalidConfig)
+	caps, err := cCopy[int64](nil, unsafe.Pointer(d.bucket_caps_bytes), int64(d.num_bucket_caps), "ddp.bucket_caps_bytes", planner.ErrInvalidConfig)
 	if err != nil {
 		return nil, err
 	}

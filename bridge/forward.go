@@ -54,14 +54,18 @@ func goddp_forward_plan_free(plan *C.goddp_forward_plan) {
 // forwardFromC copies a goddp_forward into the planner's types.
 func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, error) {
 	code := planner.ErrInvalidConfig
-	bytes, err := cCopy[int64](unsafe.Pointer(f.param_bytes), int64(f.num_params), "param_bytes", code)
+	s, err := spansOf(f.spans, f.num_spans, code)
+	if err != nil {
+		return nil, nil, err
+	}
+	bytes, err := cCopy[int64](s, unsafe.Pointer(f.param_bytes), int64(f.num_params), "param_bytes", code)
 	if err != nil {
 		return nil, nil, err
 	}
 	if f.num_graphs < 1 {
 		return nil, nil, invalidConfig("goddp: num_graphs = %d; a forward has at least one graph", int64(f.num_graphs))
 	}
-	graphOffs, err := cView[int64](unsafe.Pointer(f.graph_bucket_offsets), int64(f.num_graphs)+1, "graph_bucket_offsets", code)
+	graphOffs, err := cView[int64](s, unsafe.Pointer(f.graph_bucket_offsets), int64(f.num_graphs)+1, "graph_bucket_offsets", code)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -69,7 +73,7 @@ func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	bucketOffs, err := cView[int64](unsafe.Pointer(f.bucket_param_offsets), numBuckets+1, "bucket_param_offsets", code)
+	bucketOffs, err := cView[int64](s, unsafe.Pointer(f.bucket_param_offsets), numBuckets+1, "bucket_param_offsets", code)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -77,7 +81,7 @@ func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	params, err := cCopy[int32](unsafe.Pointer(f.bucket_params), numValues, "bucket_params", code)
+	params, err := cCopy[int32](s, unsafe.Pointer(f.bucket_params), numValues, "bucket_params", code)
 	if err != nil {
 		return nil, nil, err
 	}

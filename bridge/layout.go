@@ -49,21 +49,28 @@ func layoutFromC(l *C.goddp_layout) (*planner.Layout, error) {
 	if nc < 1 {
 		return nil, invalidConfig("goddp: layout: num_caps = %d; want >= 1", nc)
 	}
-	if l.caps == nil || l.bucket_offsets == nil || l.build == nil {
-		return nil, invalidConfig("goddp: layout: caps, bucket_offsets and build must be set")
+	if l.build == nil {
+		return nil, invalidConfig("goddp: layout: build is NULL")
 	}
-	caps := unsafe.Slice((*int64)(unsafe.Pointer(l.caps)), nc)
-	offsets := unsafe.Slice((*int64)(unsafe.Pointer(l.bucket_offsets)), n+1)
+	s, err := spansOf(l.spans, l.num_spans, planner.ErrInvalidConfig)
+	if err != nil {
+		return nil, err
+	}
+	caps, err := cView[int64](s, unsafe.Pointer(l.caps), int64(nc), "layout: caps", planner.ErrInvalidConfig)
+	if err != nil {
+		return nil, err
+	}
+	offsets, err := cView[int64](s, unsafe.Pointer(l.bucket_offsets), int64(n)+1, "layout: bucket_offsets", planner.ErrInvalidConfig)
+	if err != nil {
+		return nil, err
+	}
 	total := offsets[n]
 	if offsets[0] != 0 || total < 0 || total > 1<<31-1 {
 		return nil, invalidConfig("goddp: layout: bucket_offsets run from %d to %d; want 0 to the number of positions", offsets[0], total)
 	}
-	var positions []int32
-	if total > 0 {
-		if l.positions == nil {
-			return nil, invalidConfig("goddp: layout: positions is NULL")
-		}
-		positions = unsafe.Slice((*int32)(unsafe.Pointer(l.positions)), int(total))
+	positions, err := cView[int32](s, unsafe.Pointer(l.positions), total, "layout: positions", planner.ErrInvalidConfig)
+	if err != nil {
+		return nil, err
 	}
 	out := &planner.Layout{
 		Buckets: make([]planner.LayoutBucket, n),

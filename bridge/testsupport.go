@@ -69,6 +69,9 @@ type rawGraph struct {
 	BodyStackOffsets []int64
 	BodyStackPaths   []int32
 	BodyStackTypes   []int32
+	// Spans (ABI 12): every non-nil array above as one of the caller's
+	// arrays, its exact size, so that the bridge checks reads against them.
+	Spans bool
 }
 
 // rawConfig mirrors goddp_config the same way.
@@ -104,8 +107,12 @@ const (
 	ddpCapIsDefault = uint32(C.GODDP_DDP_CAP_IS_DEFAULT)
 )
 
-// cArena owns C copies of test inputs until release.
-type cArena struct{ ptrs []unsafe.Pointer }
+// cArena owns C copies of test inputs until release; copies lists each
+// copy of a slice with its size in bytes.
+type cArena struct {
+	ptrs   []unsafe.Pointer
+	copies []C.goddp_span
+}
 
 func cArenaCopy[E any](a *cArena, s []E) unsafe.Pointer {
 	if s == nil {
@@ -119,6 +126,7 @@ func cArenaCopy[E any](a *cArena, s []E) unsafe.Pointer {
 	}
 	copy(unsafe.Slice((*E)(p), len(s)), s)
 	a.ptrs = append(a.ptrs, p)
+	a.copies = append(a.copies, C.goddp_span{data: p, bytes: C.int64_t(uintptr(len(s)) * unsafe.Sizeof(zero))})
 	return p
 }
 
@@ -135,6 +143,13 @@ func (a *cArena) graph(g *rawGraph) *C.goddp_graph {
 	}
 	cg := (*C.goddp_graph)(C.calloc(1, C.sizeof_goddp_graph))
 	a.ptrs = append(a.ptrs, unsafe.Pointer(cg))
+	first := len(a.copies)
+	defer func() {
+		if g.Spans {
+			cg.num_spans = C.int64_t(len(a.copies) - first)
+			cg.spans = (*C.goddp_span)(cArenaCopy(a, a.copies[first:]))
+		}
+	}()
 	cg.num_nodes = C.int64_t(g.NumNodes)
 	cg.node_ops = (*C.int32_t)(cArenaCopy(a, g.NodeOps))
 	cg.node_module_ids = (*C.int32_t)(cArenaCopy(a, g.NodeModuleIDs))

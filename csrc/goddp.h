@@ -4,7 +4,8 @@
  * The planner (Go, package planner) decides where to cut a forward FX graph
  * so that each piece's gradients form one DistributedDataParallel allreduce
  * bucket. This header is the whole contract between that core and its
- * callers: the CPython extension goddp._goddp (csrc/goddp_module.c) and any
+ * callers: goddp's Python binding (python/goddp/native/extension.py, which
+ * reads this header's declarations with cffi and loads libgoddp.so) and any
  * C program that links libgoddp.so (see tests/c/plan_toy.c).
  *
  * Conventions
@@ -36,7 +37,14 @@
  *     interpreter lock around goddp_plan_graph.
  *   - Fork: the Go runtime does not survive fork(). A child process must not
  *     call any function here if the library was loaded before the fork; the
- *     CPython extension enforces this and raises an error instead.
+ *     Python binding enforces this and raises an error instead.
+ *
+ * Declarations
+ *   - Everything between the lines "cdef: begin" and "cdef: end" below is
+ *     plain C declarations that cffi's cdef takes (no preprocessor
+ *     conditionals or includes; #define only for integer constants): the
+ *     Python binding reads its structs, enums and constants from there and
+ *     copies none of them.
  */
 #ifndef GODDP_H
 #define GODDP_H
@@ -46,6 +54,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* cdef: begin */
 
 /* The ABI's version. Compatibility is equality: a caller compares
  * goddp_abi_version() (the library it loaded) with the GODDP_ABI_VERSION it
@@ -57,7 +67,7 @@ extern "C" {
  * renumbered. A new function, enum value or flag bit leaves it alone.
  * Layout digests name the build (goddp_layout.build), so ranks of two
  * versions never agree on a layout. */
-#define GODDP_ABI_VERSION 12
+#define GODDP_ABI_VERSION 13
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -166,6 +176,19 @@ typedef enum goddp_status {
     GODDP_ERR_INTERNAL = 5        /* any other failure, such as out of memory */
 } goddp_status;
 
+/* One of the caller's arrays: the spans of goddp_graph, goddp_forward and
+ * goddp_layout. Optional there: num_spans 0 means none, and the
+ * caller vouches that every array holds what the counts and offsets say.
+ * With spans, an array that is not inside one span, or that holds fewer
+ * items than the counts and offsets say, is an error naming the field
+ * (GODDP_ERR_INVALID_GRAPH for a graph, GODDP_ERR_INVALID_CONFIG
+ * otherwise), never a read past it: a binding that holds buffers of known
+ * size (the Python one) passes them here and checks no length itself. */
+typedef struct goddp_span {
+    const void *data;
+    int64_t bytes;
+} goddp_span;
+
 /* A forward graph. All pointers may be NULL only when their length is 0. */
 typedef struct goddp_graph {
     int64_t num_nodes;
@@ -255,6 +278,8 @@ typedef struct goddp_graph {
      * the step; without them it compiles every edge. */
     const int64_t *node_flops;            /* [num_nodes] or NULL */
     const int64_t *node_bytes;            /* [num_nodes] or NULL */
+    int64_t num_spans;                    /* optional: the caller's arrays (goddp_span) */
+    const goddp_span *spans;
 } goddp_graph;
 
 /* A DistributedDataParallel module's own settings (goddp_config.ddp, ABI 6). */
@@ -424,6 +449,8 @@ typedef struct goddp_layout {
     const char *build;                  /* NUL-terminated: goddp version and ABI */
     int32_t num_caps;                   /* >= 1 */
     const int64_t *caps;                /* [num_caps] per-bucket caps given to DDP, in DDP's walk order */
+    int64_t num_spans;                    /* optional: the caller's arrays (goddp_span) */
+    const goddp_span *spans;
 } goddp_layout;
 
 /* Stores in *digest a 64-bit digest of layout, equal on every process and
@@ -492,6 +519,8 @@ typedef struct goddp_forward {
     const int64_t *graph_bucket_offsets; /* [num_graphs + 1] CSR over the buckets, each graph's in DDP order */
     const int64_t *bucket_param_offsets; /* [num_buckets + 1] CSR over bucket_params */
     const int32_t *bucket_params;       /* DDP positions */
+    int64_t num_spans;                    /* optional: the caller's arrays (goddp_span) */
+    const goddp_span *spans;
 } goddp_forward;
 
 /* One DDP bucket layout for a forward's graphs (planner/forward.go). Every
@@ -522,12 +551,16 @@ void goddp_forward_plan_free(goddp_forward_plan *plan);
 /* Releases an error message, or a report's text. NULL is a no-op. */
 void goddp_string_free(char *s);
 
+/* cdef: end */
+
 #ifdef GODDP_TESTHOOKS
+/* cdef testhooks: begin */
 /* Test hook, only in libraries built with the goddp_testhooks Go tag (never
  * in build/lib/libgoddp.so or the wheel): panics inside Go on purpose so the
  * tests can prove that a panic becomes GODDP_ERR_PANIC plus a message rather
  * than an abort. */
 goddp_status goddp_debug_panic(char **err_msg);
+/* cdef testhooks: end */
 #endif
 
 #ifdef __cplusplus

@@ -623,11 +623,17 @@ static void check_bodies(const goddp_graph *base) {
 }
 
 /* A layout's digest (goddp_layout_digest): the same for the same layout,
- * another for other caps; a layout no DDP module could have is refused. */
+ * another for other caps; a layout no DDP module could have is refused,
+ * and so are offsets that say more positions than the caller's arrays
+ * (goddp_span) hold. */
 static void check_layout_digest(void) {
-    const int64_t offsets[] = {0, 1}, caps[] = {4}, other_caps[] = {5}, no_caps[] = {0};
+    const int64_t offsets[] = {0, 1}, caps[] = {4}, other_caps[] = {5}, no_caps[] = {0}, two[] = {0, 2};
     const int32_t positions[] = {0};
-    goddp_layout layout = {1, offsets, positions, GODDP_ORDER_READY, "b", 1, caps};
+    const goddp_span spans[] = {{offsets, sizeof offsets}, {positions, sizeof positions}, {caps, sizeof caps},
+                                {other_caps, sizeof other_caps}, {no_caps, sizeof no_caps}, {two, sizeof two}};
+    goddp_layout layout = {.num_buckets = 1, .bucket_offsets = offsets, .positions = positions,
+                           .bucket_order = GODDP_ORDER_READY, .build = "b", .num_caps = 1, .caps = caps,
+                           .num_spans = 6, .spans = spans};
     uint64_t digest = 0, again = 0, other = 0;
     char *msg = NULL;
     goddp_status st = goddp_layout_digest(&layout, &digest, &msg);
@@ -643,6 +649,14 @@ static void check_layout_digest(void) {
     msg = NULL;
     st = goddp_layout_digest(&layout, &other, &msg);
     CHECK(st == GODDP_ERR_INVALID_CONFIG && msg != NULL, "layout digest of a cap below one byte: status %d", st);
+    goddp_string_free(msg);
+
+    layout.caps = caps;
+    layout.bucket_offsets = two;
+    msg = NULL;
+    st = goddp_layout_digest(&layout, &other, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && msg != NULL && strstr(msg, "positions has 1 items, but 2 are needed"),
+          "layout digest past the positions: status %d, message %s", st, msg ? msg : "(none)");
     goddp_string_free(msg);
 
     st = goddp_layout_digest(NULL, &digest, NULL);
