@@ -396,17 +396,18 @@ func TestBadPointersAndLengths(t *testing.T) {
 }
 
 // TestSpansBoundEveryRead: with the caller's arrays given (goddp_span,
-// ABI 12), an array shorter than its count or offsets say, or one that is
-// none of the caller's, is refused naming the field, never read past.
+// ABI 12), an array of another length than its count or offsets say is
+// refused naming the field, never read past.
 func TestSpansBoundEveryRead(t *testing.T) {
 	g := toyGraph(1000)
 	g.Spans = true
 	assert.Equal(t, statusOK, callPlanGraph(g, toyConfig(planner.ModeDDP), false).Status)
 	cases := map[string]func(g *rawGraph){
-		"node_users has 12 items, but 13 are needed": func(g *rawGraph) { g.NodeUsers = g.NodeUsers[1:] },
-		"node_ops has 13 items, but 14 are needed":   func(g *rawGraph) { g.NodeOps = g.NodeOps[1:] },
-		"param_names has 2 items, but":               func(g *rawGraph) { g.ParamNames = g.ParamNames[:2] },
-		"param_flags has 0 items, but 6 are needed":  func(g *rawGraph) { g.ParamFlags = []uint32{} },
+		"node_users has 12 items; the counts and offsets say 13": func(g *rawGraph) { g.NodeUsers = g.NodeUsers[1:] },
+		"node_ops has 13 items; the counts and offsets say 14":   func(g *rawGraph) { g.NodeOps = g.NodeOps[1:] },
+		"param_names has 2 items; the counts":                    func(g *rawGraph) { g.ParamNames = g.ParamNames[:2] },
+		"param_flags has 0 items; the counts and offsets say 6":  func(g *rawGraph) { g.ParamFlags = []uint32{} },
+		"node_params has 7 items; the counts and offsets say 6":  func(g *rawGraph) { g.NodeParams = append(g.NodeParams, 0) },
 	}
 	for message, edit := range cases {
 		g := toyGraph(1000)

@@ -41,15 +41,16 @@ func spansOf(p *C.goddp_span, n C.int64_t, code planner.ErrorCode) (spans, error
 }
 
 // held is how many bytes from p on the caller holds: the rest of the span
-// p points into, or -1 when it points into none.
-func (s spans) held(p unsafe.Pointer) int64 {
+// p points into, or -1 when it points into none; whole says p begins its
+// span, which the array must then fill exactly.
+func (s spans) held(p unsafe.Pointer) (held int64, whole bool) {
 	for _, span := range s {
 		begin := uintptr(span.data)
 		if at := uintptr(p); at == begin || (at > begin && at < begin+uintptr(span.bytes)) {
-			return int64(span.bytes) - int64(at-begin)
+			return int64(span.bytes) - int64(at-begin), at == begin
 		}
 	}
-	return -1
+	return -1, false
 }
 
 // cView returns a Go view of n elements of type E at p without copying,
@@ -69,8 +70,8 @@ func cView[E any](s spans, p unsafe.Pointer, n int64, field string, code planner
 	}
 	if s != nil {
 		size := int64(unsafe.Sizeof(*new(E)))
-		if held := s.held(p); held < n*size {
-			return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s has %d items, but %d are needed", field, max(held, 0)/size, n)}
+		if held, whole := s.held(p); held < n*size || (whole && held != n*size) {
+			return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s has %d items; the counts and offsets say %d", field, max(held, 0)/size, n)}
 		}
 	}
 	return unsafe.Slice((*E)(p), n), nil

@@ -179,8 +179,9 @@ typedef enum goddp_status {
 /* One of the caller's arrays: the spans of goddp_graph, goddp_forward and
  * goddp_layout. Optional there: num_spans 0 means none, and the
  * caller vouches that every array holds what the counts and offsets say.
- * With spans, an array that is not inside one span, or that holds fewer
- * items than the counts and offsets say, is an error naming the field
+ * With spans, an array that begins a span and does not fill it exactly,
+ * or one that holds fewer items than the counts and offsets say, is an
+ * error naming the field
  * (GODDP_ERR_INVALID_GRAPH for a graph, GODDP_ERR_INVALID_CONFIG
  * otherwise), never a read past it: a binding that holds buffers of known
  * size (the Python one) passes them here and checks no length itself. */

@@ -655,7 +655,7 @@ static void check_layout_digest(void) {
     layout.bucket_offsets = two;
     msg = NULL;
     st = goddp_layout_digest(&layout, &other, &msg);
-    CHECK(st == GODDP_ERR_INVALID_CONFIG && msg != NULL && strstr(msg, "positions has 1 items, but 2 are needed"),
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && msg != NULL && strstr(msg, "positions has 1 items; the counts and offsets say 2"),
           "layout digest past the positions: status %d, message %s", st, msg ? msg : "(none)");
     goddp_string_free(msg);
 
