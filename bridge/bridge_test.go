@@ -408,6 +408,7 @@ func TestSpansBoundEveryRead(t *testing.T) {
 		"param_names has 2 items; the counts":                    func(g *rawGraph) { g.ParamNames = g.ParamNames[:2] },
 		"param_flags has 0 items; the counts and offsets say 6":  func(g *rawGraph) { g.ParamFlags = []uint32{} },
 		"node_params has 7 items; the counts and offsets say 6":  func(g *rawGraph) { g.NodeParams = append(g.NodeParams, 0) },
+		"node_ops has 14 items; the counts and offsets say 0":    func(g *rawGraph) { g.NumNodes = 0 },
 	}
 	for message, edit := range cases {
 		g := toyGraph(1000)

@@ -63,16 +63,17 @@ func cView[E any](s spans, p unsafe.Pointer, n int64, field string, code planner
 		return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s: negative length %d", field, n)}
 	case n > maxArrayLen:
 		return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s: length %d exceeds the ABI limit %d", field, n, int64(maxArrayLen))}
-	case n == 0:
-		return nil, nil
-	case p == nil:
+	case p == nil && n > 0:
 		return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s is NULL but its length is %d", field, n)}
 	}
-	if s != nil {
+	if s != nil && p != nil {
 		size := int64(unsafe.Sizeof(*new(E)))
 		if held, whole := s.held(p); held < n*size || (whole && held != n*size) {
 			return nil, &planner.Error{Code: code, Msg: fmt.Sprintf("goddp: %s has %d items; the counts and offsets say %d", field, max(held, 0)/size, n)}
 		}
+	}
+	if n == 0 {
+		return nil, nil
 	}
 	return unsafe.Slice((*E)(p), n), nil
 }
