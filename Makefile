@@ -30,9 +30,8 @@ $(VENV)/.requirements: requirements-dev.txt
 	touch $@
 venv: $(VENV)/.requirements ## Create .venv with the pinned requirements
 
-# Into .venv or a torch release's venv; an older extension's name would shadow the new one.
-%/.goddp: %/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml
-	rm -f python/goddp/_goddp.cpython-*.so
+# Into .venv or a torch release's venv: python/goddp/libgoddp.so, built in place.
+%/.goddp: %/.requirements $(GO_SRC) csrc/goddp.h setup.py pyproject.toml
 	$(@D)/bin/python -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 install: $(VENV)/.goddp ## Build the Go core and install goddp (editable) into .venv
@@ -42,11 +41,7 @@ $(LIBDIR)/libgoddp.so: $(GO_SRC) csrc/goddp.h
 lib: $(LIBDIR)/libgoddp.so ## Build the shared library build/lib/libgoddp.so (+ Go's header)
 $(HOOKDIR)/libgoddp.so: $(GO_SRC) csrc/goddp.h
 	$(GO) build -tags goddp_testhooks -buildmode=c-shared -o $@ ./bridge
-$(HOOKDIR)/.ext: $(VENV)/.requirements $(GO_SRC) csrc/goddp.h csrc/goddp_module.c setup.py
-	rm -rf $(HOOKDIR)/ext
-	GODDP_TESTHOOKS=1 $(PY) setup.py -q build_ext --build-lib $(HOOKDIR)/ext --build-temp $(HOOKDIR)/temp
-	touch $@
-testhooks: $(HOOKDIR)/libgoddp.so $(HOOKDIR)/.ext ## Build the test-only library and extension with the panic hook
+testhooks: $(HOOKDIR)/libgoddp.so ## Build the test-only library with the panic hook (the tests load it)
 $(BUILD)/plan_toy: tests/c/plan_toy.c csrc/goddp.h $(LIBDIR)/libgoddp.so
 	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -Icsrc tests/c/plan_toy.c -o $@ \
 	    -L$(LIBDIR) -Wl,-rpath,'$$ORIGIN/lib' -lgoddp -lpthread -ldl
@@ -82,9 +77,9 @@ SUITE_ENV      := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 $(DNS_GIVES_
 ON_EVERY_CORE  := -n $(PYTEST_WORKERS) --dist worksteal
 TWO_RANKS      := --standalone --nproc_per_node=2 -m pytest -q -p no:cacheprovider -m "not single_process" \
                   tests/python/*/test_dist_*.py
-pytest: install $(HOOKDIR)/.ext ## Python suites, one process per core (each a 1-rank gloo group)
+pytest: install $(HOOKDIR)/libgoddp.so ## Python suites, one process per core (each a 1-rank gloo group)
 	$(PYTEST_ENV) $(SUITE_ENV) $(PY) -m pytest -q $(ON_EVERY_CORE) tests/python
-pytest-dist: install $(HOOKDIR)/.ext ## The two-rank suites (test_dist_*) under torchrun (2 ranks, gloo)
+pytest-dist: install $(HOOKDIR)/libgoddp.so ## The two-rank suites (test_dist_*) under torchrun (2 ranks, gloo)
 	$(SUITE_ENV) $(TORCHRUN) $(TWO_RANKS)
 
 # The wheel: zig cc against glibc 2.28 (Note [Manylinux toolchain] in docs/installing.md).
@@ -94,7 +89,7 @@ WHEEL_PLAT   := manylinux_$(MANYLINUX)_x86_64
 SDIST        := dist/goddp-$(VERSION).tar.gz
 WHEEL_STAMP  := dist/.goddp-$(VERSION)-$(WHEEL_PLAT).stamp
 ZIG_CC       := $(abspath $(PY)) -m ziglang cc -target x86_64-linux-gnu.$(subst _,.,$(MANYLINUX)) -fno-sanitize=undefined
-DIST_SRC     := $(GO_SRC) go.sum csrc/goddp.h csrc/goddp_module.c setup.py pyproject.toml MANIFEST.in README.md $(shell find python/goddp -name '*.py')
+DIST_SRC     := $(GO_SRC) go.sum csrc/goddp.h setup.py pyproject.toml MANIFEST.in README.md $(shell find python/goddp -name '*.py')
 $(VENV)/.wheel-tools: $(VENV)/.requirements requirements-wheel.txt
 	$(UV_PIP) -r requirements-wheel.txt
 	touch $@
@@ -106,15 +101,15 @@ sdist: $(SDIST) ## Build dist/goddp-VERSION.tar.gz (installing it builds the Go 
 # Built from the sdist (so a file missing there fails here), checked, only then moved to dist/.
 $(WHEEL_STAMP): $(SDIST) $(VENV)/.wheel-tools scripts/check_wheel.py
 	rm -rf $(BUILD)/wheel && mkdir -p $(BUILD)/wheel
-	CC="$(ZIG_CC)" LDSHARED="$(ZIG_CC) -shared -O2 -Wl,--strip-debug" CFLAGS= LDFLAGS= \
+	CC="$(ZIG_CC)" CFLAGS= LDFLAGS= \
 	    ZIG_GLOBAL_CACHE_DIR=$(abspath $(BUILD))/zig-cache ZIG_LOCAL_CACHE_DIR=$(abspath $(BUILD))/zig-cache \
 	    $(PIP) wheel -q --no-deps --no-build-isolation --no-cache-dir -w $(BUILD)/wheel $(SDIST)
 	$(PY) -m wheel tags --remove --platform-tag $(WHEEL_PLAT) $(BUILD)/wheel/goddp-$(VERSION)-*.whl
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) scripts/check_wheel.py --max-manylinux 2_28 --abi3 $(BUILD)/wheel/goddp-$(VERSION)-*.whl
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) scripts/check_wheel.py --max-manylinux 2_28 $(BUILD)/wheel/goddp-$(VERSION)-*.whl
 	rm -f dist/goddp-*.whl dist/.goddp-*.stamp
 	mv $(BUILD)/wheel/goddp-$(VERSION)-*.whl dist/
 	touch $@
-wheel: $(WHEEL_STAMP) ## Build and check dist/goddp-VERSION-cp310-abi3-manylinux_2_28_x86_64.whl (installs without Go)
+wheel: $(WHEEL_STAMP) ## Build and check dist/goddp-VERSION-py3-none-manylinux_2_28_x86_64.whl (installs without Go)
 test-wheel: $(WHEEL_STAMP) ## The user's path: install the wheel without Go, train 2 ranks outside the checkout; the sdist without Go
 	GODDP_WHEEL="$$(ls dist/goddp-$(VERSION)-*.whl)" GODDP_SDIST=$(SDIST) OMP_NUM_THREADS=1 $(DNS_GIVES_UP) \
 	    $(PY) -m pytest -q -p no:cacheprovider tests/wheel
@@ -131,7 +126,7 @@ $(TORCH_VENV)/.requirements: requirements-dev.txt
 	$(TORCH_PY) -m pip install -q torch==$(TORCH) -r $(TORCH_VENV)/requirements.txt
 	$(TORCH_PY) -c 'import torch, sys; v = torch.__version__.split("+")[0]; sys.exit(0 if v == "$(TORCH)" else f"installed torch {v}, not $(TORCH)")'
 	touch $@
-test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/.ext ## Python suites (one-process, then two ranks) against torch TORCH=x.y.z in .venv-torch-x.y.z
+test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/libgoddp.so ## Python suites (one-process, then two ranks) against torch TORCH=x.y.z in .venv-torch-x.y.z
 	GODDP_TESTS_TORCHRUN_LATER=1 $(SUITE_ENV) $(TORCH_PY) -m pytest -q -rs -p no:cacheprovider $(ON_EVERY_CORE) tests/python
 	$(SUITE_ENV) $(TORCH_VENV)/bin/torchrun $(TWO_RANKS)
 
@@ -148,5 +143,5 @@ bench: install ## Quick benchmarks (< 10 min): shaped two-host link, compile ove
 bench-full: install ## Full benchmarks (long)
 	$(PY) -m bench.run --full
 clean: ## Remove build outputs and dist/ (keeps .venv)
-	rm -rf $(BUILD) dist *.egg-info python/*.egg-info python/goddp/_goddp*.so $(VENV)/.goddp
+	rm -rf $(BUILD) dist *.egg-info python/*.egg-info python/goddp/*.so $(VENV)/.goddp
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

@@ -1,25 +1,21 @@
 """Native build for goddp.
 
 The package metadata lives in pyproject.toml. This file adds the one thing
-setuptools cannot declare: goddp._goddp links a static archive of the Go
-planner, so `go build -buildmode=c-archive ./bridge` runs before the C
-extension is compiled.
+setuptools cannot declare: goddp's Go planner, the shared library
+libgoddp.so, is built with `go build -buildmode=c-shared ./bridge` into
+the goddp package, beside a copy of its header csrc/goddp.h, which the
+Python binding (goddp.native.extension) reads with cffi. No C extension is
+compiled: the wheel holds no CPython-specific code, so its tag is
+py3-none-<platform> (README, "Install").
 
 Environment:
   GO          the go command to use (default: `go` on PATH); Go must be at
               least the version that go.mod names.
-  CC, LDSHARED
-              the C compiler (for cgo and the extension) and the extension's
-              linker, read by go and setuptools as usual; `make wheel` points
-              both at zig's cross compiler for an older glibc
-              (Note [Manylinux toolchain] in docs/installing.md).
+  CC          the C compiler and linker cgo uses, read by go as usual;
+              `make wheel` points it at zig's cross compiler for an older
+              glibc (Note [Manylinux toolchain] in docs/installing.md).
   GOTOOLCHAIN left as you set it; when unset it is pinned to "local" so that
               a build never downloads a toolchain behind your back.
-  GODDP_TESTHOOKS=1
-              builds the test variant instead: Go tag goddp_testhooks and C
-              macro GODDP_TESTHOOKS, which add the debug_panic hook. Only the
-              Makefile sets it, with build_ext --build-lib build/testhooks/ext;
-              the installed extension and the wheel never contain the hook.
 """
 
 import filecmp
@@ -28,16 +24,18 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
 from setuptools.errors import CompileError, PlatformError
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-TESTHOOKS = os.environ.get("GODDP_TESTHOOKS") == "1"
-GO_TAGS = ["-tags", "goddp_testhooks"] if TESTHOOKS else []
 # Building from source needs both toolchains; a prebuilt wheel needs neither.
 WHEEL_HINT = (
     "or install a prebuilt goddp wheel, which needs no Go and no C compiler "
@@ -66,7 +64,7 @@ def _required_go_version():
 
 def _go_env():
     env = dict(os.environ)
-    env["CGO_ENABLED"] = "1"  # c-archive needs cgo
+    env["CGO_ENABLED"] = "1"  # c-shared needs cgo
     env.setdefault("GOTOOLCHAIN", "local")
     if not any(env.get(k) for k in ("GOCACHE", "XDG_CACHE_HOME", "HOME")):
         # Go refuses to build without a cache directory; isolated build
@@ -86,8 +84,7 @@ def _find_go():
 
 
 def _check_c_compiler():
-    """cgo and the extension both need a C compiler: say so before Go starts
-    (go's own message names only cgo)."""
+    """cgo needs a C compiler: say so before Go starts."""
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     words = shlex.split(cc)
     if not words or shutil.which(words[0]) is None:
@@ -117,27 +114,28 @@ def _check_go_version(go, env):
         )
 
 
-def build_go_archive(archive):
-    """Builds the c-archive `archive` from ./bridge.
+def build_go_library(library):
+    """Builds the c-shared library `library` from ./bridge.
 
-    go rewrites its output on every build, which would make setuptools relink
-    the extension every time; the archive is deterministic (-trimpath), so a
-    fresh build replaces the old one only when its bytes differ."""
+    go rewrites its output on every build; the library is deterministic
+    (-trimpath), so a fresh build replaces the old one only when its bytes
+    differ. Its DWARF is left out (-w): Go's tracebacks, which panic
+    messages carry, read its own tables, not DWARF."""
     go = _find_go()
     env = _go_env()
     _check_go_version(go, env)
     _check_c_compiler()
-    fresh = archive + ".new"
-    os.makedirs(os.path.dirname(archive), exist_ok=True)
-    cmd = [go, "build", "-buildmode=c-archive", "-trimpath", "-buildvcs=false", *GO_TAGS, "-o", fresh, "./bridge"]
+    fresh = library + ".new"
+    os.makedirs(os.path.dirname(library), exist_ok=True)
+    cmd = [go, "build", "-buildmode=c-shared", "-trimpath", "-buildvcs=false", "-ldflags=-w", "-o", fresh, "./bridge"]
     print("goddp: " + " ".join(cmd), flush=True)
     result = subprocess.run(cmd, cwd=ROOT, env=env)
     if result.returncode != 0:
         raise CompileError(f"goddp: `{' '.join(cmd)}` failed with exit status {result.returncode}")
-    if os.path.exists(archive) and filecmp.cmp(fresh, archive, shallow=False):
+    if os.path.exists(library) and filecmp.cmp(fresh, library, shallow=False):
         os.remove(fresh)
     else:
-        os.replace(fresh, archive)
+        os.replace(fresh, library)
     # go also writes a C header next to its output (named after it minus the
     # last extension); goddp uses csrc/goddp.h instead.
     generated_header = os.path.splitext(fresh)[0] + ".h"
@@ -145,58 +143,31 @@ def build_go_archive(archive):
         os.remove(generated_header)
 
 
-# Only PyInit__goddp leaves the extension: the Go runtime and the goddp_*
-# exports stay private, so two copies of goddp, or another Go extension, in
-# one process cannot bind to each other's symbols.
-VERSION_SCRIPT = "{\n  global: PyInit__goddp;\n  local: *;\n};\n"
+class BuildGoLibrary(build_ext):
+    """Builds goddp/libgoddp.so with go instead of compiling an extension;
+    a build outside the checkout (a wheel, an sdist's install) copies
+    csrc/goddp.h beside it, which the binding reads (in a checkout it reads
+    csrc/goddp.h itself)."""
 
-
-class BuildGoExtension(build_ext):
-    """Builds the Go archive, then links it into goddp._goddp.
-
-    The archive lives in this build's temporary directory, beside the
-    extension's object files: builds with other build directories (the test
-    variant, `make wheel`'s cross toolchain) never share an archive or an
-    object file that another compiler made."""
-
-    def run(self):
-        archive = os.path.join(self.build_temp, "go", "libgoddp_go.a")
-        for ext in self.extensions:
-            ext.extra_objects = [archive]
-            ext.depends = [*ext.depends, archive]
-        build_go_archive(os.path.abspath(archive))
-        super().run()
+    def get_ext_filename(self, fullname):
+        return os.path.join(*fullname.split(".")) + ".so"  # no CPython suffix: any Python loads it
 
     def build_extension(self, ext):
-        if sys.platform.startswith("linux"):
-            os.makedirs(self.build_temp, exist_ok=True)
-            script = os.path.abspath(os.path.join(self.build_temp, "goddp_module.map"))
-            with open(script, "w", encoding="ascii") as f:
-                f.write(VERSION_SCRIPT)
-            # The version script alone keeps every symbol but PyInit__goddp
-            # local (GNU ld's --exclude-libs would be redundant, and zig's
-            # linker refuses it).
-            ext.extra_link_args = [f"-Wl,--version-script={script}", "-Wl,-z,noexecstack"]
-        super().build_extension(ext)
+        library = os.path.abspath(self.get_ext_fullpath(ext.name))
+        build_go_library(library)
+        if not self.inplace:
+            shutil.copyfile(os.path.join(ROOT, "csrc", "goddp.h"), os.path.join(os.path.dirname(library), "goddp.h"))
 
 
-# CPython's limited API as of 3.10: one abi3 extension (and wheel) for every
-# CPython >= 3.10 (Note [abi3] in csrc/goddp_module.c).
-LIMITED_API = ("Py_LIMITED_API", "0x030A0000")
+class PlatformWheel(bdist_wheel):
+    """py3-none-<platform>: the library serves every Python 3 on the
+    platform (the Makefile retags the platform manylinux)."""
 
-goddp_extension = Extension(
-    "goddp._goddp",
-    py_limited_api=True,
-    sources=["csrc/goddp_module.c"],
-    include_dirs=["csrc"],
-    depends=["csrc/goddp.h"],
-    libraries=["pthread"],
-    extra_compile_args=["-fvisibility=hidden"],
-    define_macros=[LIMITED_API, *([("GODDP_TESTHOOKS", "1")] if TESTHOOKS else [])],
-)
+    def get_tag(self):
+        return ("py3", "none", super().get_tag()[2])
+
 
 setup(
-    ext_modules=[goddp_extension],
-    cmdclass={"build_ext": BuildGoExtension},
-    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+    ext_modules=[Extension("goddp.libgoddp", sources=[])],
+    cmdclass={"build_ext": BuildGoLibrary, "bdist_wheel": PlatformWheel},
 )

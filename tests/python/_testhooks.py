@@ -1,18 +1,18 @@
-"""Runs code against the test build of goddp._goddp, the only one with
-debug_panic (Go tag goddp_testhooks, C macro GODDP_TESTHOOKS; `make
-testhooks` builds it into build/testhooks/ext, see setup.py).
+"""Runs code against the test build of libgoddp.so, the only one with
+goddp_debug_panic (Go tag goddp_testhooks; `make testhooks` builds it into
+build/testhooks/libgoddp.so).
 
 The code runs in a child interpreter because the test build carries a Go
 runtime of its own, and the parent may already have loaded the shipped one:
-one process gets one Go runtime. The child puts the test build into
-sys.modules as goddp._goddp before anything loads it, so goddp.native.extension and
-the backend use it as they would the real one.
+one process gets one Go runtime. The child loads the test build through the
+binding's loader (goddp.native.extension.load(path)) before anything loads
+the shipped one, so goddp.native.extension and the backend use it as they
+would the real one; `ext` is that Library, with debug_panic() bound from
+goddp.h's "cdef testhooks" region.
 """
 
 from __future__ import annotations
 
-import glob
-import importlib.machinery
 import os
 import subprocess
 import sys
@@ -22,25 +22,22 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-EXT_DIR = os.path.join(ROOT, "build", "testhooks", "ext", "goddp")
+LIBRARY = os.path.join(ROOT, "build", "testhooks", "libgoddp.so")
 
 _PRELUDE = """\
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("goddp._goddp", {path!r})
-ext = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ext)
-sys.modules["goddp._goddp"] = ext
+from goddp.native import extension as _native
+ext = _native.load({path!r})
+_native.ffi.cdef(_native.declarations("cdef testhooks"))
+ext.debug_panic = lambda: ext._go(ext.lib.goddp_debug_panic)
 """
 
 
-def extension_path() -> str:
+def library_path() -> str:
     """The test build's file; fails the test (never skips) when it is not
     built, because the panic tests are the proof that panics are recovered."""
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        found = glob.glob(os.path.join(EXT_DIR, "_goddp" + suffix))
-        if found:
-            return found[0]
-    pytest.fail(f"the test build of goddp._goddp is not in {EXT_DIR}; build it with `make testhooks`")
+    if not os.path.exists(LIBRARY):
+        pytest.fail(f"the test build of libgoddp.so is not at {LIBRARY}; build it with `make testhooks`")
+    return LIBRARY
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -62,7 +59,7 @@ def run(code: str, timeout: float = 300) -> str:
     and returns its stdout; a non-zero exit fails the test with stderr."""
     env = child_env()
     proc = subprocess.run(
-        [sys.executable, "-c", _PRELUDE.format(path=extension_path()) + textwrap.dedent(code)],
+        [sys.executable, "-c", _PRELUDE.format(path=library_path()) + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=timeout,

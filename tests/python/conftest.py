@@ -6,8 +6,8 @@
   environment (RANK, WORLD_SIZE, MASTER_ADDR, ...). A group that already
   exists is reused. "Under torchrun" is _dist_util.under_torchrun, the one
   definition; tests marked ``single_process`` skip there.
-- ``native_module``: goddp._goddp, loaded; fails the test when the
-  extension is not built.
+- ``native_module``: the binding's Library (libgoddp.so), loaded; fails
+  the test when the library is not built.
 - every test starts with a fresh Dynamo cache and no recorded plans.
 """
 
@@ -145,19 +145,20 @@ def _fresh_dynamo_and_plans():
 
 
 # --------------------------------------------------------------------------
-# Native extension
+# The Go library
 
 
 @pytest.fixture(scope="session")
 def native_module():
-    """goddp._goddp, loaded (the Go planner). A missing extension fails the
-    test rather than skipping it: every backend test needs the real planner."""
+    """The Library of goddp.native.extension, loaded (the Go planner). A
+    missing library fails the test rather than skipping it: every backend
+    test needs the real planner."""
     try:
         from goddp.native import extension as _native
 
         return _native.load()
     except Exception as exc:
         pytest.fail(
-            f"goddp native extension unavailable ({type(exc).__name__}: {exc}); "
+            f"goddp's Go library unavailable ({type(exc).__name__}: {exc}); "
             "build it with `make install` (or `pip install --no-build-isolation -e .`)"
         )

@@ -111,7 +111,7 @@ def plan_graph_module(
         declaration-order buckets (GraphPlan.alignment, ddp_caps).
 
     Raises ValueError for a bad mode or max_pieces; the planner's errors
-    (goddp._goddp.PlannerError) for an invalid graph or caps.
+    (goddp.native.extension.PlannerError) for an invalid graph or caps.
     """
     check_mode(mode)
     check_ddp_mode_only(mode, check_max_pieces(max_pieces), align_buckets, block_cuts)

@@ -1,8 +1,8 @@
 """The binding to the Go planner.
 
-- ``extension``: lazy loading of goddp._goddp (the Go runtime starts there,
-  never at import), and the ABI codes of csrc/goddp.h (their one owner on
-  the Python side).
+- ``extension``: the cffi binding to libgoddp.so, loaded lazily (the Go
+  runtime starts there, never at import), with the structs and codes of
+  csrc/goddp.h read from the header itself.
 - ``plan``: the request (caps, settings) as goddp_config's fields and the
   reply decoded into a ``GraphPlan``, its codes in words.
 

@@ -99,7 +99,7 @@ class AlignmentFacts:
 
 
 def _cap(value: int | None) -> int | None:
-    """A cap as goddp_module.c reads it: an int, or None for not given (it
+    """A cap as the binding reads it: an int, or None for not given (it
     becomes GODDP_CAP_NOT_GIVEN there, the one conversion)."""
     return None if value is None else int(value)
 

@@ -1,16 +1,15 @@
-"""The built extension goddp._goddp and setup.py's Go checks.
+"""The built library python/goddp/libgoddp.so and setup.py's Go checks.
 
-The extension must be one self-contained shared object: the Go planner is
-linked in statically, libpython is not a dependency (the interpreter
-provides its symbols), and the only exported symbol is PyInit__goddp, so
-that the Go runtime's and the bridge's symbols cannot clash with another Go
-library in the same process.
+The library must be one self-contained shared object that needs nothing
+but glibc (Go's runtime is inside it), exporting goddp.h's functions and no
+other goddp_ symbol: the test hook goddp_debug_panic lives only in the test
+build.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -19,6 +18,7 @@ import sys
 import pytest
 
 import _testhooks
+from goddp.native import extension as _native
 
 pytestmark = pytest.mark.single_process
 
@@ -26,11 +26,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 @pytest.fixture(scope="module")
-def extension_path() -> str:
-    # find_spec locates the file without loading it (and the Go runtime).
-    spec = importlib.util.find_spec("goddp._goddp")
-    assert spec is not None and spec.origin, "goddp._goddp is not built; run `make install`"
-    return spec.origin
+def library_path() -> str:
+    path = _native.library_path()
+    assert os.path.exists(path), "libgoddp.so is not built; run `make install`"
+    return path
 
 
 def _tool(name: str) -> str:
@@ -40,45 +39,47 @@ def _tool(name: str) -> str:
     return path
 
 
-def test_needed_libraries_exclude_libpython(extension_path):
+def test_needed_libraries_are_glibc_only(library_path):
     out = subprocess.run(
-        [_tool("readelf"), "-d", extension_path], capture_output=True, text=True, check=True
+        [_tool("readelf"), "-d", library_path], capture_output=True, text=True, check=True
     ).stdout
     needed = [line.split("[", 1)[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
     assert needed, out
-    assert not [n for n in needed if "python" in n], needed
     # Only the C library family: Go's runtime needs nothing else here.
     assert all(n.split(".so")[0] in {"libc", "libpthread", "libdl", "libm", "ld-linux-x86-64"} for n in needed), needed
 
 
-def test_only_the_module_init_is_exported(extension_path):
+def test_it_exports_the_headers_functions(library_path):
+    """The goddp_ symbols are exactly the functions that goddp.h declares
+    (the binding calls them by name); the rest is Go's cgo glue."""
     out = subprocess.run(
-        [_tool("nm"), "-D", "--defined-only", extension_path], capture_output=True, text=True, check=True
+        [_tool("nm"), "-D", "--defined-only", library_path], capture_output=True, text=True, check=True
     ).stdout
-    symbols = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
-    assert symbols == ["PyInit__goddp"], symbols
+    exported = sorted(line.split()[-1] for line in out.splitlines() if line.split()[-1].startswith("goddp_"))
+    declared = sorted(set(re.findall(r"\b(goddp_\w+)\(", _native.declarations())))
+    assert exported == declared and len(declared) == 9, (exported, declared)
 
 
-def test_go_symbols_are_linked_in(extension_path):
-    """The planner is really inside the .so (statically), not expected from
-    some other library at run time."""
+def test_go_symbols_are_linked_in(library_path):
+    """The planner is really inside the .so, not expected from some other
+    library at run time."""
     out = subprocess.run(
-        [_tool("nm"), "-D", "--undefined-only", extension_path], capture_output=True, text=True, check=True
+        [_tool("nm"), "-D", "--undefined-only", library_path], capture_output=True, text=True, check=True
     ).stdout
-    assert "goddp_plan_graph" not in out
-    with open(extension_path, "rb") as f:
+    assert "goddp_" not in out
+    with open(library_path, "rb") as f:
         assert b"github.com/goddp/goddp/planner" in f.read()
 
 
-def test_the_panic_hook_does_not_ship(extension_path):
+def test_the_panic_hook_does_not_ship(library_path):
     """goddp_debug_panic is compiled only into the test build (Go tag
     goddp_testhooks). Go records every function's name in the binary, so the
     name's absence means the code is absent; the test build, which has the
     hook, shows that the check can see it."""
-    with open(extension_path, "rb") as f:
+    with open(library_path, "rb") as f:
         shipped = f.read()
     assert b"goddp_debug_panic" not in shipped and b"panicOnPurpose" not in shipped
-    with open(_testhooks.extension_path(), "rb") as f:
+    with open(_testhooks.library_path(), "rb") as f:
         assert b"panicOnPurpose" in f.read()
 
 
