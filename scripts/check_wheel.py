@@ -1,18 +1,19 @@
 """Checks a goddp wheel before it leaves `make wheel` (Note [Wheel checks]).
 
-    python scripts/check_wheel.py [--max-manylinux 2_28] [--abi3] WHEEL
+    python scripts/check_wheel.py [--max-manylinux 2_28] WHEEL
 
 Exits non-zero, naming every failed check, when the wheel
 
 - carries a platform tag other than manylinux_X_Y_x86_64 with X_Y at most
   --max-manylinux, or a tag older than what auditwheel finds the wheel
   consistent with (the tag would promise more than the binary keeps);
-- is not abi3 for CPython >= 3.10 (with --abi3);
-- holds a package of python/goddp less, or a test hook, a C header, an
-  object file, or any shared object but the one extension;
-- has an extension that needs a library outside glibc (NEEDED), references a
+- is not py3-none (the library serves every Python 3: README, "Install");
+- holds a package of python/goddp less, or a test hook, a C source, an
+  object file, any shared object but goddp/libgoddp.so, or any header but
+  goddp/goddp.h (which the binding reads);
+- has a library that needs a library outside glibc (NEEDED), references a
   glibc symbol version newer than the tag, has an RPATH or RUNPATH, or
-  exports anything but PyInit__goddp.
+  does not export exactly the goddp_ functions that its goddp.h declares.
 
 On success it prints one line per fact checked, auditwheel's verdict among
 them.
@@ -51,7 +52,7 @@ GLIBC_LIBRARIES = {
     "libm.so.6",
     "ld-linux-x86-64.so.2",
 }
-# Only the test build has these (setup.py GODDP_TESTHOOKS, Go tag goddp_testhooks).
+# Only the test build has these (Go tag goddp_testhooks).
 TESTHOOK_MARKERS = (b"goddp_debug_panic", b"panicOnPurpose")
 MANYLINUX_TAG = re.compile(r"^manylinux_(\d+)_(\d+)_x86_64$")
 
@@ -95,7 +96,7 @@ class Checker:
             self.facts.append(fact)
 
 
-def check_tags(c: Checker, wheel: str, max_tag: tuple[int, int], abi3: bool) -> list[tuple[int, int]]:
+def check_tags(c: Checker, wheel: str, max_tag: tuple[int, int]) -> list[tuple[int, int]]:
     name = os.path.basename(wheel)
     parts = name[: -len(".whl")].split("-")
     if len(parts) != 5:
@@ -111,30 +112,31 @@ def check_tags(c: Checker, wheel: str, max_tag: tuple[int, int], abi3: bool) -> 
     for t in tags:
         c.check(t <= max_tag, f"tag manylinux_{_fmt(t)} <= manylinux_{_fmt(max_tag)}",
                 f"tag manylinux_{_fmt(t)} is newer than manylinux_{_fmt(max_tag)}")
-    if abi3:
-        c.check(python_tag == "cp310" and abi_tag == "abi3", f"{python_tag}-{abi_tag}: one wheel for CPython >= 3.10",
-                f"{python_tag}-{abi_tag} is not cp310-abi3")
+    c.check(python_tag == "py3" and abi_tag == "none", f"{python_tag}-{abi_tag}: one wheel for every Python 3",
+            f"{python_tag}-{abi_tag} is not py3-none")
     c.facts.append(f"version {version}")
     return tags
 
 
-def check_files(c: Checker, zf: zipfile.ZipFile, abi3: bool) -> str | None:
+LIBRARY, HEADER = "goddp/libgoddp.so", "goddp/goddp.h"
+
+
+def check_files(c: Checker, zf: zipfile.ZipFile) -> str | None:
     names = zf.namelist()
     wheel_packages = {os.path.dirname(n) for n in names if n.endswith("/__init__.py")}
     missing = sorted(_source_packages() - wheel_packages)
     c.check(not missing, f"{len(wheel_packages)} packages ({', '.join(sorted(wheel_packages))})",
             f"packages missing from the wheel: {missing}")
     shared = [n for n in names if re.search(r"\.so(\.|$)", n)]
-    want = "goddp/_goddp.abi3.so" if abi3 else None
-    ok = len(shared) == 1 and shared[0].startswith("goddp/_goddp.") and (want is None or shared[0] == want)
-    c.check(ok, f"one shared object: {shared[0] if shared else None}",
-            f"expected exactly one shared object{' ' + want if want else ''}, found {shared}")
-    stray = [n for n in names if n.endswith((".a", ".o", ".h", ".c", ".go")) or re.search(r"^test_|_test\.py$|testhook", os.path.basename(n))]
+    c.check(shared == [LIBRARY], f"one shared object: {LIBRARY}", f"expected exactly one shared object {LIBRARY}, found {shared}")
+    c.check(HEADER in names, f"the header {HEADER}", f"{HEADER} is missing (the binding reads it)")
+    stray = [n for n in names if (n.endswith((".a", ".o", ".h", ".c", ".go")) and n != HEADER)
+             or re.search(r"^test_|_test\.py$|testhook", os.path.basename(n))]
     c.check(not stray, "no sources, objects or test files", f"files that must not ship: {stray}")
-    return shared[0] if len(shared) == 1 else None
+    return LIBRARY if shared == [LIBRARY] else None
 
 
-def check_elf(c: Checker, path: str, tags: list[tuple[int, int]]) -> None:
+def check_elf(c: Checker, path: str, tags: list[tuple[int, int]], header: str) -> None:
     readelf = _tool("readelf")
     dynamic = subprocess.run([readelf, "-d", "-W", path], capture_output=True, text=True, check=True).stdout
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
@@ -152,8 +154,11 @@ def check_elf(c: Checker, path: str, tags: list[tuple[int, int]]) -> None:
 
     nm = _tool("nm")
     exported = subprocess.run([nm, "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
-    symbols = sorted(line.split()[-1] for line in exported.splitlines() if line.strip())
-    c.check(symbols == ["PyInit__goddp"], "exports only PyInit__goddp", f"exports {symbols[:10]}")
+    symbols = sorted(s for s in (line.split()[-1] for line in exported.splitlines() if line.strip()) if s.startswith("goddp_"))
+    declarations = header.split("/* cdef: begin */", 1)[-1].split("/* cdef: end */", 1)[0]
+    declared = sorted(set(re.findall(r"\b(goddp_\w+)\(", declarations)))
+    c.check(symbols == declared, f"exports the {len(declared)} goddp_ functions of goddp.h",
+            f"exports {symbols}, goddp.h declares {declared}")
     with open(path, "rb") as f:
         blob = f.read()
     hooks = [m.decode() for m in TESTHOOK_MARKERS if m in blob]
@@ -186,16 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("wheel")
     parser.add_argument("--max-manylinux", default="2_28", help="the newest manylinux tag allowed (default 2_28)")
-    parser.add_argument("--abi3", action="store_true", help="require one cp310-abi3 wheel")
     args = parser.parse_args(argv)
     max_tag = _version(args.max_manylinux)
 
     c = Checker()
-    tags = check_tags(c, args.wheel, max_tag, args.abi3)
+    tags = check_tags(c, args.wheel, max_tag)
     with zipfile.ZipFile(args.wheel) as zf, tempfile.TemporaryDirectory() as tmp:
-        so = check_files(c, zf, args.abi3)
+        so = check_files(c, zf)
         if so is not None:
-            check_elf(c, zf.extract(so, tmp), tags)
+            header = zf.read(HEADER).decode() if HEADER in zf.namelist() else ""
+            check_elf(c, zf.extract(so, tmp), tags, header)
     check_auditwheel(c, args.wheel, tags, max_tag)
     size = os.path.getsize(args.wheel)
     c.facts.append(f"{size / 1e6:.2f} MB")

@@ -109,7 +109,7 @@ def test_wheel_trains_two_ranks_outside_the_checkout(tmp_path, borrowed_site):
     for rank in (0, 1):
         r = json.loads((out / f"rank{rank}.json").read_text())
         assert Path(r["goddp_file"]).resolve().is_relative_to(site), r["goddp_file"]
-        assert Path(r["extension_file"]).resolve().is_relative_to(site), r["extension_file"]
+        assert Path(r["library_file"]).resolve().is_relative_to(site), r["library_file"]
         assert r["go_on_path"] is None and Path(r["cwd"]) == work
         assert str(ROOT / "python") not in r["sys_path"] and str(work) not in r["sys_path"][1:], r["sys_path"]
         assert r["pieces"] and all(n > 1 for n in r["pieces"]), r  # cut, in every graph (the short batch's too)
@@ -118,7 +118,7 @@ def test_wheel_trains_two_ranks_outside_the_checkout(tmp_path, borrowed_site):
         assert [int(x) for x in r["rebuilt_bucket_sizes"].split(", ")] == r["plan_bucket_bytes"], r
         assert r["max_param_diff"] <= 1e-6, r["max_param_diff"]
         assert r["goddp_losses"] == pytest.approx(r["eager_losses"], rel=1e-5, abs=1e-7)
-    # The wheel, and its extension, are what got installed.
+    # The wheel, and its Go library, are what got installed.
     assert r["goddp_version"] in wheel.name
 
 

@@ -76,6 +76,7 @@ def main(out_dir):
         compiled(torch.randn(3, WIDTH))
 
     import goddp  # only now, to read what it did
+    import goddp.native.extension
 
     plans = goddp.last_plans()
     logging_data = ddp._get_ddp_logging_data()
@@ -83,7 +84,7 @@ def main(out_dir):
     result = {
         "goddp_file": goddp.__file__,
         "goddp_version": goddp.__version__,
-        "extension_file": sys.modules["goddp._goddp"].__file__ if "goddp._goddp" in sys.modules else None,
+        "library_file": goddp.native.extension.load().path if goddp.native.extension.is_loaded() else None,
         "sys_path": sys.path,
         "go_on_path": shutil.which("go"),
         "cwd": os.getcwd(),
