@@ -34,6 +34,7 @@ import json
 import operator
 import os
 import re
+import sys
 import threading
 from typing import Any, Callable, Mapping
 
@@ -126,7 +127,7 @@ class _Call:
         except TypeError:
             raise TypeError(f"{what} must be a C-contiguous buffer of {item.cname}, not {_type_name(value)}") from None
         with view:
-            fmt = view.format.lstrip("@=" + ("<" if _little_endian else ">"))
+            fmt = view.format.lstrip("@=" + ("<" if sys.byteorder == "little" else ">"))
             if not view.c_contiguous:
                 raise ValueError(f"{what} must be a C-contiguous buffer of {item.cname} (not C-contiguous)")
             if view.itemsize != ffi.sizeof(item) or fmt not in _NATIVE_INTEGERS:
@@ -206,9 +207,6 @@ class _Call:
             ffi.release(array)
         self.buffers.clear()
         self.keep.clear()
-
-
-_little_endian = ffi.cast("uint16_t *", ffi.new("uint8_t[2]", [1, 0]))[0] == 1
 
 # ---------------------------------------------------------------------------
 # C to Python
