@@ -172,7 +172,7 @@ def test_constants_are_the_headers(ext):
     assert len(defined) + len(enumerated) == 53
     for name, value in {**defined, **enumerated}.items():
         assert getattr(_native, name) == value, name
-    assert ext.abi_version() == _native.ABI_VERSION == 12
+    assert ext.abi_version() == _native.ABI_VERSION == defined["ABI_VERSION"]
 
 
 def test_the_builders_use_the_structs_fields():
@@ -204,9 +204,9 @@ def test_node_costs_are_checked(ext):
     n = graph["num_nodes"]
     costs = {"node_flops": array("q", [0] * n), "node_bytes": array("q", [1] * n)}
     assert ext.plan_graph({**graph, **costs}, cfg) == plain
-    with pytest.raises(ValueError, match="'node_flops' and 'node_bytes', or neither"):
+    with pytest.raises(ext.PlannerError, match="node_flops and node_bytes go together: give both or neither"):
         ext.plan_graph({**graph, "node_bytes": costs["node_bytes"]}, cfg)
-    with pytest.raises(ValueError, match="node_flops"):
+    with pytest.raises(ext.PlannerError, match=f"node_flops has {n + 1} items; the counts and offsets say {n}"):
         ext.plan_graph({**graph, **costs, "node_flops": array("q", [0] * (n + 1))}, cfg)
     with pytest.raises(ext.PlannerError, match="node 1: NodeBytes is -3"):
         ext.plan_graph({**graph, **costs, "node_bytes": array("q", [0, -3] + [0] * (n - 2))}, cfg)
