@@ -144,10 +144,10 @@ def build_go_library(library):
 
 
 class BuildGoLibrary(build_ext):
-    """Builds goddp/libgoddp.so with go instead of compiling an extension;
-    a build outside the checkout (a wheel, an sdist's install) copies
-    csrc/goddp.h beside it, which the binding reads (in a checkout it reads
-    csrc/goddp.h itself)."""
+    """Builds goddp/libgoddp.so with go instead of compiling an extension.
+    A build into a build directory (a wheel, `pip install .`) copies
+    csrc/goddp.h beside it, which the binding reads; an editable install's
+    binding reads the checkout's csrc/goddp.h itself."""
 
     def get_ext_filename(self, fullname):
         return os.path.join(*fullname.split(".")) + ".so"  # no CPython suffix: any Python loads it

@@ -208,6 +208,7 @@ class _Call:
         self.buffers.clear()
         self.keep.clear()
 
+
 # ---------------------------------------------------------------------------
 # C to Python
 
