@@ -41,7 +41,8 @@ from goddp.graph.nodes import is_compute
 from goddp.options import MIB
 from goddp.ranks.group import Group
 from goddp.ranks.layout import Layout
-from goddp.ranks.plan_check import Statement, exchange
+from goddp.ranks.store_round import exchange
+from goddp.ranks.verdict import Statement
 from goddp.tools import ranges
 
 
@@ -207,7 +208,7 @@ def plan_exchange(
     fingerprint: int = 0x1234_5678_9ABC_DEF0,
 ) -> Callable[[], dict[int, str]]:
     """A callable that runs one round of the exchange goddp's plan check makes
-    at a DDP module's first training step (goddp.ranks.plan_check): every
+    at a DDP module's first training step (goddp.ranks.store_round): every
     rank in ranks publishes a statement of the size a typical layout makes
     (six buckets of four parameters, 1 MiB caps) under key in the c10d
     store and waits, at most timeout_s, for the others'. Returns each rank's
@@ -218,7 +219,9 @@ def plan_exchange(
     group = Group(name=f"measure:{key}", ranks=tuple(ranks), rank=rank, timeout_s=timeout_s)
     layout = Layout(tuple(tuple(range(4 * b, 4 * b + 4)) for b in range(6)), (MIB,) * 6, "ready", "goddp.measure")
     payload = Statement(layout=layout, digest=0x0123_4567_89AB_CDEF, fingerprint=fingerprint, pieces=6).to_json()
-    return lambda: exchange(store, key, group, payload)
+    # The round alone: its decision is every rank's statement (the digest is
+    # made up, so goddp.ranks.verdict would refuse the layout).
+    return lambda: exchange(store, key, group, payload, dict)
 
 
 __all__ = ["MIB", "MeasureHookError", "PieceRanges", "PieceReuseOff", "first_use_nodes", "plan_exchange"]

@@ -8,7 +8,7 @@ import dataclasses
 
 from goddp.ranks.group import Group
 from goddp.ranks.layout import Layout
-from goddp.ranks.plan_check import Statement
+from goddp.ranks.verdict import Statement
 
 BUILD = "goddp test abi 0"
 CAPS = (4096, 8192, 1024)

@@ -62,7 +62,7 @@ from goddp.options import Options
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training, installed_layout
 from goddp.ranks.forward import Member
 from goddp.ranks.layout import Layout, covering_run, installed_run, layout_of
-from goddp.ranks.plan_check import Statement
+from goddp.ranks.verdict import Statement
 from goddp.reports.records import GraphRecord, add_record, new_timings
 from goddp.reports.table import plan_table
 from goddp.tools import structured

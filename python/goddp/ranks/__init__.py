@@ -2,14 +2,17 @@
 
 - ``group``: the one group type, the one timeout parser, the one set of
   messages about ranks that did not come.
-- ``store_round``: one round of statements through the c10d store, bounded.
 - ``layout``: what DDP will communicate for a module (the thing the ranks
   agree on; its digest comes from the Go planner).
-- ``verdict``: what one round decides from every rank's statement, and its
-  words (Note [The agreement verdict]).
-- ``plan_check``: what each rank says (its layout, for the record its
-  plan) and what they decide.
+- ``verdict``: the one module that decides: what each rank says
+  (``Statement``), what every rank decides from all of them, the strict
+  error, and their words (Note [The agreement verdict]).
+- ``store_round``: the one module that runs rounds over the c10d store,
+  bounded: the plan check's (a DDP module's first training call, its
+  install round) and goddp.trace's (entering and leaving).
 - ``agreement``: where the ranks agree (a DDP module's first training
   call, or the next one after a deferral), and what follows from the
   decision (Note [Agreeing on DDP's layout]).
+- ``forward``: the graphs of one forward planned as one layout (Note
+  [Graphs of one forward]).
 """

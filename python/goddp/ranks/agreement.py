@@ -42,7 +42,7 @@ from __future__ import annotations
 #
 #   agree(ddp, statement, report, may_defer=True) -> Decision
 #
-# 1. propose: each rank brings a Statement (goddp.ranks.plan_check): a Layout
+# 1. propose: each rank brings a Statement (goddp.ranks.verdict): a Layout
 #    (goddp.ranks.layout) with its digest; or none, with the
 #    reason (alignment off, a blocker, a fallback); or later=True: its graphs so
 #    far hold only part of DDP's parameters and it will bring a combined
@@ -50,9 +50,9 @@ from __future__ import annotations
 # 2. agree: inside DDP's forward (after DDP's pre-forward, before any of
 #    the step's allreduces), at a training call every rank of the module's
 #    group is certain to reach, the proposals go through one bounded store
-#    round (goddp.ranks.store_round) and every rank computes the same Decision
-#    (decide: the round's verdict, Note [The agreement verdict] in
-#    goddp.ranks.verdict; pure, from the same statements): INSTALL when every rank
+#    round (goddp.ranks.store_round), which hands every rank's statement to
+#    the decision (goddp.ranks.verdict.decide, Note [The agreement verdict];
+#    pure, so every rank computes the same Decision): INSTALL when every rank
 #    proposed the same layout digest; LATER when some rank said later and
 #    the round may still wait for it (may_defer); otherwise KEEP
 #    DDP's own buckets, with one WARNING naming the rank, bucket and
@@ -96,7 +96,7 @@ import json
 import logging
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -108,20 +108,15 @@ from goddp.ddp.refusals import rebuild_blocker
 from goddp.ddp.state import state_of
 from goddp.ranks.group import Group, group_of, store_for
 from goddp.ranks.layout import Layout, installed_run
-from goddp.ranks.plan_check import (
-    INSTALL,
-    LATER,
-    Decision,
+from goddp.ranks.store_round import (
     RanksMissingError,
-    Statement,
     agreement_key,
-    confirm_install,
-    decide,
     exchange,
     first_round_timeout_s,
     model_key,
     timeout_s,
 )
+from goddp.ranks.verdict import INSTALL, LATER, Decision, Statement, confirm_install, decide
 from goddp.tools.phases import phase
 
 logger = logging.getLogger("goddp")
@@ -328,18 +323,22 @@ def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, G
         if blocker is not None:
             statement = dataclasses.replace(statement, layout=None, digest=None, reason=blocker)
     key = agreement_key(group.name, _model_key(ddp))
-    statements = {group.rank: statement}
+    name_of = _namer(ddp)
+
+    def verdict(payloads: Mapping[int, str], unsettled: Mapping[str, Any] | None = None) -> Decision:
+        statements = {r: Statement.from_json(p) for r, p in payloads.items()}
+        return decide(statements, name_of, may_defer, unsettled, group)
+
     store = store_for(group)
-    unsettled = None
-    if store is not None:
+    if store is None:
+        decision = decide({group.rank: statement}, name_of, may_defer, None, group)
+    else:
         first = dataclasses.replace(group, timeout_s=first_round_timeout_s(group))
         try:
-            payloads = exchange(store, key, first, statement.to_json(), keeps=True)
+            decision = exchange(store, key, first, statement.to_json(), verdict, keeps=True)
         except RanksMissingError as exc:
             logger.warning("%s", exc)
-            payloads, unsettled = exc.seen, exc.unsettled
-        statements = {r: Statement.from_json(p) for r, p in payloads.items()}
-    decision = decide(statements, _namer(ddp), may_defer, unsettled, group)
+            decision = verdict(exc.seen, exc.unsettled)
     if decision.action == INSTALL:
         decision = _install(ddp, decision, group, key)
     if decision.log is not None:
@@ -364,17 +363,18 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
             f"goddp: could not give DDP a fresh reducer with its own buckets after a failed install "
             f"({type(exc).__name__}: {exc}); this rank would allreduce buckets the others do not"
         )
-    mine = {"failed": failed, "lost": None if lost is None else str(lost)}
-    said = {group.rank: mine}
+    mine = json.dumps({"failed": failed, "lost": None if lost is None else str(lost)})
+
+    def confirm(payloads: Mapping[int, str]) -> Decision:
+        if lost is not None:
+            raise lost  # the others stop too (PeerFailedError), having read why
+        return confirm_install(decision, {r: json.loads(p) for r, p in payloads.items()}, group)
+
     store = store_for(group)
-    if store is not None:
-        payloads = exchange(
-            store, f"{key}/installed", group, json.dumps(mine), "install", "install DDP's new buckets"
-        )
-        said = {r: json.loads(p) for r, p in payloads.items()}
-    if lost is not None:
-        raise lost  # the others stop too (PeerFailedError), having read why
-    confirmed = confirm_install(decision, said, group)
+    if store is None:
+        confirmed = confirm({group.rank: mine})
+    else:
+        confirmed = exchange(store, f"{key}/installed", group, mine, confirm, "install", "install DDP's new buckets")
     if confirmed.action != INSTALL:
         _put_ddp_buckets_back(ddp)
     return confirmed

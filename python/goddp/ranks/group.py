@@ -159,7 +159,7 @@ def _meeting(meeting: str, group: Group, keeps: bool, timeout_env: str) -> _Meet
 
 
 def round_error(meeting: str, group: Group, ended: Any, keeps: bool = False, timeout_env: str = "") -> str | None:
-    """The error text of a round (goddp.ranks.store_round.Round `ended`) of
+    """The error text of a round (goddp.ranks.store_round.Ended `ended`) of
     `meeting` that did not end in "go", None when it did (Note [Rounds that
     did not settle]). meeting: "first step" or "install" (the plan check),
     "enter" or "leave" (goddp.trace); keeps: the ranks keep DDP's buckets
@@ -170,7 +170,8 @@ def round_error(meeting: str, group: Group, ended: Any, keeps: bool = False, tim
     if ended.gave_up and ended.complete:
         return (
             f"{words.who}: rank {group.rank} reached {words.event} of {where} after the others had stopped waiting "
-            f"for it ({ended.outcome}), {group.timeout_s:g} s after the first arrival; {words.late}. {words.rule}"
+            f"for it (gave up: rank {ended.stopped_by}), {group.timeout_s:g} s after the first arrival; {words.late}. "
+            f"{words.rule}"
         )
     if ended.gave_up:
         missing = [r for r in group.ranks if r not in ended.statements]
@@ -178,9 +179,9 @@ def round_error(meeting: str, group: Group, ended: Any, keeps: bool = False, tim
             f"{words.who}: rank {group.rank} waited {ended.waited_s:.0f} s at {words.event} of {where} for rank(s) "
             f"{missing}, which never arrived. {words.rule}"
         )
-    if ended.outcome == "go":
+    if ended.decision == "go":
         return None
     if meeting not in TRACE_EVENTS:
-        raise ValueError(f"goddp: round_error: the {meeting} round ended in {ended.outcome!r}, which only a round given up may")
+        raise ValueError(f"goddp: round_error: the {meeting} round ended in {ended.decision!r}, which only a round given up may")
     reasons = "; ".join(f"rank {r}: {v}" for r, v in sorted(ended.statements.items()) if v != "ok")
     return f"goddp.trace: cannot {meeting} the trace ({reasons})"

@@ -1,10 +1,13 @@
-"""One round of statements among the ranks of a process group, through the
-c10d store: how goddp's agreements across ranks wait for each other, within
-a bound, and settle on one outcome. Two agreements use it: goddp.ranks.plan_check
-(at a DDP module's first training call) and goddp.tracing (entering and
-leaving a trace, and the records it publishes). Why the store and not the
-process group: see Note [The store, not the process group] in
-goddp.ranks.group.
+"""Every round of statements among the ranks of a process group, through
+the c10d store: how goddp's agreements across ranks wait for each other,
+within a bound, and settle on one outcome. ``settle`` is the one round;
+``exchange`` holds the plan check's rounds (a DDP module's first training
+call, and its install round; goddp.ranks.agreement), ``unanimous`` the
+rounds of goddp.tracing (entering and leaving a trace), ``publish`` and
+``gather`` the records a trace leaves. Each round's caller hands it the
+decision it needs (goddp.ranks.verdict decides the plan check's). Why the
+store and not the process group: see Note [The store, not the process
+group] in goddp.ranks.group.
 
 Note [A round that does not grow with the group]: every store call is a
 round trip to one server (torchrun's, on one host), which serves the calls
@@ -19,16 +22,18 @@ bound). So a rank reads only what differs from the first statement:
   and appends its rank and digest to a list (``diff``);
 - every rank counts itself in (``add``); the one that makes the count the
   group's size is the last: every statement is in, it reads the list and
-  one statement per distinct digest on it, computes the verdict on the
-  whole mapping (every rank not on the list said the reference), leaves a
-  summary for the others (``said``) and sets the outcome (``compare_set``);
+  one statement per distinct digest on it (every rank not on the list
+  said the reference), leaves a summary for the others (``said``) and
+  settles the round (``compare_set`` on ``outcome``);
 - every other rank waits on that one key, then rebuilds the same mapping
   from the reference and the summary: empty where every rank said the
   reference; else the statements other than the reference, the digest
   most ranks said and the ranks of every other digest. So what it reads
-  grows with what differs from the most common statement (the verdict
+  grows with what differs from the most common statement (the decision
   needs every rank's: a lost reducer on any rank stops them all), never
-  with N alone, and not with which rank came first.
+  with N alone, and not with which rank came first. Every rank then
+  decides on the same mapping (the decision is a pure function of it, so
+  every rank reaches the same one, or raises the same error).
 Ranks that agree make a fixed number of calls and read the reference, the
 outcome and a few counters, whatever N. The last rank reads the list once,
 and the roll call (``in``) is read only to name the ranks that did not
@@ -46,8 +51,8 @@ Keys under a round's base:
 - ``<base>/said``: the last rank's summary of every statement (JSON, or
   empty), set before the outcome.
 - ``<base>/outcome``: set once, atomically (``store.compare_set``), by the
-  last rank to arrive (its verdict on every statement) or by the first that
-  gives up waiting ("gave up: rank r"). Every rank follows it, so a rank
+  last rank to arrive ("settled") or by the first that gives up waiting
+  ("gave up: rank r"). Every rank follows it, so a rank
   that arrives after another gave up learns so and stops, instead of going
   on alone and then waiting in a collective for a rank that has left.
 - ``<base>/read``: how many ranks have read the complete round; the last
@@ -56,6 +61,21 @@ Keys under a round's base:
 A store without ``compare_set`` (a Python store written before it) gets
 the older round instead: every rank reads every statement and settles
 nothing (warned once).
+
+The plan check's keys, all under ``goddp/agree/<attempt>/<group name>/<model
+key>/`` (attempt: torchrun's restart count, so that an elastic restart never
+reads what a dead attempt left in a store the agent keeps across attempts):
+- ``arrivals``: a counter (``store.add``). The n-th arrival belongs to round
+  ``(n - 1) // group size``, so two runs that share a long-lived store, or
+  two DDP modules of the same shapes in one run, never read each other's
+  statements. It stays when a round ends: the next round counts on it.
+- ``<round>/...``: the round's keys, as above.
+- ``installed/...``: the same for the install round, in which the ranks
+  that decided to install say whether they did.
+
+Environment: GODDP_PLAN_CHECK_TIMEOUT, seconds the plan check waits for the
+other ranks (default: the DDP process group's own timeout, 30 minutes
+unless ``init_process_group(timeout=...)`` says otherwise).
 """
 
 from __future__ import annotations
@@ -64,12 +84,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 import warnings
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from goddp.ranks.group import Group
+from goddp.ranks.group import Group, env_seconds, process_group_timeout_s, round_error
+from goddp.ranks.group import timeout_s as group_timeout_s
 
 logger = logging.getLogger("goddp")
 
@@ -83,32 +105,33 @@ PROGRESS_EVERY_S = 30.0
 POLL_S = 1.0
 LOOKS_PER_S = 1024
 GAVE_UP = "gave up: rank "
-# The outcome the last rank sets when the verdict raised there: every rank
-# then computes the verdict itself, so that it raises on every rank alike
-# (it is a pure function of the same statements).
-RAISED = "the verdict raised on rank "
+SETTLED = "settled"
+TIMEOUT_ENV = "GODDP_PLAN_CHECK_TIMEOUT"
 
 
 @dataclasses.dataclass(frozen=True)
-class Round:
+class Ended:
     """How a round ended for this rank.
 
-    outcome: the one outcome every rank follows: a verdict on the
-        statements, or "gave up: rank r".
+    decision: what the caller's decision made of every rank's statement;
+        None when the round was given up.
     statements: what each rank said; with a give-up, only the ranks this
         rank saw.
     complete: whether this rank saw every statement within its wait.
     waited_s: how long this rank waited.
+    stopped_by: the rank whose bounded wait ran out first, where one did:
+        the one outcome every rank follows.
     """
 
-    outcome: str
+    decision: Any
     statements: Mapping[int, str]
     complete: bool
     waited_s: float
+    stopped_by: int | None = None
 
     @property
     def gave_up(self) -> bool:
-        return self.outcome.startswith(GAVE_UP)
+        return self.stopped_by is not None
 
     def missing(self, group: Group) -> list[int]:
         return [r for r in group.ranks if r not in self.statements]
@@ -119,30 +142,26 @@ def settle(
     base: str,
     group: Group,
     statement: str,
-    verdict: Callable[[Mapping[int, str]], str],
+    decide: Callable[[Mapping[int, str]], Any],
     waiting_for: str,
-) -> Round:
+) -> Ended:
     """States this rank's statement under base, waits at most
-    group.timeout_s for every other rank's, and returns the round's one
-    outcome (see module doc). verdict turns the complete statements (every
-    rank's) into the outcome; it must be a pure function of them: the last
-    rank to arrive computes it for everyone. waiting_for ends the progress
-    line ("rank 0 has waited 30 s for rank(s) [1] to ...")."""
+    group.timeout_s for every other rank's, and returns how the round ended
+    (see module doc). decide turns every rank's statement into the round's
+    decision; it must be a pure function of them, since every rank calls it
+    (what it raises, every rank raises). A round given up decides nothing.
+    waiting_for ends the progress line ("rank 0 has waited 30 s for rank(s)
+    [1] to ...")."""
     started = time.monotonic()
     steps = _Steps(store, base, group)
     try:
         count = steps.arrive(statement)
     except _NoCompareSet:
-        return _settle_reading_all(store, base, group, statement, verdict, waiting_for)
-    raised: Exception | None = None
+        return _settle_reading_all(store, base, group, statement, decide, waiting_for)
     if count == len(group.ranks):
-        every = steps.statements(group.ranks)
-        try:
-            mine = verdict(every)
-        except Exception as exc:  # raised on every rank below, not only here
-            raised, mine = exc, f"{RAISED}{group.rank}"
+        steps.statements(group.ranks)
         steps.publish_said()
-        outcome: str | None = steps.set_outcome(mine)
+        outcome: str | None = steps.set_outcome(SETTLED)
         complete = True
     else:
         outcome = steps.wait(waiting_for, started)
@@ -152,16 +171,13 @@ def settle(
     waited = time.monotonic() - started
     if outcome.startswith(GAVE_UP):
         seen = steps.came()
-        return Round(outcome, steps.statements(seen), complete and len(seen) == len(group.ranks), waited)
-    # Every rank came (the outcome is the last one's), so every statement
+        complete = complete and len(seen) == len(group.ranks)
+        return Ended(None, steps.statements(seen), complete, waited, int(outcome[len(GAVE_UP):]))
+    # Every rank came (the last one settled the round), so every statement
     # can be rebuilt, on every rank, from the last one's summary.
     statements = steps.settled_statements()
     steps.done_reading()
-    if outcome.startswith(RAISED):
-        if raised is not None:
-            raise raised
-        outcome = verdict(statements)
-    return Round(outcome, statements, complete, waited)
+    return Ended(decide(statements), statements, complete, waited)
 
 
 class _NoCompareSet(Exception):
@@ -365,8 +381,8 @@ def _warn_no_compare_set(store: Any, exc: Exception) -> None:
 
 
 def _settle_reading_all(
-    store: Any, base: str, group: Group, statement: str, verdict: Callable[[Mapping[int, str]], str], waiting_for: str
-) -> Round:
+    store: Any, base: str, group: Group, statement: str, decide: Callable[[Mapping[int, str]], Any], waiting_for: str
+) -> Ended:
     """settle for a store without compare_set: every rank reads every
     statement and decides by itself (nothing settles the round for all)."""
     store.set(f"{base}/{group.rank}", statement)
@@ -377,16 +393,15 @@ def _settle_reading_all(
     waited = time.monotonic() - started
     if not complete:
         seen = {r: k for r, k in keys.items() if store.check([k])}
-        return Round(f"{GAVE_UP}{group.rank}", _read(store, seen), complete, waited)
+        return Ended(None, _read(store, seen), complete, waited, group.rank)
     statements = _read(store, keys)
-    outcome = verdict(statements)
     if int(store.add(f"{base}/read", 1)) == len(group.ranks):
         for k in [*keys.values(), f"{base}/read"]:
             try:
                 store.delete_key(k)
             except (AttributeError, RuntimeError):  # a store without delete (or failing at it): the keys are small
                 pass
-    return Round(outcome, statements, complete, waited)
+    return Ended(decide(statements), statements, complete, waited)
 
 
 def _read(store: Any, keys: Mapping[int, str]) -> dict[int, str]:
@@ -394,24 +409,102 @@ def _read(store: Any, keys: Mapping[int, str]) -> dict[int, str]:
 
 
 # --------------------------------------------------------------------------
-# A yes-or-no round, and records (goddp.trace)
+# The plan check's rounds (goddp.ranks.agreement)
 
 
-def agree(store: Any, base: str, group: Group, verdict: str, waiting_for: str) -> Round:
+class RanksMissingError(RuntimeError):
+    """Some ranks of a DDP module's group never reached the agreement.
+
+    unsettled: how the given-up round ended, as goddp.ranks.verdict.decide
+    reads it ({"stopped_by": rank, "missing": [ranks]}); seen: the payloads
+    this rank read (rank -> text)."""
+
+    def __init__(self, message: str, unsettled: dict[str, Any] | None = None, seen: Mapping[int, str] | None = None):
+        super().__init__(message)
+        self.unsettled = unsettled
+        self.seen = dict(seen or {})
+
+
+def exchange(
+    store: Any,
+    key: str,
+    group: Group,
+    payload: str,
+    decide: Callable[[Mapping[int, str]], Any],
+    meeting: str = "first step",
+    waiting_for: str = "reach the first training step (they may still be compiling)",
+    keeps: bool = False,
+) -> Any:
+    """One of the plan check's rounds under key (see module doc): publishes
+    payload for this rank and returns decide's decision on every rank's
+    payload of the same round. Waits at most group.timeout_s for the
+    others, then raises RanksMissingError naming the ranks that did not
+    come; a rank that comes after the others gave up on it raises it too.
+    meeting: "first step" or "install"; keeps: the message says the rank
+    keeps DDP's buckets rather than stop (see
+    Note [Rounds that did not settle] in goddp.ranks.group)."""
+    arrival = int(store.add(f"{key}/arrivals", 1))
+    base = f"{key}/{(arrival - 1) // len(group.ranks)}"
+    ended = settle(store, base, group, payload, decide, waiting_for)
+    if not ended.gave_up:
+        return ended.decision
+    unsettled = {"stopped_by": ended.stopped_by, "missing": ended.missing(group)}
+    raise RanksMissingError(round_error(meeting, group, ended, keeps, TIMEOUT_ENV), unsettled, ended.statements)
+
+
+def first_round_timeout_s(group: Group) -> float:
+    """How long a module's agreement (not its install round) waits:
+    GODDP_PLAN_CHECK_TIMEOUT, else half the group's timeout, so that ranks
+    that give up (Note [A round given up] in goddp.ranks.verdict) still meet a
+    rank that never came in DDP's first allreduce before that collective's
+    own timeout ends it."""
+    return env_seconds(TIMEOUT_ENV) or group.timeout_s / 2
+
+
+def timeout_s(process_group: Any = None) -> float:
+    """GODDP_PLAN_CHECK_TIMEOUT, else the process group's own timeout: a
+    rank may still be compiling (an evaluation graph, say) while the others
+    wait, so the wait is as generous as any collective on that group."""
+    return group_timeout_s(TIMEOUT_ENV, lambda: process_group_timeout_s(process_group))
+
+
+STORE_PREFIX = "goddp/agree"
+
+
+def attempt() -> str:
+    """torchrun's restart count (the same on every rank of an attempt), "0"
+    outside torchrun."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def agreement_key(group_name: str, model: str) -> str:
+    """The store key of a DDP module's agreements (see module doc)."""
+    return f"{STORE_PREFIX}/{attempt()}/{group_name}/{model}"
+
+
+def model_key(shapes: Sequence[tuple[tuple[int, ...], str]]) -> str:
+    """A key every rank of a DDP module derives identically: its parameters'
+    shapes and dtypes in DDP order (DDP checks at construction that these
+    agree across the group). Nothing else: ranks may name or declare the
+    same parameters differently (another class, another declaration order)
+    and must still meet, to find that their layouts differ."""
+    text = ";".join(f"{'x'.join(map(str, shape))}:{dtype}" for shape, dtype in shapes)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------
+# goddp.trace's rounds, and its records
+
+
+def unanimous(store: Any, base: str, group: Group, verdict: str, waiting_for: str) -> Ended:
     """A round whose statements are verdicts ("ok" or a reason) and whose
-    outcome is "go" when every rank said "ok", else "refused" (or a give-up,
-    Round.gave_up). Without a store (a group of one rank) this rank's own
+    decision is "go" when every rank said "ok", else "refused" (None when
+    given up). Without a store (a group of one rank) this rank's own
     verdict decides."""
+    decide = lambda said: "go" if all(v == "ok" for v in said.values()) else "refused"  # noqa: E731
     if store is None:
-        return Round("go" if verdict == "ok" else "refused", {group.rank: verdict}, True, 0.0)
-    return settle(
-        store,
-        base,
-        group,
-        verdict,
-        lambda said: "go" if all(v == "ok" for v in said.values()) else "refused",
-        waiting_for,
-    )
+        return Ended(decide({group.rank: verdict}), {group.rank: verdict}, True, 0.0)
+    return settle(store, base, group, verdict, decide, waiting_for)
 
 
 def publish(store: Any, key: str, record: Any) -> None:

@@ -1,9 +1,16 @@
-"""The verdict of one agreement round of a DDP module's ranks, and its words.
+"""What the ranks of a DDP module decide, and its words: the one module
+that decides.
 
-``Round`` holds one round's statements (``Statement``, what one rank says)
-in rank order; ``propose``, ``given_up`` and ``confirm`` are its three kinds
-of round, each a ``Verdict`` or one of the errors every rank raises alike.
+Every rank of a DDP module's process group brings one ``Statement``: the
+layout it proposes for DDP's buckets (goddp.ranks.layout) with its digest,
+or why it proposes none, or that it will propose later. ``Round`` holds one
+round's statements in rank order; ``propose``, ``given_up`` and ``confirm``
+are its three kinds of round, each a ``Decision`` or one of the errors every
+rank raises alike (``decide`` and ``confirm_install`` are the agreement's
+way in). The plan's fingerprint travels along for the record only: graphs
+may differ (Note [Agreeing on DDP's layout] in goddp.ranks.agreement).
 Only the layouts' digests come from the Go planner (goddp_layout_digest).
+How the statements travel is goddp.ranks.store_round's business.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 from goddp.native import extension as _native
 from goddp.ranks.group import Group
 from goddp.ranks.layout import ORDERS, Layout
+
 
 @dataclasses.dataclass(frozen=True)
 class Statement:
@@ -150,7 +158,7 @@ class Statement:
 # goddp.ranks.agreement.follow), at the level it names; the words are the
 # ones goddp's users and tests read (tests/python/ranks/goldens/words.golden).
 
-# Verdict.action
+# Decision.action
 INSTALL = "install"
 KEEP = "keep"
 LATER = "later"
@@ -166,26 +174,38 @@ class PeerFailedError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
+class Decision:
     """What every rank of the group does.
 
-    action: INSTALL, KEEP or LATER.
-    layout_rank: the rank whose layout every rank installs (INSTALL only).
+    action: INSTALL (the layout, on every rank), KEEP (DDP's own buckets,
+        on every rank) or LATER (decide at the module's next training call).
+    layout: the layout every rank installs, the lowest rank's (INSTALL only).
     reason: why not INSTALL (None when INSTALL, or when every rank kept
-        DDP's buckets without saying why).
+        DDP's buckets without saying why; naming what each rank said when
+        they differ).
     disagreed: the ranks said different things (worth a WARNING).
+    statements: what each rank (global rank numbers) said.
     record: the plan record's "plan_check" entry, less what only the
         caller knows (the group's name and size, the seconds it took).
     log: the line every rank logs for it, (logging level, text); None
-        without a group.
+        without a group (Note [The agreement's lines]).
     """
 
     action: str
-    layout_rank: int | None
+    layout: Layout | None
     reason: str | None
     disagreed: bool
-    record: dict[str, Any]
+    statements: Mapping[int, Statement]
+    record: dict[str, Any] | None = None
     log: tuple[int, str] | None = None
+
+    @property
+    def caps(self) -> tuple[int, ...] | None:
+        return None if self.layout is None else self.layout.caps
+
+    def summary(self) -> dict[str, Any]:
+        """The plan record's view of the decision (JSON-serialisable)."""
+        return json.loads(json.dumps(self.record))
 
 
 def _hex(value: int | None) -> str | None:
@@ -216,7 +236,7 @@ class Round:
 
     # -- the three kinds of round
 
-    def propose(self, may_defer: bool) -> Verdict:
+    def propose(self, may_defer: bool) -> Decision:
         """The propose round; may_defer: a rank that will propose later
         defers the decision (False at the round that was deferred to)."""
         self._raise_lost(self._lost())
@@ -240,7 +260,7 @@ class Round:
             reason = "the ranks did not all propose the same layout: " + self._listing()
         return self._verdict(KEEP, None, reason, sayings > 1)
 
-    def given_up(self, stopped_by: int, missing: Sequence[int]) -> Verdict:
+    def given_up(self, stopped_by: int, missing: Sequence[int]) -> Decision:
         """A round given up (Note [A round given up]): stopped_by is the rank
         whose bounded wait ran out first, missing the ranks whose statements
         this rank never saw; the statements are the ones it saw."""
@@ -259,7 +279,7 @@ class Round:
             why = f"rank {stopped_by} stopped waiting before this rank had seen every rank's statement"
         return self._verdict(KEEP, None, why + "; every rank keeps DDP's own buckets and trains on", True)
 
-    def confirm(self, installed: Mapping[int, Mapping[str, Any]]) -> Verdict:
+    def confirm(self, installed: Mapping[int, Mapping[str, Any]]) -> Decision:
         """The install round after this round's INSTALL verdict: installed
         holds what each rank said ({"failed": why or None, "lost": why or
         None}; an absent or empty why says nothing)."""
@@ -346,8 +366,8 @@ class Round:
         """What every rank said, in rank order."""
         return "; ".join(f"rank {r}: {describe(s)}" for r, s in zip(self.ranks, self.said))
 
-    def _verdict(self, action: str, layout_at: int | None, reason: str | None, disagreed: bool) -> Verdict:
-        """The verdict and its record; layout_at indexes the statements in
+    def _verdict(self, action: str, layout_at: int | None, reason: str | None, disagreed: bool) -> Decision:
+        """The decision and its record; layout_at indexes the statements in
         rank order (None: no layout)."""
         chosen = None if layout_at is None else self.said[layout_at]
         record = {
@@ -369,10 +389,47 @@ class Round:
                 for r, s in zip(self.ranks, self.said)
             ],
         }
-        verdict = Verdict(action, None if layout_at is None else self.ranks[layout_at], reason, disagreed, record)
+        statements = dict(zip(self.ranks, self.said))
+        decision = Decision(action, None if chosen is None else chosen.layout, reason, disagreed, statements, record)
         if self.group is None:
-            return verdict
-        return dataclasses.replace(verdict, log=outcome_line(verdict, self.group))
+            return decision
+        return dataclasses.replace(decision, log=outcome_line(decision, self.group))
+
+
+def decide(
+    statements: Mapping[int, Statement],
+    name_of: Callable[[int], str] = str,
+    may_defer: bool = True,
+    unsettled: Mapping[str, Any] | None = None,
+    group: Group | None = None,
+) -> Decision:
+    """The group's decision from every rank's statement (Note [The
+    agreement verdict]), naming parameters by name_of(DDP position).
+
+    Raises PeerFailedError when a rank lost its reducer, and
+    PlanMismatchError when the ranks' layouts differ and some rank runs with
+    strict=True. Otherwise DDP's buckets follow the layout if and only if
+    every rank proposes the very same one (equal digests); the decision
+    waits for the next training call when some rank will propose later
+    (may_defer: not where that call has come). unsettled (a
+    RanksMissingError's): the round was given up, and statements are the
+    ones this rank saw; KEEP on every rank (Note [A round given up]).
+    group: the round's group, for the decision's log line.
+    """
+    round_ = Round(statements, name_of, group)
+    if unsettled is None:
+        return round_.propose(may_defer)
+    return round_.given_up(unsettled["stopped_by"], unsettled["missing"])
+
+
+def confirm_install(
+    decision: Decision, installed: Mapping[int, Mapping[str, Any]], group: Group | None = None
+) -> Decision:
+    """The install round after an INSTALL decision: installed holds what
+    each rank said ({"failed": why or None, "lost": why or None}). Raises
+    PeerFailedError when a rank lost its reducer; KEEP on every rank when
+    some rank failed to install; else the decision stands."""
+    return Round(decision.statements, str, group).confirm(installed)
 
 
 def describe(s: Statement) -> str:
@@ -387,7 +444,7 @@ def describe(s: Statement) -> str:
     return f"{plan}; keeps DDP's buckets: {s.reason}"
 
 
-def outcome_line(verdict: Verdict, group: Group) -> tuple[int, str]:
+def outcome_line(verdict: Decision, group: Group) -> tuple[int, str]:
     """The line every rank logs once a round has decided
     (Note [The agreement's lines])."""
     where = f"{len(group.ranks)} rank(s) of process group {group.name!r}"

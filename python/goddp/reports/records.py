@@ -107,7 +107,7 @@ def last_plans() -> list[dict[str, Any]]:
       the ranks of the DDP module's process group said and decided there
       (aligned, action, caps, layout_digest, reason, ranks (each rank's
       fingerprint, pieces, layout_digest, caps, reason, later), group,
-      size, seconds; goddp.ranks.plan_check, Note [Agreeing on DDP's layout]),
+      size, seconds; goddp.ranks.verdict, Note [Agreeing on DDP's layout]),
       or, for a later graph of a decided module, that it followed that
       decision (aligned, followed).
     - graph: sizes of the Dynamo graph (num_params is None when export

@@ -15,7 +15,7 @@ from goddp.ddp.refusals import trace_refusal
 from goddp.ddp.state import state_of
 from goddp.graph.export import parameter_names
 from goddp.ranks.group import group_of, round_error, store_for, timeout_s
-from goddp.ranks.store_round import agree, gather, publish
+from goddp.ranks.store_round import gather, publish, unanimous
 from goddp.reports.records import last_plans
 from goddp.tracing.figures import format_summary, median_step, normalized, report, verdict
 from goddp.tracing.install import Installation, unwrap_ddp
@@ -57,8 +57,8 @@ class _Rounds:
         """Publishes this rank's verdict ("ok" or a reason) for `phase`;
         returns when every rank said "ok", else raises TraceError (on every
         rank alike: they follow the round's one outcome)."""
-        ended = agree(self.store, f"{self.prefix}/{phase}", self.group, verdict, f"{phase} the trace")
-        if ended.outcome != "go":
+        ended = unanimous(self.store, f"{self.prefix}/{phase}", self.group, verdict, f"{phase} the trace")
+        if ended.decision != "go":
             raise TraceError(round_error(phase, self.group, ended))
 
     def publish(self, record: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
-from goddp.ranks.plan_check import PlanMismatchError
+from goddp.ranks.verdict import PlanMismatchError
 
 
 @pytest.fixture(scope="module")

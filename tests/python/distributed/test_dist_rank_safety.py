@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import goddp
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
 from goddp.ddp.state import state_of
-from goddp.ranks.plan_check import TIMEOUT_ENV
+from goddp.ranks.store_round import TIMEOUT_ENV
 from models import ZOO
 
 STEPS = 3

@@ -26,7 +26,8 @@ from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank,
 from goddp.ddp.state import state_of
 from goddp.ranks import agreement
 from goddp.ranks.layout import layout_of
-from goddp.ranks.plan_check import INSTALL, KEEP, TIMEOUT_ENV, PlanMismatchError, Statement
+from goddp.ranks.store_round import TIMEOUT_ENV
+from goddp.ranks.verdict import INSTALL, KEEP, PlanMismatchError, Statement
 from models import SquareStack
 
 WIDTH, DEPTH = 16, 4

@@ -16,7 +16,8 @@ import goddp
 from goddp import measure
 from goddp.compile import pipeline
 from goddp.graph import blocks
-from goddp.ranks.plan_check import RanksMissingError, Statement
+from goddp.ranks.store_round import RanksMissingError
+from goddp.ranks.verdict import Statement
 from models import ZOO
 
 REPO = Path(__file__).resolve().parents[3]

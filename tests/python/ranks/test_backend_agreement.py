@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from goddp.ddp.state import state_of
 from goddp.ranks import agreement as _agreement
 from goddp.ranks.layout import layout_of
-from goddp.ranks.plan_check import INSTALL, LATER, Statement
+from goddp.ranks.verdict import INSTALL, LATER, Statement
 from models import SquareStack
 
 WIDTH, DEPTH = 128, 6

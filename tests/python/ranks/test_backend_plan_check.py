@@ -1,4 +1,5 @@
-"""What ranks say and decide (goddp.ranks.plan_check), in one process: decide()
+"""What ranks say and decide (goddp.ranks.verdict), and the plan check's
+store rounds (goddp.ranks.store_round), in one process: decide()
 on hand-made statements (layouts, not plans, decide: Note [Agreeing on
 DDP's layout]), and the store exchange between threads that play
 the ranks over torch's own in-memory store."""
@@ -12,21 +13,19 @@ import time
 import pytest
 import torch.distributed as dist
 
-import goddp.ranks.plan_check as plan_check
 import goddp.ranks.store_round as store_round
 from goddp.ranks.layout import Layout
-from goddp.ranks.plan_check import (
+from goddp.ranks.store_round import RanksMissingError, exchange
+from goddp.ranks.verdict import (
     INSTALL,
     KEEP,
     LATER,
     Decision,
     PeerFailedError,
     PlanMismatchError,
-    RanksMissingError,
     Statement,
     confirm_install,
     decide,
-    exchange,
 )
 from goddp.ranks.group import FALLBACK_TIMEOUT_S, Group
 
@@ -94,7 +93,7 @@ def test_caps_that_differ_do_not_align():
 
 def test_the_same_no_everywhere_is_no_disagreement():
     decision = decide({0: says(layout=None, reason="align_buckets=False"), 1: says(layout=None, reason="align_buckets=False")})
-    assert decision == Decision(KEEP, None, "align_buckets=False", False, decision.statements)
+    assert decision == Decision(KEEP, None, "align_buckets=False", False, decision.statements, decision.record)
 
 
 def test_differing_layouts_raise_under_strict_listing_every_rank():
@@ -168,7 +167,7 @@ def _play(store, key, ranks, payloads, timeout=30.0, arrive=None):
     def run(rank):
         group = Group(name="g", ranks=tuple(ranks), rank=rank, timeout_s=timeout)
         try:
-            results[rank] = exchange(store, key, group, payloads[rank])
+            results[rank] = exchange(store, key, group, payloads[rank], dict)
         except Exception as exc:
             results[rank] = exc
 
@@ -215,7 +214,7 @@ def test_a_rank_that_never_comes_is_named_after_the_bounded_wait():
         assert isinstance(results[rank], RanksMissingError), results[rank]
         message = str(results[rank])
         assert f"rank {rank} waited" in message and "for rank(s) [2]" in message
-        assert plan_check.TIMEOUT_ENV in message
+        assert store_round.TIMEOUT_ENV in message
 
 
 def test_a_latecomer_does_not_wait_on_a_round_already_given_up():
@@ -270,7 +269,7 @@ def test_a_rank_that_times_out_as_the_round_settles_follows_it():
 
     def run(rank, store, timeout):
         group = Group(name="g", ranks=(0, 1), rank=rank, timeout_s=timeout)
-        results[rank] = exchange(store, "k", group, "xy"[rank])
+        results[rank] = exchange(store, "k", group, "xy"[rank], dict)
 
     early = threading.Thread(target=run, args=(0, _StaleStore(inner), 2.0))
     early.start()
@@ -311,24 +310,24 @@ def test_progress_is_logged_while_waiting(monkeypatch, caplog):
 
 
 def test_timeout_follows_the_group_unless_the_environment_says(dist_group, monkeypatch):
-    monkeypatch.delenv(plan_check.TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv(store_round.TIMEOUT_ENV, raising=False)
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=42))
-    assert plan_check.timeout_s(group) == 42
-    assert plan_check.timeout_s(None) == FALLBACK_TIMEOUT_S
-    monkeypatch.setenv(plan_check.TIMEOUT_ENV, "7.5")
-    assert plan_check.timeout_s(group) == 7.5
-    monkeypatch.setenv(plan_check.TIMEOUT_ENV, "soon")
+    assert store_round.timeout_s(group) == 42
+    assert store_round.timeout_s(None) == FALLBACK_TIMEOUT_S
+    monkeypatch.setenv(store_round.TIMEOUT_ENV, "7.5")
+    assert store_round.timeout_s(group) == 7.5
+    monkeypatch.setenv(store_round.TIMEOUT_ENV, "soon")
     with pytest.warns(UserWarning, match="ignoring GODDP_PLAN_CHECK_TIMEOUT='soon'"):
-        assert plan_check.timeout_s(group) == 42
+        assert store_round.timeout_s(group) == 42
 
 
 def test_the_model_key_depends_on_shapes_and_dtypes_only():
     # Not on names or classes: ranks that declare their parameters
     # differently must meet (test_backend_declaration's two-rank cases).
-    a = plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.float32")])
-    assert a == plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.float32")])
-    assert a != plan_check.model_key([((4, 4), "torch.float32"), ((4,), "torch.bfloat16")])
-    assert a != plan_check.model_key([((4,), "torch.float32"), ((4, 4), "torch.float32")])
+    a = store_round.model_key([((4, 4), "torch.float32"), ((4,), "torch.float32")])
+    assert a == store_round.model_key([((4, 4), "torch.float32"), ((4,), "torch.float32")])
+    assert a != store_round.model_key([((4, 4), "torch.float32"), ((4,), "torch.bfloat16")])
+    assert a != store_round.model_key([((4,), "torch.float32"), ((4, 4), "torch.float32")])
 
 
 def test_an_elastic_restart_never_pairs_with_a_dead_attempts_round(monkeypatch):
@@ -338,11 +337,11 @@ def test_an_elastic_restart_never_pairs_with_a_dead_attempts_round(monkeypatch):
     rank 1 in round 1, each waiting for the other until the timeout."""
     store = dist.HashStore()
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    dead = plan_check.agreement_key("0", "m")
+    dead = store_round.agreement_key("0", "m")
     store.add(f"{dead}/arrivals", 1)
     store.set(f"{dead}/0/0", "said by the dead attempt")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    key = plan_check.agreement_key("0", "m")
+    key = store_round.agreement_key("0", "m")
     assert key != dead and key.startswith("goddp/agree/1/")
     results = _play(store, key, (0, 1), {0: "a", 1: "b"}, timeout=5.0)
     assert results == {0: {0: "a", 1: "b"}, 1: {0: "a", 1: "b"}}

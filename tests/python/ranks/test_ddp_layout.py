@@ -77,7 +77,7 @@ def _difference(first, second):
     """What the verdict says differs, rank 1 (second) against rank 0 (first):
     goddp.ranks.verdict's layout_difference (testdata/agree_wording.golden has
     more)."""
-    from goddp.ranks.plan_check import Statement, decide
+    from goddp.ranks.verdict import Statement, decide
 
     said = {0: Statement(first, digest=first.digest(), fingerprint=1),
             1: Statement(second, digest=second.digest(), fingerprint=1)}
@@ -100,7 +100,7 @@ def test_the_verdict_says_what_differs(native_module):
     assert _difference(fewer, SAMPLE).startswith("bucket 1: rank 1 holds nothing else where rank 0 holds [layers.1.weight")
     assert _difference(dataclasses.replace(SAMPLE, build="goddp 'x'"), SAMPLE) == (
         "rank 1 was made by 'goddp 0.1.0 abi 5', rank 0 by \"goddp 'x'\"")
-    from goddp.ranks.plan_check import INSTALL, Statement, decide
+    from goddp.ranks.verdict import INSTALL, Statement, decide
 
     same = {r: Statement(SAMPLE, digest=SAMPLE.digest(), fingerprint=1) for r in (0, 1)}
     assert decide(same).action == INSTALL
@@ -110,7 +110,7 @@ def test_a_digest_that_is_not_the_layouts_is_refused(native_module):
     """Equal digests must mean equal layouts: the verdict recomputes each
     rank's digest through the planner (Note [What the verdict refuses] in
     goddp.ranks.verdict)."""
-    from goddp.ranks.plan_check import Statement, decide
+    from goddp.ranks.verdict import Statement, decide
 
     other = dataclasses.replace(SAMPLE, caps=(1, 2, 3))
     said = {0: Statement(SAMPLE, digest=SAMPLE.digest()), 1: Statement(other, digest=SAMPLE.digest())}

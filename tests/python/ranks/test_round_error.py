@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from _golden import check_golden
 from goddp.ranks.group import Group, round_error
-from goddp.ranks.store_round import GAVE_UP, Round
+from goddp.ranks.store_round import GAVE_UP, Ended
 
 GOLDEN = Path(__file__).resolve().parent / "testdata" / "round_words.golden"
 ENV = "GODDP_PLAN_CHECK_TIMEOUT"
@@ -22,8 +22,11 @@ MEETINGS = ("first step", "install", "enter", "leave")
 ENDS = {"waited": (f"{GAVE_UP}1", False), "late": (f"{GAVE_UP}0", True), "refused": ("refused", True)}
 
 
-def ended(outcome: str, complete: bool, said: dict[int, str], waited_s: float = 1799.6) -> Round:
-    return Round(outcome=outcome, statements=said, complete=complete, waited_s=waited_s)
+def ended(outcome: str, complete: bool, said: dict[int, str], waited_s: float = 1799.6) -> Ended:
+    """outcome: the round's decision, or "gave up: rank r"."""
+    if outcome.startswith(GAVE_UP):
+        return Ended(None, said, complete, waited_s, stopped_by=int(outcome[len(GAVE_UP):]))
+    return Ended(outcome, said, complete, waited_s)
 
 
 SEEN = {1: "ok"}

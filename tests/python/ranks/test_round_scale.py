@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from goddp.ranks.group import Group
 from goddp.ranks.layout import Layout
-from goddp.ranks.plan_check import KEEP, PlanMismatchError, RanksMissingError, Statement, decide, exchange
-from goddp.ranks.store_round import GAVE_UP, settle
+from goddp.ranks.store_round import GAVE_UP, RanksMissingError, exchange, settle
+from goddp.ranks.verdict import KEEP, PlanMismatchError, Statement, decide
 
 BUILD = "goddp test abi 0"
 CAPS = (4096, 8192, 1024)
@@ -95,7 +95,7 @@ def _play(stores, run, arrive=None):
 
 def _settle_all(stores, said, timeout=30.0):
     """One settle round among len(stores) ranks; said: rank -> statement.
-    Returns ({rank: Round}, [the mappings the verdict was called with])."""
+    Returns ({rank: Ended}, [the mappings the decision was made on], base)."""
     base, n, seen = f"r/{next(_bases)}", len(stores), []
 
     def verdict(statements):
@@ -116,7 +116,7 @@ def _exchange_all(stores, payloads, timeout=30.0, arrive=None, key=None):
     key, n = key or f"k/{next(_bases)}", len(stores)
 
     def run(rank, store):
-        return exchange(store, key, Group("g", tuple(range(n)), rank, timeout), payloads[rank])
+        return exchange(store, key, Group("g", tuple(range(n)), rank, timeout), payloads[rank], dict)
 
     return _play(stores, run, arrive), key
 
@@ -132,7 +132,7 @@ def test_what_a_rank_calls_and_reads_does_not_grow_with_the_group(clients):
     for n in (16, WIDE):
         stores = clients(n)
         ended, seen, _ = _settle_all(stores, {r: "the same layout, " * 20 for r in range(n)})
-        assert {e.outcome for e in ended.values()} == {"go"}
+        assert {e.decision for e in ended.values()} == {"go"}
         calls = [sum(s.calls.values()) - _polls(s.calls) for s in stores]
         costs[n] = (sorted(calls), max(s.read for s in stores), max(s.calls["get"] for s in stores))
         # one wait on one key, one compare_set, a fixed few more; the last
@@ -149,9 +149,9 @@ def test_ranks_that_agree_rebuild_every_statement_from_one(clients):
     stores = clients(WIDE)
     said = {r: '{"layout": "the same"}' for r in range(WIDE)}
     ended, seen, base = _settle_all(stores, said)
-    assert seen == [said]  # the last rank's verdict saw every rank's statement
+    assert seen == [said] * WIDE  # every rank decided on every rank's statement
     for e in ended.values():
-        assert e.outcome == "go" and e.complete and dict(e.statements) == said
+        assert e.decision == "go" and e.complete and dict(e.statements) == said
     assert max(s.read for s in stores) < 2 * len(said[0]) + 100  # the reference, the outcome
     left = [k for k in ("ref", "diff", "in", "count", "said", "outcome", "read") if stores[0].check([f"{base}/{k}"])]
     assert left == []
@@ -163,9 +163,9 @@ def test_ranks_that_differ_are_read_and_the_verdict_sees_every_rank(clients):
     said = {r: "the layout" for r in range(WIDE)}
     said.update({5: "another layout", 17: "a third", 63: "another layout"})
     ended, seen, base = _settle_all(stores, said)
-    assert seen == [said]
+    assert seen == [said] * WIDE
     for e in ended.values():
-        assert e.outcome == "refused" and dict(e.statements) == said
+        assert e.decision == "refused" and dict(e.statements) == said
     # the last rank: the list of those that differ, and one read of the two
     # other statements; the others: the outcome and the last one's summary
     assert max(s.calls["get"] + s.calls["multi_get"] for s in stores) <= 2
@@ -191,7 +191,7 @@ def test_what_the_others_read_does_not_depend_on_who_came_first(clients):
         time.sleep(0.01)
     ended.update(_play(stores, run, arrive=range(1, WIDE)))
     _join([first])
-    assert seen == [said] and all(dict(e.statements) == said for e in ended.values())
+    assert seen == [said] * WIDE and all(dict(e.statements) == said for e in ended.values())
     readers = [s.read for r, s in enumerate(stores) if s.calls["get"] == 2]  # read the summary
     assert len(readers) >= WIDE - 2
     assert max(readers) < len(odd) + len(common) + 400, max(readers)

@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from goddp.ranks.group import Group, env_seconds, timeout_s
-from goddp.ranks.store_round import GAVE_UP, settle
+from goddp.ranks.store_round import settle
 
 
 def _refused_if_any(said):
@@ -46,16 +46,16 @@ def _play(store, said, timeout=30.0, arrive=None):
 def test_every_rank_follows_one_verdict_and_the_round_is_cleaned_up():
     store = dist.HashStore()
     ended = _play(store, {0: "ok", 1: "busy", 2: "ok"})
-    assert {e.outcome for e in ended.values()} == {"refused"}
+    assert {e.decision for e in ended.values()} == {"refused"}
     assert all(e.complete and dict(e.statements) == {0: "ok", 1: "busy", 2: "ok"} for e in ended.values())
     keys = ("r/0", "r/1", "r/2", "r/ref", "r/diff", "r/in", "r/count", "r/outcome", "r/read")
     assert not any(store.check([k]) for k in keys)
 
 
 def test_a_verdict_that_raises_raises_on_every_rank():
-    """The last rank computes the verdict; where it raises, every rank
-    raises it (the verdict is a pure function of the same statements), and
-    none waits out its bound for an outcome that never comes."""
+    """Every rank decides on the same statements; where the decision raises,
+    every rank raises it (it is a pure function of them), and none waits
+    out its bound for an outcome that never comes."""
 
     def strict(said):
         if len(set(said.values())) > 1:
@@ -85,7 +85,7 @@ def test_a_rank_that_never_comes_ends_the_round_for_everyone_who_did():
     store = dist.HashStore()
     ended = _play(store, {0: "ok", 1: "ok", 2: "ok"}, timeout=0.5, arrive=(0, 1))
     for e in ended.values():
-        assert e.gave_up and e.outcome.startswith(GAVE_UP) and not e.complete
+        assert e.gave_up and e.stopped_by in (0, 1) and e.decision is None and not e.complete
         assert e.missing(Group("g", (0, 1, 2), 0, 0.5)) == [2]
     # the late rank sees everyone, yet follows the give-up
     (late,) = _play(store, {0: "ok", 1: "ok", 2: "ok"}, arrive=(2,)).values()

@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 
 from _agree_util import A, B, CAPS, failed, group, keeps, later, layout, lost, name_of, proposes, strict
 from _golden import check_golden
-from goddp.ranks.plan_check import Statement
-from goddp.ranks.verdict import INSTALL, KEEP, LATER, PeerFailedError, PlanMismatchError, Round
+from goddp.ranks.verdict import INSTALL, KEEP, LATER, PeerFailedError, PlanMismatchError, Round, Statement
 
 GOLDENS = Path(__file__).resolve().parent / "testdata"
 PEER_FAILED, PLAN_MISMATCH = "peer_failed", "plan_mismatch"
@@ -28,6 +27,13 @@ _KINDS = {PeerFailedError: PEER_FAILED, PlanMismatchError: PLAN_MISMATCH}
 def ranked(*statements: Statement, ranks=None) -> dict[int, Statement]:
     """Statements of ranks 0, 1, ... (or of ranks), in that insertion order."""
     return dict(zip(range(len(statements)) if ranks is None else ranks, statements))
+
+
+def layout_rank(decision) -> int | None:
+    """The lowest rank that proposed the layout the decision installs."""
+    if decision.layout is None:
+        return None
+    return min(r for r, s in decision.statements.items() if s.layout == decision.layout)
 
 
 def outcome(said: dict[int, Statement], may_defer: bool = True, **round_kw):
@@ -70,13 +76,13 @@ VERDICTS = [
 ]
 
 
-@pytest.mark.parametrize("name, may_defer, said, want, layout_rank, disagreed, reason", VERDICTS, ids=[v[0] for v in VERDICTS])
-def test_every_branch_of_the_verdict(native_module, name, may_defer, said, want, layout_rank, disagreed, reason):
+@pytest.mark.parametrize("name, may_defer, said, want, want_rank, disagreed, reason", VERDICTS, ids=[v[0] for v in VERDICTS])
+def test_every_branch_of_the_verdict(native_module, name, may_defer, said, want, want_rank, disagreed, reason):
     got = outcome(said, may_defer)
     if want in (PEER_FAILED, PLAN_MISMATCH):
         assert isinstance(got, tuple) and got[0] == want and got[1].startswith("goddp: "), got
         return
-    assert (got.action, got.layout_rank, got.disagreed) == (want, layout_rank, disagreed)
+    assert (got.action, layout_rank(got), got.disagreed) == (want, want_rank, disagreed)
     assert got.reason is None if reason == "-" else got.reason.startswith(reason), got.reason
     record = got.record
     assert record["aligned"] is (want == INSTALL) and record["action"] == want and record["reason"] == got.reason
@@ -90,9 +96,9 @@ def test_every_branch_of_the_verdict(native_module, name, may_defer, said, want,
 def test_the_install_round():
     said = ranked(proposes(), proposes())
     stands = Round(said).confirm({0: {}, 1: {"failed": None, "lost": None}})
-    assert stands == Round(said).propose(False) and stands.action == INSTALL and stands.layout_rank == 0
+    assert stands == Round(said).propose(False) and stands.action == INSTALL and layout_rank(stands) == 0
     kept = Round(said).confirm({1: {"failed": "no per-bucket caps"}, 0: {"failed": "boom"}})
-    assert (kept.action, kept.disagreed, kept.layout_rank) == (KEEP, True, None)
+    assert (kept.action, kept.disagreed, kept.layout) == (KEEP, True, None)
     assert kept.reason == "the ranks agreed, but rank 0: boom; rank 1: no per-bucket caps"
     assert kept.record["aligned"] is False and kept.record["caps"] is None
     assert Round(said).confirm({0: {"failed": ""}, 1: {"lost": ""}}).action == INSTALL  # empty words say nothing
@@ -166,7 +172,7 @@ def test_a_round_given_up_keeps_everywhere():
     early = Round(ranked(proposes()), name_of).given_up(0, [2, 1])
     late = Round(ranked(proposes(), proposes(), proposes()), name_of).given_up(0, [])
     for v in (early, late):
-        assert (v.action, v.layout_rank, v.disagreed, v.record["aligned"]) == (KEEP, None, True, False)
+        assert (v.action, v.layout, v.disagreed, v.record["aligned"]) == (KEEP, None, True, False)
         assert v.reason.endswith("; every rank keeps DDP's own buckets and trains on")
     assert early.reason.startswith(
         "rank(s) [1 2] did not come to the agreement within the bounded wait (rank 0 stopped waiting first)")
@@ -179,7 +185,7 @@ def test_ranks_far_apart_sort_in_rank_order():
     big = 2**63 - 1
     v = Round({big: proposes(), 0: proposes(), big - 1: proposes(), 5: proposes()}).propose(True)
     assert [r["rank"] for r in v.record["ranks"]] == [0, 5, big - 1, big]
-    assert v.layout_rank == 0
+    assert layout_rank(v) == 0
 
 
 def test_the_outcome_line_of_each_kind_of_verdict():
@@ -238,7 +244,7 @@ def render_agree_wording() -> str:
         if isinstance(got, tuple):
             out.append(f"error {got[0]}: {got[1]}\n")
             continue
-        rank = -1 if got.layout_rank is None else got.layout_rank
+        rank = -1 if got.layout is None else layout_rank(got)
         out.append(f"{got.action} layout_rank={rank} disagreed={str(got.disagreed).lower()}\nreason: {got.reason}\n")
     return "".join(out)
 
@@ -322,7 +328,7 @@ def test_the_verdict_matches_the_naive_reference(native_module, said, may_defer)
         return
     assert got.action == want
     if got.action == INSTALL:
-        assert got.layout_rank == min(said)
+        assert layout_rank(got) == min(said) and got.layout == said[min(said)].layout
     if got.action == KEEP and got.disagreed and got.reason.startswith("the ranks did not"):
         for r in said:  # every rank that says something the others do not is named
             assert f"rank {r}: " in got.reason
@@ -354,6 +360,6 @@ def test_a_round_given_up_is_keep_on_every_rank_whatever_each_saw(native_module,
         missing = [] if came_late else [r for r in ranks if r not in seen]
         view = {r: said[r] for r in data.draw(st.permutations(seen))}
         verdict = Round(view, name_of, group("pg", 8)).given_up(stopped_by, missing)
-        assert (verdict.action, verdict.layout_rank, verdict.record["aligned"]) == (KEEP, None, False)
+        assert (verdict.action, verdict.layout, verdict.record["aligned"]) == (KEEP, None, False)
         assert [r["rank"] for r in verdict.record["ranks"]] == seen
         assert verdict.log[0] == 30 and verdict.reason in verdict.log[1]

@@ -20,8 +20,7 @@ from goddp.compile.notes import PlanFacts, plan_notes, settings_note
 from goddp.ranks.agreement import FOLLOWED, follow
 from goddp.ranks.forward import Member, combine
 from goddp.ranks.layout import Layout, build_id
-from goddp.ranks.plan_check import Decision
-from goddp.ranks.verdict import INSTALL, KEEP, LATER, Round
+from goddp.ranks.verdict import INSTALL, KEEP, LATER, Decision, Round
 
 GOLDENS = Path(__file__).resolve().parent / "testdata"
 
