@@ -837,7 +837,7 @@ def _counter_moves_during(call, tries: int, until_moved: bool = False) -> list[i
 
     Note [A deterministic GIL probe]: the switch interval is raised far
     beyond the test's length, so no thread is ever made to give up the GIL:
-    the counter gives it up at each step (time.sleep(0)), and the calling
+    the counter gives it up at each step (a short sleep), and the calling
     thread only where the C code releases it. The caller reads the counter
     just before the call and just after it with the GIL held throughout,
     so a call that holds the GIL sees the counter unmoved, on any machine,
@@ -849,7 +849,7 @@ def _counter_moves_during(call, tries: int, until_moved: bool = False) -> list[i
     def count():
         while not stop.is_set():
             counter[0] += 1
-            time.sleep(0)
+            time.sleep(1e-4)  # GIL released for long enough that a waiting thread surely takes it
 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(WATCHDOG_S)
