@@ -357,7 +357,7 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
         failed = install_or_reset(ddp, decision.caps)
     except ReducerLost as exc:
         lost = exc
-    except Exception as exc:  # even DDP's own settings could not be put back: raised below, after the round
+    except Exception as exc:  # even DDP's own settings could not be put back: raised once the round is in (confirm)
         logger.debug("goddp: the install and its rollback failed", exc_info=True)
         lost = ReducerLost(
             f"goddp: could not give DDP a fresh reducer with its own buckets after a failed install "
