@@ -60,7 +60,7 @@ gounit: ## Go vet, and the Go tests (bridge and concurrent planner tests under -
 	$(GO) test -race -count=1 -run '^TestConcurrent' ./planner
 	$(GO) test -count=1 -skip '^TestConcurrent' ./planner
 # Counted in executions: a timed run can fail spuriously on a loaded machine (golang/go#75804).
-gofuzz: ## Short counted fuzz runs (Build, the block rule, block plans, Decide, the body stacks, the checkpoint regions, the edge costs)
+gofuzz: ## Short counted fuzz runs (Build, the block rule, block plans, Decide, the body stacks, the checkpoint regions, the edge costs, the timeline)
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime 100000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzBlockRule$$' -fuzztime 40000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzBlockPlan$$' -fuzztime 40000x ./planner
@@ -68,6 +68,7 @@ gofuzz: ## Short counted fuzz runs (Build, the block rule, block plans, Decide, 
 	$(GO) test -run '^$$' -fuzz '^FuzzBodies$$' -fuzztime 50000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckpointRegions$$' -fuzztime 60000x ./planner
 	$(GO) test -run '^$$' -fuzz '^FuzzEdgeCosts$$' -fuzztime 40000x ./planner
+	$(GO) test -run '^$$' -fuzz '^FuzzTimeline$$' -fuzztime 30000x ./planner
 
 # Note [A lost DNS answer] in docs/testing.md
 DNS_GIVES_UP   := RES_OPTIONS=timeout:1
