@@ -233,7 +233,7 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
             switch.check_used()  # else this run measured goddp with reuse
         c1 = _cpu_seconds()
         steady, steady_cpu = [], []
-        for _ in range(3):
+        for _ in range(args.steady):
             s, cs = time.perf_counter(), _cpu_seconds()
             wl.loss(compiled(*wl.inputs)).backward()
             steady.append(time.perf_counter() - s)
@@ -250,7 +250,8 @@ def _e2e(args, torch, DDP, models, probes) -> dict:
         peak_fresh = probes.step_peak_bytes(lambda: wl.loss(compiled(*wl.inputs)).backward())
     rec = {"tool": args.tool, "model": args.e2e, "layers": args.layers, "checkpoint": args.checkpoint,
            "bucket_cap_mb": args.bucket_cap_mb, "first_forward_s": t1 - t0, "first_backward_s": t2 - t1,
-           "steady_step_s": stats.median(steady), "peak_rss_delta_mib": rss.peak_delta_mib,
+           "steady_step_s": stats.median(steady), "steady_step_cpu_s": stats.median(steady_cpu),
+           "peak_rss_delta_mib": rss.peak_delta_mib,
            "saved_activations_mib": saved.nbytes / 2**20, "step_peak_rss_delta_mib": step_rss.peak_delta_mib,
            "step_peak_mib": peak.nbytes / 2**20, "step_peak_fresh_grads_mib": peak_fresh.nbytes / 2**20,
            "step_peak_source": peak.source}
@@ -297,7 +298,7 @@ def _ckpt_text(checkpoint: str | None) -> str:
 
 def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, timeout: float = 1800,
         core: int | None = 0, log=print, layer_counts: list[int] | None = None, caches: str = "off",
-        checkpoints: list[str] | None = None, bucket_cap_mb: float | None = None) -> dict:
+        checkpoints: list[str] | None = None, bucket_cap_mb: float | None = None, steady: int = 3) -> dict:
     """Every (tool, size) in its own process, `repeat` times with the tools
     interleaved; each record keeps the median of its repeats (and all runs).
     checkpoints: the --e2e GPT's activation checkpointing variants;
@@ -322,6 +323,7 @@ def run(nodes: list[int], tools: list[str], e2e: list[str], repeat: int = 1, tim
     for i, (rep, model, layers, ckpt, tool) in enumerate(e2e_jobs):
         extra = ["--e2e", model, "--tool", tool, "--checkpoint", ckpt] + (["--layers", str(layers)] if layers else [])
         extra += ["--bucket-cap-mb", str(bucket_cap_mb)] if bucket_cap_mb is not None else []
+        extra += ["--steady", str(steady)]
         rec = _run_child(extra, timeout, core, caches)
         rec.setdefault("tool", tool)
         rec.setdefault("model", model)
@@ -356,6 +358,7 @@ def _median_e2e(recs: list[dict]) -> dict:
     out["compile_runs_s"] = [r["compile_s"] for r in ok]
     out["compile_cpu_runs_s"] = [r["compile_cpu_s"] for r in ok if "compile_cpu_s" in r]
     out["failed_runs"] = len(recs) - len(ok)
+    out["runs"] = recs  # in order of the repeats (bench.edges pairs them)
     return out
 
 
@@ -504,6 +507,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bucket-cap-mb", type=float, default=None,
                     help="--e2e: the DDP module's bucket_cap_mb (default: DDP's own); e.g. --layers 1 "
                          "--checkpoint stack with a cap below a block's parameters: a checkpoint split at buckets")
+    ap.add_argument("--steady", type=int, default=3, help="--e2e: steady steps timed after the first (their median)")
     ap.add_argument("--out", help="JSON output (parent: all results; child: one record)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     ap.add_argument("--repeat", type=int, default=1, help="runs per (tool, size), interleaved; medians reported")
@@ -520,7 +524,7 @@ def main(argv=None) -> int:
         return 0
     res = run(args.nodes, args.tools, args.e2e, args.repeat, args.timeout, core=args.core,
               layer_counts=args.layers, caches=args.caches, checkpoints=args.checkpoint,
-              bucket_cap_mb=args.bucket_cap_mb)
+              bucket_cap_mb=args.bucket_cap_mb, steady=args.steady)
     print(report(res))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))

@@ -56,7 +56,7 @@ def _worker(args) -> int:
     out: dict = {"jobs": {}}
     try:
         device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-        size, inner = ("tiny", "aot_eager") if args.quick else ("demo", "inductor")
+        size, inner = ("smoke", "aot_eager") if args.quick else ("demo", "inductor")
         rounds, trace_steps = (1, 2) if args.quick else (3, 3)
         # Several buckets in either size (the tiny GPT has 0.5 MiB of gradients).
         cap = 0.125 if args.quick else demo.Setup.bucket_cap_mb

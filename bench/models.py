@@ -111,6 +111,39 @@ class GPTLike(nn.Module):
         return x
 
 
+class LossLM(GPTLike):
+    """GPTLike as language-model training scripts write it (nanoGPT's
+    train.py among them): the loss over the vocabulary inside forward, a
+    tied or untied head, and position embeddings or none (the first piece
+    then only the token embedding)."""
+
+    def __init__(self, vocab: int, ctx: int, d_model: int, n_layer: int, n_head: int,
+                 tied: bool = True, positions: bool = True) -> None:
+        super().__init__(vocab, ctx, d_model, n_layer, n_head)
+        if not tied:
+            self.head.weight = nn.Parameter(self.wte.weight.detach().clone())
+        if not positions:
+            del self.wpe
+        self.positions = positions
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx)
+        if self.positions:
+            x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        logits = self.head(self.ln_f(self.run_blocks(x)))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _hf_model(kind: str, **config):
+    """A Hugging Face model built from its config (random weights, nothing
+    downloaded): "bert_mlm" BertForMaskedLM, "vit" ViTForImageClassification."""
+    import transformers
+
+    if kind == "bert_mlm":
+        return transformers.BertForMaskedLM(transformers.BertConfig(**config))
+    return transformers.ViTForImageClassification(transformers.ViTConfig(**config))
+
+
 class ConvNet(nn.Module):
     """A VGG-like stack of 3x3 convolutions with pooling and a linear head.
 
@@ -163,6 +196,14 @@ def _next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def _the_loss(out: torch.Tensor) -> torch.Tensor:
+    return out  # the model returns its loss
+
+
+def _hf_loss(out) -> torch.Tensor:
+    return out.loss
+
+
 @dataclass
 class Workload:
     name: str
@@ -179,6 +220,10 @@ class Workload:
         return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
 
 
+# Hugging Face configs drop out by default; the benchmarks compare variants
+# step for step, so their models do not.
+_NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
 # Size presets. "quick" keeps one developer run within minutes on 2 cores;
 # "full" is what the lead's scheduled run uses.
 PRESETS: dict[str, dict[str, dict]] = {
@@ -192,6 +237,37 @@ PRESETS: dict[str, dict[str, dict]] = {
         "quick": dict(vocab=8192, ctx=128, d_model=384, n_layer=4, n_head=6, batch=2),
         # GPT-2 small: 124M parameters, ~500 MB of gradients per step.
         "full": dict(vocab=50257, ctx=128, d_model=768, n_layer=12, n_head=12, batch=2),
+    },
+    # The edges' class (Note [Edges] in planner/edges.go; bench.edges): what
+    # lies before the first block and after the last differs per model.
+    # "tiny" keeps the widths, depths and vocabularies that decide, with less batch.
+    "nanogpt": {  # tied head, the loss over GPT-2's vocabulary inside forward
+        "tiny": dict(vocab=50304, ctx=64, d_model=256, n_layer=4, n_head=4, batch=2),
+        "quick": dict(vocab=50304, ctx=128, d_model=256, n_layer=4, n_head=4, batch=8),
+    },
+    "gpt_untied": {
+        "tiny": dict(vocab=50304, ctx=64, d_model=256, n_layer=4, n_head=4, batch=2, tied=False),
+        "quick": dict(vocab=50304, ctx=128, d_model=256, n_layer=4, n_head=4, batch=8, tied=False),
+    },
+    "char_gpt": {  # nanoGPT's shakespeare_char: a 65-character vocabulary
+        "tiny": dict(vocab=65, ctx=64, d_model=256, n_layer=4, n_head=4, batch=2),
+        "quick": dict(vocab=65, ctx=128, d_model=256, n_layer=4, n_head=4, batch=8),
+    },
+    "embed_only": {  # no position embedding: the first piece is the token embedding alone
+        "tiny": dict(vocab=4096, ctx=64, d_model=256, n_layer=4, n_head=4, batch=2, positions=False),
+        "quick": dict(vocab=4096, ctx=128, d_model=256, n_layer=4, n_head=4, batch=8, positions=False),
+    },
+    "bert_mlm": {  # HF BertForMaskedLM: the MLM head and its loss over 30,522 tokens
+        "tiny": dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                     intermediate_size=1024, max_position_embeddings=128, ctx=64, batch=2, **_NO_DROPOUT),
+        "quick": dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                      intermediate_size=1024, max_position_embeddings=128, ctx=128, batch=8, **_NO_DROPOUT),
+    },
+    "vit": {  # HF ViTForImageClassification: a patch-embedding convolution, a small class head
+        "tiny": dict(image_size=64, patch_size=8, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                     intermediate_size=1024, num_labels=10, batch=2, **_NO_DROPOUT),
+        "quick": dict(image_size=128, patch_size=16, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                      intermediate_size=1024, num_labels=10, batch=16, **_NO_DROPOUT),
     },
     "conv": {
         "tiny": dict(channels=(8, 8, 16, 16), image=16, classes=10, batch=2),
@@ -221,6 +297,28 @@ def build(name: str, size: str = "quick", seed: int = 0, **overrides) -> Workloa
         desc = (f"GPT {params['n_layer']}L d{params['d_model']} vocab {params['vocab']}, "
                 f"batch {batch}x{params['ctx']}"
                 + (f", checkpoint per {params['checkpoint']}" if params.get("checkpoint", "none") != "none" else ""))
+    elif name in ("nanogpt", "gpt_untied", "char_gpt", "embed_only"):
+        model = LossLM(**params)
+        tokens = torch.randint(params["vocab"], (batch, params["ctx"] + 1), generator=gen)
+        inputs = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+        loss = _the_loss
+        desc = (f"GPT {params['n_layer']}L d{params['d_model']} vocab {params['vocab']}, loss inside, "
+                f"{'tied' if params.get('tied', True) else 'untied'} head, batch {batch}x{params['ctx']}")
+    elif name == "bert_mlm":
+        ctx = params.pop("ctx")
+        model = _hf_model(name, **params)
+        tokens = torch.randint(params["vocab_size"], (batch, ctx), generator=gen)
+        labels = torch.where(torch.rand(batch, ctx, generator=gen) < 0.15, tokens, -100)
+        inputs = (tokens, None, None, None, None, None, None, labels)  # forward(input_ids, 6 more, labels)
+        loss = _hf_loss
+        desc = f"BertForMaskedLM {params['num_hidden_layers']}L d{params['hidden_size']} vocab {params['vocab_size']}, batch {batch}x{ctx}"
+    elif name == "vit":
+        model = _hf_model(name, **params)
+        inputs = (torch.randn(batch, 3, params["image_size"], params["image_size"], generator=gen),
+                  torch.randint(params["num_labels"], (batch,), generator=gen))  # pixel_values, labels
+        loss = _hf_loss
+        desc = (f"ViTForImageClassification {params['num_hidden_layers']}L d{params['hidden_size']}, "
+                f"{params['image_size']}px / {params['patch_size']}, batch {batch}")
     elif name == "conv":
         model = ConvNet(tuple(params["channels"]), params["image"], params["classes"])
         inputs = (torch.randn(batch, 3, params["image"], params["image"], generator=gen),)

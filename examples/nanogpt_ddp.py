@@ -2,6 +2,8 @@
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 examples/nanogpt_ddp.py
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 examples/nanogpt_ddp.py --inner aot_eager --iters 4
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 examples/nanogpt_ddp.py --vocab-size 50304 \
+        --n-layer 4 --n-embd 256 --block-size 128 --iters 12 --backend inductor   # torch's DDPOptimizer, to compare
     TORCH_LOGS=goddp ...   # also shows goddp's plan tables and the ranks' agreement
 
 It has the shape of the training scripts people copy (nanoGPT's train.py
@@ -122,8 +124,10 @@ class TrainConfig:
     lr: float = 1e-3
     bucket_cap_mb: float = 0.1  # small buckets, so that this small model has several
     compile: bool = True
+    backend: str = "goddp"  # or "inductor": torch.compile's own, with torch's DDPOptimizer
     inner: str = "inductor"  # goddp's compiler for each piece
     seed: int = 1337
+    out: str = ""  # save a checkpoint here at the end (rank 0), as train.py does
 
 
 def synthetic_tokens(config: GPTConfig, length: int = 1 << 14) -> torch.Tensor:
@@ -161,13 +165,15 @@ def train(train: TrainConfig, config: GPTConfig | None = None, process_group=Non
     master_process = rank == 0
     torch.manual_seed(train.seed)  # the same initial weights on every rank
     model = GPT(config)
-    if train.compile:
+    if train.compile and train.backend == "goddp":
         model = torch.compile(model, backend="goddp", options={"inner": train.inner})
+    elif train.compile:
+        model = torch.compile(model, backend=train.backend)
     model = DDP(model, process_group=process_group, bucket_cap_mb=train.bucket_cap_mb)
     optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr)
     data = synthetic_tokens(config)
 
-    losses, evaluations = [], []
+    losses, evaluations, seconds = [], [], []
     for iter_num in range(train.iters):
         if iter_num % train.eval_interval == 0 and master_process:
             evaluations.append(estimate_loss(model, data, config, train))
@@ -184,9 +190,13 @@ def train(train: TrainConfig, config: GPTConfig | None = None, process_group=Non
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(total)
+        seconds.append(time.perf_counter() - started)
         if master_process:
-            log(f"iter {iter_num}: loss {total:.4f}, {1000 * (time.perf_counter() - started):.0f} ms")
-    return {"losses": losses, "evaluations": evaluations, "model": model}
+            log(f"iter {iter_num}: loss {total:.4f}, {1000 * seconds[-1]:.0f} ms")
+    if master_process and train.out:
+        torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": train.iters},
+                   train.out)
+    return {"losses": losses, "evaluations": evaluations, "model": model, "seconds": seconds}
 
 
 def main() -> None:
@@ -197,14 +207,20 @@ def main() -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
         else:
             parser.add_argument(flag, type=type(field.default), default=field.default)
-    args = parser.parse_args()
+    for field in dataclasses.fields(GPTConfig):  # the model's size, e.g. --vocab-size 50257
+        parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=field.default)
+    args = vars(parser.parse_args())
+    model_args = {f.name: args.pop(f.name) for f in dataclasses.fields(GPTConfig)}
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo")
     try:
-        result = train(TrainConfig(**vars(args)))
+        result = train(TrainConfig(**args), GPTConfig(**model_args))
         if dist.get_rank() == 0:
             final = result["losses"][-1]
-            print(f"done: final loss {final:.4f} (perplexity {math.exp(final):.1f})")
+            steady = sorted(result["seconds"][2:])  # after the compile and DDP's bucket rebuild
+            median = steady[len(steady) // 2] if steady else float("nan")
+            print(f"done: final loss {final:.4f} (perplexity {math.exp(final):.1f}), first iteration "
+                  f"{result['seconds'][0]:.2f} s, steady iteration {1000 * median:.0f} ms (median of {len(steady)})")
     finally:
         dist.destroy_process_group()
 

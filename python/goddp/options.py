@@ -114,9 +114,11 @@ OPTIONS: tuple[OptionDoc, ...] = (
         ": `\"auto\"` where block cuts apply",
         "`None` (`\"auto\"`); only with block cuts",
         "what runs the pieces before the first repeated block and after the last (embeddings, final "
-        "norm, head): `\"auto\"` runs each eagerly when it is no bigger than the mean block, as regional "
-        "compilation does ([below](#behaviour-worth-knowing)); `\"compile\"` compiles them with `inner`; "
-        "`\"eager\"` runs them eagerly whatever their size",
+        "norm, head, a loss inside forward): `\"auto\"` runs an edge eagerly, as regional compilation "
+        "does, only when what compiling it would save is under 2 % of the step, estimated from its shapes "
+        "(a loss over a large vocabulary is compiled, a small head is not: "
+        "[below](#behaviour-worth-knowing)); `\"compile\"` compiles them with `inner`; `\"eager\"` runs them "
+        "eagerly whatever they cost, which saves their compile for short runs and quick experiments",
         EDGE_CHOICES,
     ),
     OptionDoc(

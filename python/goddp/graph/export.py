@@ -20,6 +20,7 @@ import torch
 from torch import fx, nn
 
 from goddp.graph.checkpoints import body_of
+from goddp.graph.cost import graph_costs
 from goddp.graph.nodes import is_compute, resolve_attr
 from goddp.native import extension as _native
 
@@ -192,7 +193,9 @@ class _Exporter:
         self.find_placeholder_params()
         for node in self.nodes:
             self.add_node(node)
-        arrays = {"num_nodes": len(self.nodes), **self.node_arrays(), **self.param_arrays(), **self.stack_arrays()}
+        flops, nbytes = graph_costs(self.gm, self.nodes)
+        arrays = {"num_nodes": len(self.nodes), **self.node_arrays(), **self.param_arrays(), **self.stack_arrays(),
+                  "node_flops": array("q", flops), "node_bytes": array("q", nbytes)}
         return ExportedGraph(self.nodes, self.node_index, self.params, self.param_names, arrays)
 
     # -- the parameter table

@@ -85,7 +85,9 @@ def test_edges_option_decides_what_runs_the_head(dist_group, edges, eager_pieces
 
 def test_tied_edges_run_eagerly_and_train_like_eager_ddp(dist_group):
     # The tied LM: the embedding (preamble) and the norm and tied projection
-    # (tail) are both edges, and share the embedding's weight.
+    # (tail) are both edges, and share the embedding's weight. Run eagerly
+    # whatever they cost (edges="eager"; what "auto" picks:
+    # test_backend_edges.py).
     entry = ZOO["tied"]
     eager = entry.wrap(entry.build(seed=0), bucket_cap_mb=entry.ddp_cap_mb)
     eager_losses, _ = train(entry, eager, seed_base=10 * dist_group.rank)
@@ -93,7 +95,7 @@ def test_tied_edges_run_eagerly_and_train_like_eager_ddp(dist_group):
     goddp.clear_plans()
     ddp = entry.wrap(entry.build(seed=0), bucket_cap_mb=entry.ddp_cap_mb)
     counting = CountingCompiler()
-    compiled = torch.compile(ddp, backend="goddp", options={"inner": counting, "strict": True, "log_plan": False})
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": counting, "strict": True, "log_plan": False, "edges": "eager"})
     losses, _ = train(entry, compiled, seed_base=10 * dist_group.rank)
     (plan,) = goddp.last_plans()
     eager_pieces = [p["index"] for p in plan["pieces"] if p["eager"]]

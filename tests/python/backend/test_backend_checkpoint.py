@@ -127,7 +127,7 @@ class TestPerBlockCheckpoints:
         # "auto" (a checkpoint call weighs its body: Note [Node weights],
         # and costs it: Note [Edge costs]), with or without checkpointing
         assert shapes[0][:3] == shapes[1][:3], shapes
-        assert shapes[1][0] >= 3 and shapes[1][1] - shapes[1][2] in (1, 2, 3), shapes
+        assert shapes[1][0] >= 3 and shapes[1][1] - shapes[1][2] == 2, shapes
         # the checkpoints reached the compiled pieces, and only with checkpointing on
         assert shapes[0][3] == 0 and shapes[1][3] >= 1, shapes
 
@@ -320,7 +320,7 @@ def run_ordered(make_model, order, cap_mb=CAP_MB, steps=2, ddp_kwargs=None, **op
     torch._dynamo.reset()
     goddp.clear_plans()
     counting = CountingCompiler()
-    opts = {"inner": counting, "strict": True, "log_plan": False, **EDGES_EAGER, **options}
+    opts = {"inner": counting, "strict": True, "log_plan": False, **options}
     if order == "compile_ddp":
         ddp = DDP(make_model(), **ddp_kwargs)
         forward = torch.compile(ddp, backend="goddp", options=opts)
@@ -449,10 +449,10 @@ class TestBucketSplitCheckpoints:
         (a block is one piece, checkpointed or not), so per-block
         checkpoints stay one per block, and the blocks compile once."""
         cap = 0.01  # each TransformerBlock (width 64) holds about 0.13 MiB
-        *_, reference, _ = run_ordered(lambda: build("none", "transformer"), order, cap_mb=cap, steps=1)
+        *_, reference, _ = run_ordered(lambda: build("none", "transformer"), order, cap_mb=cap, steps=1, **EDGES_EAGER)
         with caplog.at_level(logging.INFO, logger="goddp"):
             eager, ddp, eager_losses, losses, plan, counting = run_ordered(
-                lambda: build("per_block", "transformer"), order, cap_mb=cap
+                lambda: build("per_block", "transformer"), order, cap_mb=cap, **EDGES_EAGER
             )
         assert not messages(caplog, "checkpoint '"), messages(caplog, "checkpoint")
         assert piece_shape(plan) == piece_shape(reference)
