@@ -43,10 +43,10 @@ type ModuleStacks struct {
 // higher-order op whose body is a subgraph of its own, plus a get_attr of
 // the body and a getitem per result; the call weighs its body's compute
 // nodes, and the get_attr and getitems 0, as the planner derives from the
-// body facts (Note [Body stacks]) or a C caller gives directly. The block rule's
-// instance sizes (minBlockNodes) and the edges' sizes (Note [Edges]) then
-// count what the model runs, so that a checkpointed block weighs what the
-// same block does uncheckpointed.
+// body facts (Note [Body stacks]) or a C caller gives directly. The block
+// rule's instance sizes (minBlockNodes) then count what the model runs, so
+// that a checkpointed block weighs what the same block does
+// uncheckpointed (its costs, Note [Edge costs], are its body's too).
 
 // weight returns node i's weight under st (one each without weights).
 func (st *ModuleStacks) weight(i int) int {
