@@ -176,17 +176,16 @@ class TrainingGate:
                 return
             self._second_round(ddp)
         elif not self._joined:
-            self._follow(state.decision)
+            self._follow(state.decision, state.shared)
         self.armed = False
 
     def _join(self, ddp: Any) -> None:
-        if not self._joined and self.member is not None:
-            _forward.join(ddp, id(self), self.member)
-            self._joined = True
         if not self._joined:
-            # Nothing to bring (no plan): the forward cannot be combined.
-            _forward.join(ddp, id(self), _forward.Member(None, self.statement.reason or "no plan", "a graph",
-                                                          self._report, lambda info: None))
+            # Without a member (no plan) the graph brings nothing: the forward cannot be combined.
+            member = self.member or _forward.Member(
+                None, self.statement.reason or "no plan", "a graph", self._report, lambda info: None
+            )
+            _forward.join(ddp, id(self), member)
             self._joined = True
 
     def _second_round(self, ddp: Any) -> None:
@@ -209,16 +208,14 @@ class TrainingGate:
                              "reason": ddp_buckets["reason"]})
 
         decision = agree(ddp, statement, report_all, may_defer=False)
-        state_of(ddp).shared = _forward.shared(members)
+        shared = state_of(ddp).shared = _forward.shared(members)
         if not self._joined:
-            self._follow(decision)
+            self._follow(decision, shared)
 
-    def _follow(self, decision: Decision) -> None:
+    def _follow(self, decision: Decision, shared: frozenset[int]) -> None:
         """A graph that first runs after the module decided follows the
         decision (follow); this rank alone runs it."""
         part = None if self.member is None else self.member.layout
-        ddp = self._ddp()
-        shared = frozenset() if ddp is None else state_of(ddp).shared
         plan_check, ddp_buckets, line = follow(decision, self.statement.layout, part, shared)
         if line is not None:
             logger.info("%s", line)
