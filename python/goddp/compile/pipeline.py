@@ -48,7 +48,7 @@ from goddp.compile.plan import call_planner, decode_plan, plan_graph_module, req
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import active_ddp_module
 from goddp.ddp.refusals import STAND_IN, alignment_facts, could_not_inspect, stand_in_blocker
-from goddp.ddp.settings import module_of, note_ddp_settings, settings_of
+from goddp.ddp.settings import module_of, settings_of
 from goddp.ddp.state import state_of
 from goddp.graph.blocks import group_pieces, piece_signature
 from goddp.graph.checkpoints import BodyBuckets, log_splits, split_checkpoints
@@ -371,12 +371,13 @@ class _DDPGraphCompile:
             part_of_forward=planned.part_of_forward,
             frame=self.frame.describe(),
         )
-        note_ddp_settings(self.ddp, settings_note(facts))
+        state = state_of(self.ddp)
+        state.note_settings(settings_note(facts))
         if planned.follows is not None:
             logger.info("%s", planned.follows)
         for note in plan_notes(facts):
             if note.once:
-                state_of(self.ddp).note_once(note.text)
+                state.note_once(note.text)
             else:
                 logger.info("%s", note.text)
 

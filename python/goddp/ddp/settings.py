@@ -8,7 +8,6 @@ planner would refuse are refused here, at compile time (check_caps).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,8 +19,6 @@ from goddp.ddp.state import module_type_name, state_of
 from goddp.graph.export import parameter_names
 from goddp.native.plan import AlignmentFacts, DDPRequest
 from goddp.options import CAP_MB_RANGE, valid_cap_bytes
-
-logger = logging.getLogger("goddp")
 
 
 @dataclass(frozen=True)
@@ -94,13 +91,3 @@ def module_of(ddp: Any) -> dict[str, Any]:
         "type": module_type_name(ddp),
         "process_group": None if process_group is None else str(getattr(process_group, "group_name", "") or ""),
     }
-
-
-def note_ddp_settings(ddp: Any, message: str | None) -> None:
-    """Logs message (a plan's settings note, Note [A plan's notes] in
-    goddp.compile.notes) at INFO if this is the DDP module's first plan."""
-    state = state_of(ddp)
-    if not state.settings_noted:
-        state.settings_noted = True
-        if message is not None:
-            logger.info("%s", message)

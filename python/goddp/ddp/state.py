@@ -72,6 +72,14 @@ class ModuleState:
             self.noted.add(message)
             logger.info("%s", message)
 
+    def note_settings(self, message: str | None) -> None:
+        """Logs message (a plan's settings note, Note [A plan's notes] in
+        goddp.compile.notes) at INFO if this is the module's first plan."""
+        if not self.settings_noted:
+            self.settings_noted = True
+            if message is not None:
+                logger.info("%s", message)
+
 
 def state_of(ddp: Any, create: bool = True) -> ModuleState | None:
     """ddp's state, made at first use; None when create is False and goddp
