@@ -17,10 +17,9 @@ import (
 )
 
 // goddp_checkpoint_split takes and returns JSON text (Note [JSON operations]
-// in bridge/respond.go), the one export that
-// does: a graph's checkpoint calls are few, their facts nested (per call a
-// body, per body node its inputs) and the reply a question or a decision,
-// a shape worse as a struct. goddp.h and docs/planner.md ("Checkpoint
+// in bridge/respond.go): a graph's checkpoint calls are few, their facts
+// nested (per call a body, per body node its inputs) and the reply a
+// question or a decision, a shape worse as a struct. goddp.h and docs/planner.md ("Checkpoint
 // regions") document both shapes; the types below are them. The reply is
 // codes and numbers; the shim words them.
 

@@ -463,9 +463,9 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
 /* How to split one graph's activation checkpoint calls into consecutive
  * checkpoints, one per region of each body (planner/ckptsplit.go, Note
  * [Checkpoint regions]; ABI 10). request and *reply are NUL-terminated JSON
- * text, the one text request of this ABI (the calls are few, their facts
- * nested per call and per body node, the reply a question or a decision: a
- * shape worse as a struct); docs/planner.md, "Checkpoint regions", gives
+ * text (the calls are few, their facts nested per call and per body node,
+ * the reply a question or a decision: a shape worse as a struct);
+ * docs/planner.md, "Checkpoint regions", gives
  * both shapes:
  *   request: {"calls": [call, ...], "bucket_splits": bool,
  *             "cut_at_blocks": bool|null, "buckets_planned": bool}
@@ -505,6 +505,31 @@ goddp_status goddp_layout_digest(const goddp_layout *layout, uint64_t *digest, c
  * block or piece below -1, a "writes" out of range, bucket pieces not one
  * per node, or too many nodes. The error message names the call and node. */
 goddp_status goddp_checkpoint_split(const char *request, char **reply, char **err_msg);
+
+/* A backward step's timeline with DDP's overlapped allreduces, and the
+ * bucket boundaries that minimise it (planner/timeline.go, Note [Timeline];
+ * docs/planner.md, "The timeline model"). request and *reply are
+ * NUL-terminated JSON text, integers only (ns and bytes):
+ *   request: {"backward_ns": [int], "bytes": [int],  (per unit, backward
+ *                                                      order, each > 0)
+ *             "allreduce": {"latency_ns": int, "bytes_per_second": int}
+ *                        | {"table": [[bytes, ns], ...]},
+ *             "launch_ns": int, "slowdown_permille": int (1000: none),
+ *             "starts": [int]|null}
+ *   reply: {"buckets": [{"first": int, "end": int, "bytes": int,
+ *                        "ready_ns": int, "start_ns": int, "done_ns": int}],
+ *           "backward_ns": int, "step_ns": int, "exposed_ns": int,
+ *           "search": "none"|"exact"|"thinned"}
+ * "starts" (bucket starts, unit indices ascending in [1, units)) predicts
+ * those buckets ("search": "none"); null or absent chooses the boundaries
+ * ("exact": the least step; "thinned": the search was cut short, the best
+ * it found). On GODDP_OK, *reply is released with goddp_string_free; on
+ * error it stays NULL. GODDP_ERR_INVALID_CONFIG for a request not of that
+ * shape (an unknown key, a non-integer), no units, a duration or byte count
+ * below 1, a bandwidth of 0, a table of fewer than two points or out of
+ * order, both a line and a table, a slowdown below 1000, bad starts;
+ * GODDP_ERR_OVERFLOW for times that could pass 2^62 ns. */
+goddp_status goddp_timeline(const char *request, char **reply, char **err_msg);
 
 
 /* Releases a plan from goddp_plan_graph. NULL is a no-op. */

@@ -693,6 +693,28 @@ static void check_checkpoint_split(void) {
     CHECK(st == GODDP_ERR_INVALID_CONFIG, "checkpoint split on NULL: status %d", st);
 }
 
+/* The timeline (goddp_timeline): JSON text in, JSON text out. Three units
+ * of 10 ns, 1 ns a byte: the best buckets are [0, 1) and [1, 3), done at 71. */
+static void check_timeline(void) {
+    const char *request =
+        "{\"backward_ns\": [10, 10, 10], \"bytes\": [20, 5, 30], \"launch_ns\": 1, \"slowdown_permille\": 1000,"
+        " \"allreduce\": {\"latency_ns\": 2, \"bytes_per_second\": 1000000000}}";
+    char *reply = NULL, *msg = NULL;
+    goddp_status st = goddp_timeline(request, &reply, &msg);
+    CHECK(st == GODDP_OK && reply != NULL && msg == NULL, "timeline: status %d, message %s", st, msg ? msg : "(none)");
+    CHECK(reply != NULL && strstr(reply, "\"step_ns\":71,") != NULL && strstr(reply, "\"search\":\"exact\"") != NULL,
+          "timeline: reply %s", reply ? reply : "(none)");
+    goddp_string_free(reply);
+    goddp_string_free(msg);
+
+    reply = NULL;
+    msg = NULL;
+    st = goddp_timeline("{\"backward_ns\": [0], \"bytes\": [1]}", &reply, &msg);
+    CHECK(st == GODDP_ERR_INVALID_CONFIG && reply == NULL && msg != NULL && strstr(msg, "duration 0") != NULL,
+          "timeline of a 0 ns unit: status %d, message %s", st, msg ? msg : "(none)");
+    goddp_string_free(msg);
+}
+
 int main(void) {
     CHECK(goddp_abi_version() == GODDP_ABI_VERSION, "library ABI %d, header ABI %d", goddp_abi_version(),
           GODDP_ABI_VERSION);
@@ -710,6 +732,7 @@ int main(void) {
     check_max_procs();
     check_layout_digest();
     check_checkpoint_split();
+    check_timeline();
     check_threads(&g, fp_ddp);
 
     printf("%d passed, %d failed\n", passed, failed);

@@ -398,6 +398,16 @@ class Library:
         finally:
             self.lib.goddp_string_free(reply)
 
+    def timeline(self, request: str) -> str:
+        """A backward step's predicted timeline, or the bucket boundaries
+        that minimise it (goddp_timeline): JSON text in and out, of the
+        shapes goddp.h gives."""
+        reply = self._go(self.lib.goddp_timeline, request.encode(), out=ffi.new("char **"))
+        try:
+            return ffi.string(reply).decode()
+        finally:
+            self.lib.goddp_string_free(reply)
+
 
 _lock = threading.Lock()
 _library: Library | None = None
@@ -486,3 +496,10 @@ def checkpoint_split(request: Mapping[str, Any]) -> dict[str, Any]:
     csrc/goddp.h, which gives both JSON shapes). Raises PlannerError like
     plan_graph."""
     return json.loads(load().checkpoint_split(json.dumps(request, sort_keys=True)))
+
+
+def timeline(request: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's timeline (goddp_timeline in csrc/goddp.h, which gives both
+    JSON shapes; integers only, so a NaN is refused). Raises PlannerError
+    like plan_graph."""
+    return json.loads(load().timeline(json.dumps(request, sort_keys=True)))

@@ -823,7 +823,16 @@ def _big_checkpoint_split(ext):
     return lambda: ext.checkpoint_split(request)
 
 
-PLANNING_CALLS = {"plan_graph": _big_chain_plan, "combine_forward": _big_forward, "checkpoint_split": _big_checkpoint_split}
+def _big_timeline(ext):
+    units = 2048  # the search is O(units^2) without slowdown
+    request = json.dumps({"backward_ns": [1000] * units, "bytes": [4096] * units, "launch_ns": 10,
+                          "allreduce": {"latency_ns": 100, "bytes_per_second": 4_000_000_000},
+                          "slowdown_permille": 1000})
+    return lambda: ext.timeline(request)
+
+
+PLANNING_CALLS = {"plan_graph": _big_chain_plan, "combine_forward": _big_forward, "checkpoint_split": _big_checkpoint_split,
+                  "timeline": _big_timeline}
 QUICK_CALLS = {"abi_version", "set_max_procs", "layout_digest", "debug_panic"}
 
 
@@ -905,6 +914,7 @@ _FORK_ARGS = {
     "layout_digest": lambda: (array("q", [0, 1]).tobytes(), array("i", [0]).tobytes(),
                               array("q", [8]).tobytes(), 0, "build"),
     "checkpoint_split": lambda: ("{}",),
+    "timeline": lambda: ("{}",),
     "debug_panic": lambda: (),
 }
 
@@ -916,7 +926,7 @@ def _extension_functions(ext) -> list[str]:
 def test_forked_child_gets_forked_child_error(ext):
     names = _extension_functions(ext)
     assert set(names) <= set(_FORK_ARGS), f"no fork case for {sorted(set(names) - set(_FORK_ARGS))}"
-    assert len(names) == 6, names
+    assert len(names) == 7, names
     calls = [(name, lambda n=name: getattr(ext, n)(*_FORK_ARGS[n]())) for name in names] + [
         ("goddp.native.extension.plan_graph", lambda: _native.plan_graph(chain_graph(1), toy_config())),
     ]
@@ -1109,3 +1119,22 @@ def test_checkpoint_split_is_json_in_json_out(ext):
     with pytest.raises(ext.PlannerError, match="does not come before it") as info:
         _native.checkpoint_split({"calls": [{**call, "nodes": [{"kind": "compute", "inputs": [0]}, nodes[-1]]}]})
     assert info.value.code == _native.ERR_INVALID_GRAPH
+
+
+def test_timeline_is_json_in_json_out(ext):
+    """goddp_timeline (csrc/goddp.h; Note [Timeline] in planner/timeline.go):
+    three units of 10 ns at 1 ns a byte, chosen and given; a NaN or a 0 ns
+    unit is refused at the door."""
+    request = {"backward_ns": [10, 10, 10], "bytes": [20, 5, 30], "launch_ns": 1, "slowdown_permille": 1000,
+               "allreduce": {"latency_ns": 2, "bytes_per_second": 1_000_000_000}}
+    chosen = _native.timeline(request)
+    assert (chosen["search"], chosen["step_ns"], chosen["exposed_ns"]) == ("exact", 71, 41)
+    assert [(b["first"], b["end"]) for b in chosen["buckets"]] == [(0, 1), (1, 3)]
+    given = _native.timeline({**request, "starts": [1, 2]})
+    assert (given["search"], given["step_ns"], len(given["buckets"])) == ("none", 74, 3)
+    for bad, words in (({"backward_ns": [float("nan"), 10, 10]}, "not valid JSON"),
+                       ({"backward_ns": [0, 10, 10]}, "duration 0"),
+                       ({"allreduce": {"latency_ns": 2, "bytes_per_second": 0}}, "bandwidth 0")):
+        with pytest.raises(ext.PlannerError, match=words) as info:
+            _native.timeline({**request, **bad})
+        assert info.value.code == _native.ERR_INVALID_CONFIG
