@@ -439,18 +439,16 @@ var timelineCases = []timelineCase{
 		},
 	},
 	{
-		// GPT-2 small from its shapes, in backward order: the tied head
-		// with the final norm (38.6M parameters), 12 blocks of 7.09M, the
-		// position embeddings (0.79M); fp32 gradients; backward at 4 flops
-		// per parameter per token, 8 x 1024 tokens, 200 Tflop/s (the
-		// embedding's, a scatter, taken as 0.13 ms); a ring of 8 ranks over
-		// 450 GB/s links, 8 us a hop: 2(N-1)/N of the bytes and 2(N-1)
-		// hops.
+		// GPT-2 small's block units as bench/simulate.py builds them for
+		// its H100/NVLink profile (8 ranks, ring): the tail (final norm and
+		// the head's matrix product; the head's weight is the token
+		// embedding's), 12 blocks, the embeddings, whose tied gradient is
+		// complete only at the end of backward.
 		name: "timeline_gpt2_small_nvlink",
 		in: &TimelineInput{
-			BackwardNs: append(append([]int64{6_325_000}, slices.Repeat([]int64{1_160_000}, 12)...), 130_000),
-			Bytes:      append(append([]int64{154_395_648}, slices.Repeat([]int64{28_351_488}, 12)...), 3_145_728),
-			Allreduce:  AllreduceCost{LatencyNs: 14 * 8_000, BytesPerSecond: 450_000_000_000 * 8 / 14},
+			BackwardNs: append(append([]int64{3_198_065}, slices.Repeat([]int64{718_552}, 12)...), 1000),
+			Bytes:      append(append([]int64{6144}, slices.Repeat([]int64{28_351_488}, 12)...), 157_535_232),
+			Allreduce:  AllreduceCost{LatencyNs: 28_000, BytesPerSecond: 257_142_857_143},
 			LaunchNs:   10_000, SlowdownPermille: 1100,
 		},
 	},
