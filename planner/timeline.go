@@ -290,9 +290,13 @@ func (m *timelineModel) finish(d, w int64) int64 {
 // next returns the ready time and completion of the bucket of units
 // [j, k), after a bucket ready at r whose allreduce completes at e.
 func (m *timelineModel) next(r, e int64, j, k int) (ready, done int64) {
+	return m.nextCosting(r, e, j, k, m.in.LaunchNs+m.cost(m.bytes[k]-m.bytes[j]))
+}
+
+// nextCosting is next given the bucket's launch and allreduce time.
+func (m *timelineModel) nextCosting(r, e int64, j, k int, comm int64) (ready, done int64) {
 	ready = r + m.finish(max(e-r, 0), m.work[k]-m.work[j])
-	done = max(ready, e) + m.in.LaunchNs + m.cost(m.bytes[k]-m.bytes[j])
-	return ready, done
+	return ready, max(ready, e) + comm
 }
 
 // timeline evaluates the buckets that end at ends (ascending, the last n).
@@ -364,8 +368,9 @@ func (m *timelineModel) fronts(b *bound) ([][]frontState, bool) {
 	for k := 1; k <= n; k++ {
 		cands = cands[:0]
 		for j := range k {
+			comm := m.in.LaunchNs + m.cost(m.bytes[k]-m.bytes[j])
 			for i, s := range fronts[j] {
-				r, e := m.next(s.ready, s.done, j, k)
+				r, e := m.nextCosting(s.ready, s.done, j, k, comm)
 				if k < n && b.hopeless(k, r, e) {
 					continue
 				}
