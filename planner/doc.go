@@ -155,6 +155,14 @@
 // the caps (tolerance: half a boundary piece); a block larger than the cap
 // is a bucket of its own. ModeTorch ignores BlockIDs. See blocks.go.
 //
+// # Timeline
+//
+// PredictTimeline and PlanTimeline model a backward step with DDP's
+// overlapped allreduces from numbers alone (per unit its backward time and
+// gradient bytes, an allreduce cost, a launch overhead, a compute
+// slowdown) and choose the bucket boundaries that minimise the predicted
+// step. They take no Graph. See timeline.go, Note [Timeline].
+//
 // # Fingerprint
 //
 // Plan.Fingerprint is 64-bit FNV-1a over a canonical little-endian encoding
