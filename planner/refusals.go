@@ -5,17 +5,18 @@ package planner
 // facts; DDPSettings carries them as flags).
 //
 // Note [Alignment refusals]: goddp aligns DDP's buckets by handing DDP
-// per-bucket caps and rebuilding its reducer. That is refused, in this
-// fixed order (the first that applies is the reason), when: the torch
-// keeps no per-bucket caps; DDP runs its Python reducer (no per-bucket
-// caps there either); static_graph is set (DDP's delayed-allreduce setup
-// is not rebuilt); DDP mixed precision is on; a built-in comm hook is
-// registered (DDP keeps no record from which to register it again);
-// delay_all_reduce_named_params is set (those parameters bypass the
-// buckets); or DDP's parameters span several (dtype, device) groups (DDP
-// buckets each group apart). DDP's buckets are then its own and the plan is
-// the unaligned one. The caller's own refusals (a stand-in DDP, a DDP it
-// could not inspect) come before any of these.
+// per-bucket caps and rebuilding its reducer. That is refused, in this fixed
+// order (the first that applies is the reason), when: the torch keeps no
+// per-bucket caps; DDP runs its Python reducer (no per-bucket caps there
+// either); static_graph is set (DDP's delayed-allreduce setup is not
+// rebuilt); DDP mixed precision is on; a built-in comm hook is registered
+// that the caller cannot identify (DDP keeps no record of it but a name in
+// its logging data; a known one is registered again on the rebuilt reducer);
+// delay_all_reduce_named_params is set (those parameters bypass the buckets);
+// or DDP's parameters span several (dtype, device) groups (DDP buckets each
+// group apart). DDP's buckets are then its own and the plan is the unaligned
+// one. The caller's own refusals (a stand-in DDP, a DDP it could not inspect)
+// come before any of these.
 
 // refusal is the first reason of Note [Alignment refusals] that applies to
 // d, or ReasonAligned when none does.

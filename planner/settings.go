@@ -47,7 +47,7 @@ type DDPSettings struct {
 	NoPerBucketCaps    bool // this torch's DDP keeps no per-bucket caps
 	PythonReducer      bool // DDP runs its Python reducer
 	MixedPrecision     bool // DDP mixed precision is on
-	BuiltinCommHook    bool // a built-in (C++) comm hook is registered
+	BuiltinCommHook    bool // a built-in (C++) comm hook the caller cannot identify is registered
 	DelaysAllReduce    bool // delay_all_reduce_named_params is set
 	SeveralParamGroups bool // DDP's parameters span several (dtype, device) groups
 	// NumParams is the number of parameters DDP reduces, 0 when unknown.

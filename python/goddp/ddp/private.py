@@ -110,17 +110,62 @@ def comm_hooks(ddp: Any) -> CommHooks:
     return list(ddp._comm_hooks)
 
 
+def registered_comm_hooks(ddp: Any) -> CommHooks:
+    """The comm hooks registered on DDP's reducer, as (hook, state): the
+    Python hooks DDP keeps a record of, or a built-in hook as (its
+    ``dist.BuiltinCommHookType``, None) (Note [Built-in comm hooks]).
+    UnknownBuiltinHook where DDP's logging data names a built-in hook this
+    torch has no type for."""
+    hooks = comm_hooks(ddp)
+    name = builtin_comm_hook(ddp)
+    if name is None:
+        return hooks
+    kind = builtin_hook_type(name)
+    if kind is None:
+        raise UnknownBuiltinHook(f"a built-in comm hook goddp cannot identify ({name}) is registered")
+    return [(kind, None)]
+
+
+class UnknownBuiltinHook(RuntimeError):
+    """DDP's logging data names a built-in comm hook that is no
+    ``dist.BuiltinCommHookType`` of this torch: it cannot be registered again."""
+
+
 def logged_comm_hook(ddp: Any) -> str | None:
     """The comm hook DDP's logging data names (any kind of hook), or None."""
     return ddp._get_ddp_logging_data().get("comm_hook") or None
 
 
+# Note [Built-in comm hooks]: DDP keeps no record of a built-in (C++) comm
+# hook (``_register_builtin_comm_hook``) but the name it gives DDP's logger,
+# ``str(comm_hook_type)`` ("BuiltinCommHookType.FP16_COMPRESS"); a Python
+# hook is named there too, and recorded in ``ddp._comm_hooks``. So a logged
+# name with no Python hook recorded is a built-in hook, and the type whose
+# str() is that name is the one to register on a rebuilt reducer, which
+# gets a fresh logger. A name that no type of this torch gives stays
+# unknown: goddp then refuses what would need the hook registered again.
+
+
 def builtin_comm_hook(ddp: Any) -> str | None:
     """The name of a built-in (C++) comm hook registered on DDP's reducer, or
-    None: DDP's logging data names a hook while DDP keeps no Python one, so
-    no record exists from which to register it again."""
+    None (Note [Built-in comm hooks])."""
     name = logged_comm_hook(ddp)
     return name if name and not ddp._comm_hooks else None
+
+
+def builtin_hook_type(name: str) -> Any:
+    """The ``dist.BuiltinCommHookType`` whose name in DDP's logging data is
+    name, or None."""
+    for kind in dist.BuiltinCommHookType.__members__.values():
+        if str(kind) == name:
+            return kind
+    return None
+
+
+def is_builtin_hook(hook: Any) -> bool:
+    """hook (of a (hook, state) pair of registered_comm_hooks) is a built-in
+    hook's type."""
+    return isinstance(hook, dist.BuiltinCommHookType)
 
 
 def current_buckets(ddp: Any) -> list[list[int]]:
@@ -156,11 +201,15 @@ def restore_forward_steps(ddp: Any) -> None:
 
 
 def register_comm_hooks(ddp: Any, hooks: CommHooks) -> None:
-    """Registers hooks on DDP's current reducer and makes them DDP's record
-    (``ddp._comm_hooks``) and the name in its logging data. The one place
+    """Registers hooks (as registered_comm_hooks lists them) on DDP's
+    current reducer and makes them DDP's record: the Python ones in
+    ``ddp._comm_hooks``, each one's name in its logging data. The one place
     goddp registers a comm hook."""
-    ddp._comm_hooks[:] = hooks
+    ddp._comm_hooks[:] = [(hook, state) for hook, state in hooks if not is_builtin_hook(hook)]
     for hook, state in hooks:
+        if is_builtin_hook(hook):
+            ddp._register_builtin_comm_hook(hook)  # names it in the logging data too
+            continue
         dist._register_comm_hook(ddp.reducer, state, hook)
         ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
 
@@ -202,7 +251,7 @@ def rebuild_reducer(
     the new one is told too.
 
     Carried from the old reducer (DDP's own __setstate__ is the model): the
-    comm hooks, the hook name in DDP's logging data, manual backward
+    comm hooks (a built-in one too), the hook name in DDP's logging data, manual backward
     finalization, optimizer-in-backward mode. Settings that cannot be
     carried are refused beforehand (goddp.ddp.refusals).
 
@@ -215,7 +264,7 @@ def rebuild_reducer(
     parameters, expect_sparse = reducer_parameters(ddp)
     names = ddp._build_debug_param_to_name_mapping(parameters)
     previous_config = bucket_config(ddp) if config is not None else None
-    previous_hooks = comm_hooks(ddp)
+    previous_hooks = registered_comm_hooks(ddp)
     assignment = _assignment_of_current_buckets(ddp, parameters) if keep_buckets else None
 
     def build(with_config: Any, with_hooks: CommHooks) -> None:

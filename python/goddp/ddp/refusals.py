@@ -50,7 +50,7 @@ def alignment_facts(ddp: Any) -> tuple[AlignmentFacts | None, str | None]:
                 no_per_bucket_caps=not private.has_per_bucket_caps(ddp),
                 python_reducer=private.uses_python_reducer(ddp),
                 mixed_precision=getattr(ddp, "mixed_precision", None) is not None,
-                builtin_comm_hook=bool(private.builtin_comm_hook(ddp)),
+                builtin_comm_hook=unknown_builtin_comm_hook(ddp) is not None,
                 delays_allreduce=private.delays_some_allreduces(ddp),
                 several_param_groups=len({(p.dtype, p.device) for p in private.ddp_parameters(ddp)}) != 1,
             ),
@@ -58,6 +58,14 @@ def alignment_facts(ddp: Any) -> tuple[AlignmentFacts | None, str | None]:
         )
     except Exception as exc:  # a DDP whose private API differs: leave it alone
         return None, could_not_inspect(exc)
+
+
+def unknown_builtin_comm_hook(ddp: Any) -> str | None:
+    """The name of a built-in comm hook registered on ddp that goddp could
+    not register again on a rebuilt reducer (Note [Built-in comm hooks] in
+    goddp.ddp.private), or None: no built-in hook, or a known one."""
+    name = private.builtin_comm_hook(ddp)
+    return name if name and private.builtin_hook_type(name) is None else None
 
 
 def could_not_inspect(exc: Exception) -> str:
@@ -78,9 +86,10 @@ def could_not_inspect(exc: Exception) -> str:
 #     (a fresh reducer would repeat the static-graph first step); every
 #     parameter is in DDP's delayed allreduce (nothing reduced in
 #     backward); DDP lists several comm hooks; DDP's logging data, which
-#     names a built-in hook, cannot be read; a built-in (C++) comm hook is
-#     registered (it cannot be wrapped). Reading the comm hooks may raise:
-#     that error is goddp.trace's.
+#     names a built-in hook, cannot be read; a built-in (C++) comm hook
+#     that goddp cannot identify is registered (Note [Built-in comm hooks]
+#     in goddp.ddp.private: it could not be registered again). Reading the
+#     comm hooks may raise: that error is goddp.trace's.
 #   - The reducer rebuild that installs aligned buckets is refused at the
 #     first training call when that step runs inside a Join context (DDP
 #     has just handed the old reducer this step's Join state, which cannot
@@ -119,9 +128,9 @@ def trace_refusal(ddp: Any) -> str | None:
     except Exception as exc:  # a DDP whose private API differs: it is not traced, and trains as it is
         logger.debug("goddp: could not read DDP's logging data", exc_info=True)
         return f"could not read DDP's logging data ({type(exc).__name__}: {exc})"
-    if builtin:
+    if builtin and private.builtin_hook_type(builtin) is None:
         return (
-            f"a built-in C++ comm hook ({builtin}) is registered; it cannot be wrapped "
-            "(register it as a Python hook, e.g. torch.distributed.algorithms.ddp_comm_hooks, to trace it)"
+            f"a built-in C++ comm hook goddp cannot identify ({builtin}) is registered; it could not be "
+            "registered again after the trace"
         )
     return None

@@ -47,7 +47,7 @@ _NOT_ALIGNED = {
     _native.REASON_PYTHON_REDUCER: "DDP uses the Python reducer, which has no per-bucket caps",
     _native.REASON_STATIC_GRAPH: "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp",
     _native.REASON_MIXED_PRECISION: "DDP mixed precision is on",
-    _native.REASON_BUILTIN_COMM_HOOK: "a built-in comm hook is registered",
+    _native.REASON_BUILTIN_COMM_HOOK: "a built-in comm hook that goddp cannot identify is registered",
     _native.REASON_DELAYED_ALLREDUCE: "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets",
     _native.REASON_PARAM_GROUPS: "parameters span several (dtype, device) groups; DDP buckets each group apart",
 }
@@ -81,7 +81,7 @@ class AlignmentFacts:
     no_per_bucket_caps: bool = False  # this torch's DDP keeps none (torch < 2.9)
     python_reducer: bool = False
     mixed_precision: bool = False
-    builtin_comm_hook: bool = False
+    builtin_comm_hook: bool = False  # one goddp cannot identify (Note [Built-in comm hooks])
     delays_allreduce: bool = False  # delay_all_reduce_named_params
     several_param_groups: bool = False  # (dtype, device) groups
 

@@ -10,6 +10,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from goddp.ddp import private
@@ -49,6 +50,41 @@ def ddp_default_reduction(ddp: Any) -> Callable[[Any, Any], Any]:
     return reduce
 
 
+def builtin_reduction(ddp: Any, kind: Any) -> tuple[Callable[[Any, Any], Any], bool]:
+    """DDP's built-in comm hook ``kind`` as a Python hook with the C++ hook's
+    own arithmetic (torch/csrc/distributed/c10d/default_comm_hooks.cpp),
+    and whether its future holds a list (a collective's own future). The
+    trace times this replica in the C++ hook's place: the same buckets and
+    numbers, plus the cost of calling Python per bucket (Note [Built-in
+    comm hooks] in goddp.ddp.private)."""
+    group = ddp.process_group
+    size = group.size()
+    if kind == dist.BuiltinCommHookType.ALLREDUCE:
+
+        def allreduce(state, bucket):
+            buf = bucket.buffer()
+            buf.div_(size)  # before the sum, as the C++ hook does
+            return group.allreduce([buf]).get_future()
+
+        return allreduce, True
+    if kind == dist.BuiltinCommHookType.FP16_COMPRESS:
+
+        def fp16_compress(state, bucket):
+            buf = bucket.buffer()
+            compressed = buf.to(torch.float16)
+            compressed.div_(size)
+            future = group.allreduce([compressed]).get_future()
+
+            def decompress(fut):
+                buf.copy_(fut.value()[0])
+                return buf
+
+            return future.then(decompress)
+
+        return fp16_compress, False
+    raise TraceError(f"goddp.trace has no replica of DDP's built-in comm hook {kind}")
+
+
 def unwrap_ddp(module: Any) -> Any:
     """The DistributedDataParallel module behind `module` (itself, or what
     torch.compile wrapped); TraceError otherwise."""
@@ -78,8 +114,13 @@ class Installation:
     def __init__(self, ddp: Any, recorder: Recorder) -> None:
         self.ddp = ddp
         self.recorder = recorder
-        self.user_hooks = private.comm_hooks(ddp)
-        if self.user_hooks:
+        self.user_hooks = private.registered_comm_hooks(ddp)
+        if self.user_hooks and private.is_builtin_hook(self.user_hooks[0][0]):
+            kind = self.user_hooks[0][0]
+            self.hook_name = f"DDP's built-in {kind.name}, timed as its Python replica"
+            reduce, first = builtin_reduction(ddp, kind)
+            self.hooks = [(timing_hook(weakref.ref(recorder), reduce, first=first), None)]
+        elif self.user_hooks:
             user_hook, state = self.user_hooks[0]
             self.hook_name = getattr(user_hook, "__qualname__", repr(user_hook))
             self.hooks = [(timing_hook(weakref.ref(recorder), user_hook, first=False), state)]

@@ -66,8 +66,10 @@ RULES = {
     "every allreduce delayed": Facts(every_delayed=True),
     "several hooks": Facts(hooks=3),
     "logging data": Facts(logged=KeyError("x")),
-    "built-in hook": Facts(hooks=0, logged="ALLREDUCE"),
+    "unknown built-in hook": Facts(hooks=0, logged="ALLREDUCE"),  # no BuiltinCommHookType is named so
 }
+# The names DDP's logging data gives the built-in hooks goddp registers again.
+KNOWN_BUILTIN = ("BuiltinCommHookType.ALLREDUCE", "BuiltinCommHookType.FP16_COMPRESS")
 # The goddp.ddp.private fact each rule of naive_trace_refusal reads (None:
 # a plain attribute of the module).
 READS = (None, "uses_python_reducer", None, "delays_every_allreduce", "comm_hooks", "comm_hooks",
@@ -97,7 +99,8 @@ def test_the_first_rule_that_applies_is_the_reason(index):
 
 
 def test_a_module_no_rule_refuses():
-    for facts in (Facts(), Facts(hooks=0), Facts(join=True), Facts(hooks=1, logged="hook named in the logs")):
+    known = tuple(Facts(hooks=0, logged=name) for name in KNOWN_BUILTIN)
+    for facts in (Facts(), Facts(hooks=0), Facts(join=True), Facts(hooks=1, logged="hook named in the logs"), *known):
         assert refusals.trace_refusal(StandIn(facts)) is None
     assert refusals.rebuild_blocker(StandIn(Facts(traced=True, static_graph=True, python_reducer=True))) is None
 
@@ -112,8 +115,8 @@ def test_comm_hooks_that_cannot_be_read_raise_where_a_rule_needs_them():
 def naive_trace_refusal(f: Facts) -> tuple[str | Exception | None, int]:
     """Note [DDP refusals] read literally: every rule's fact taken at once
     (a built-in hook is one DDP's logging data names while DDP lists no
-    Python hook), the first rule that applies wins; and how many rules were
-    reached."""
+    Python hook; a known one is named as in KNOWN_BUILTIN), the first rule
+    that applies wins; and how many rules were reached."""
     unread = isinstance(f.hooks, Exception)
     builtin = f.logged if isinstance(f.logged, Exception) or f.hooks == 0 else None
     rules = [
@@ -124,8 +127,9 @@ def naive_trace_refusal(f: Facts) -> tuple[str | Exception | None, int]:
         (unread, f.hooks),
         (not unread and f.hooks > 1, f"DDP lists {f.hooks} comm hooks; expected at most one"),
         (isinstance(builtin, Exception), f"could not read DDP's logging data ({type(builtin).__name__}: {builtin})"),
-        (bool(builtin), f"a built-in C++ comm hook ({builtin}) is registered; it cannot be wrapped "
-                        "(register it as a Python hook, e.g. torch.distributed.algorithms.ddp_comm_hooks, to trace it)"),
+        (bool(builtin) and builtin not in KNOWN_BUILTIN,
+         f"a built-in C++ comm hook goddp cannot identify ({builtin}) is registered; it could not be "
+         "registered again after the trace"),
     ]
     reached = next((i for i, (applies, _) in enumerate(rules) if applies), None)
     return (None, len(rules)) if reached is None else (rules[reached][1], reached + 1)
@@ -135,7 +139,8 @@ FACTS = st.builds(
     Facts,
     traced=st.booleans(), python_reducer=st.booleans(), static_graph=st.booleans(), every_delayed=st.booleans(),
     hooks=st.one_of(st.integers(0, 4), st.just(RuntimeError("unreadable hooks"))),
-    logged=st.one_of(st.none(), st.sampled_from(["ALLREDUCE", "FP16_COMPRESS", "a (b)"]), st.text(max_size=8),
+    logged=st.one_of(st.none(), st.sampled_from(["ALLREDUCE", "FP16_COMPRESS", "a (b)", *KNOWN_BUILTIN]),
+                     st.text(max_size=8),
                      st.sampled_from([KeyError("x"), AttributeError("no logging data")])),
     join=st.booleans(),
 )

@@ -26,7 +26,7 @@ NOT_ALIGNED = {
     "REASON_PYTHON_REDUCER": "DDP uses the Python reducer, which has no per-bucket caps",
     "REASON_STATIC_GRAPH": "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp",
     "REASON_MIXED_PRECISION": "DDP mixed precision is on",
-    "REASON_BUILTIN_COMM_HOOK": "a built-in comm hook is registered",
+    "REASON_BUILTIN_COMM_HOOK": "a built-in comm hook that goddp cannot identify is registered",
     "REASON_DELAYED_ALLREDUCE": "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets",
     "REASON_PARAM_GROUPS": "parameters span several (dtype, device) groups; DDP buckets each group apart",
 }
