@@ -326,16 +326,12 @@ def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, G
         statements = {r: Statement.from_json(p) for r, p in payloads.items()}
         return decide(statements, name_of, may_defer, unsettled, group)
 
-    store = store_for(group)
-    if store is None:
-        decision = decide({group.rank: statement}, name_of, may_defer, None, group)
-    else:
-        first = dataclasses.replace(group, timeout_s=first_round_timeout_s(group))
-        try:
-            decision = exchange(store, key, first, statement.to_json(), verdict, keeps=True)
-        except RanksMissingError as exc:
-            logger.warning("%s", exc)
-            decision = verdict(exc.seen, exc.unsettled)
+    first = dataclasses.replace(group, timeout_s=first_round_timeout_s(group))
+    try:
+        decision = exchange(store_for(group), key, first, statement.to_json(), verdict, keeps=True)
+    except RanksMissingError as exc:
+        logger.warning("%s", exc)
+        decision = verdict(exc.seen, exc.unsettled)
     if decision.action == INSTALL:
         decision = _install(ddp, decision, group, key)
     if decision.log is not None:
@@ -367,11 +363,7 @@ def _install(ddp: Any, decision: Decision, group: Group, key: str) -> Decision:
             raise lost  # the others stop too (PeerFailedError), having read why
         return confirm_install(decision, {r: json.loads(p) for r, p in payloads.items()}, group)
 
-    store = store_for(group)
-    if store is None:
-        confirmed = confirm({group.rank: mine})
-    else:
-        confirmed = exchange(store, f"{key}/installed", group, mine, confirm, "install", "install DDP's new buckets")
+    confirmed = exchange(store_for(group), f"{key}/installed", group, mine, confirm, "install", "install DDP's new buckets")
     if confirmed.action != INSTALL:
         _put_ddp_buckets_back(ddp)
     return confirmed

@@ -442,7 +442,10 @@ def exchange(
     come; a rank that comes after the others gave up on it raises it too.
     meeting: "first step" or "install"; keeps: the message says the rank
     keeps DDP's buckets rather than stop (see
-    Note [Rounds that did not settle] in goddp.ranks.group)."""
+    Note [Rounds that did not settle] in goddp.ranks.group). Without a
+    store (a group of one rank) this rank's own payload decides."""
+    if store is None:
+        return decide({group.rank: payload})
     arrival = int(store.add(f"{key}/arrivals", 1))
     base = f"{key}/{(arrival - 1) // len(group.ranks)}"
     ended = settle(store, base, group, payload, decide, waiting_for)
