@@ -39,7 +39,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from goddp.native import extension as native
+from goddp import measure
 
 MIB = 1 << 20
 DDP_CAP = 25 * MIB
@@ -223,7 +223,7 @@ def group_pieces(sizes: list[int], caps: list[int]) -> list[int]:
 def timeline(units: tuple[list[int], list[int]], p: Profile, slowdown: float,
              starts: list[int] | None) -> dict:
     ns, sizes = units
-    return native.timeline({
+    return measure.timeline({
         "backward_ns": ns, "bytes": sizes, "allreduce": p.allreduce(),
         "launch_ns": round(p.launch_s * 1e9), "slowdown_permille": round(slowdown * 1000),
         "starts": starts,

@@ -23,6 +23,9 @@ imports no other goddp name.
 - ``plan_exchange(...)``: one round of the cross-rank exchange the plan
   check makes at a DDP module's first training step (bench.agreement_cost,
   bench.round_scale).
+- ``timeline(request)``: the planner's timeline model of a step
+  (goddp_timeline, Note [Timeline] in planner/timeline.go), JSON-shaped in
+  and out (bench.simulate).
 - ``MIB``: bytes per MiB, as goddp's caps count them.
 """
 
@@ -225,3 +228,11 @@ def plan_exchange(
 
 
 __all__ = ["MIB", "MeasureHookError", "PieceRanges", "PieceReuseOff", "first_use_nodes", "plan_exchange"]
+
+
+def timeline(request: dict[str, Any]) -> dict[str, Any]:
+    """The planner's timeline model (Note [Timeline]): predicts a step, or
+    with no boundaries given chooses them; see docs/planner.md."""
+    from goddp.native import extension
+
+    return extension.timeline(request)

@@ -285,3 +285,17 @@ def test_plan_exchange_is_bounded():
     exchange = measure.plan_exchange(torch.distributed.HashStore(), "t/alone", 0, (0, 1), timeout_s=0.5)
     with pytest.raises(RanksMissingError):
         exchange()
+
+
+def test_timeline_predicts_and_chooses():
+    # two units of 1 ms backward, 1 MB each; 0.1 ms + 1 GB/s per allreduce
+    request = {"backward_ns": [1_000_000, 1_000_000], "bytes": [1_000_000, 1_000_000],
+               "allreduce": {"latency_ns": 100_000, "bytes_per_second": 1_000_000_000},
+               "launch_ns": 0, "slowdown_permille": 1000}
+    one = measure.timeline({**request, "starts": []})
+    split = measure.timeline({**request, "starts": [1]})
+    chosen = measure.timeline({**request, "starts": None})
+    # one bucket: ready at 2 ms, done 2.1 ms later; two: the first (1 to
+    # 2.1 ms) overlaps the second unit's backward, the second done at 3.2 ms
+    assert (one["step_ns"], split["step_ns"]) == (4_100_000, 3_200_000)
+    assert [b["end"] for b in chosen["buckets"]] == [1, 2] and chosen["step_ns"] == 3_200_000
