@@ -20,8 +20,9 @@ package planner
 // checkSingleKey reports ErrInvalidConfig unless every counted parameter of
 // the table (RequiresGrad, not Ignored; used by a compute node or not, since
 // DDP buckets it either way) shares one (DType, Device). DDP walks the cap
-// list once per key, so with several keys no list of caps can make its
-// buckets follow the pieces.
+// list anew for each key (bucket j of every key closes against cap j), so
+// with several keys one list fits only where the keys' j-th buckets hold
+// the same bytes, within a parameter (docs/limits.md); that is not planned.
 func checkSingleKey(g *Graph) error {
 	first := -1
 	for p := range g.Params {
@@ -35,7 +36,7 @@ func checkSingleKey(g *Graph) error {
 		}
 		f := &g.Params[first]
 		if prm.DType != f.DType || prm.Device != f.Device {
-			return errorf(ErrInvalidConfig, "planner: align_buckets needs all counted parameters to share one dtype and device; found dtype %d device %d (parameter %d, %q) and dtype %d device %d (parameter %d, %q): DDP buckets each (dtype, device) group with its own cap list",
+			return errorf(ErrInvalidConfig, "planner: align_buckets needs all counted parameters to share one dtype and device; found dtype %d device %d (parameter %d, %q) and dtype %d device %d (parameter %d, %q): DDP walks the same cap list anew for each (dtype, device) group",
 				f.DType, f.Device, first, f.Name, prm.DType, prm.Device, p, prm.Name)
 		}
 	}

@@ -14,9 +14,12 @@ package planner
 // its logging data; a known one is registered again on the rebuilt reducer);
 // delay_all_reduce_named_params is set (those parameters bypass the buckets);
 // or DDP's parameters span several (dtype, device) groups (DDP buckets each
-// group apart). DDP's buckets are then its own and the plan is the unaligned
-// one. The caller's own refusals (a stand-in DDP, a DDP it could not inspect)
-// come before any of these.
+// group apart, walking the same cap list anew for each: bucket j of every
+// group closes against cap j, so one list fits every group only where their
+// j-th buckets hold the same bytes, within a parameter; see docs/limits.md).
+// DDP's buckets are then its own and the plan is the unaligned one. The
+// caller's own refusals (a stand-in DDP, a DDP it could not inspect) come
+// before any of these.
 
 // refusal is the first reason of Note [Alignment refusals] that applies to
 // d, or ReasonAligned when none does.

@@ -28,7 +28,10 @@ NOT_ALIGNED = {
     "REASON_MIXED_PRECISION": "DDP mixed precision is on",
     "REASON_BUILTIN_COMM_HOOK": "a built-in comm hook that goddp cannot identify is registered",
     "REASON_DELAYED_ALLREDUCE": "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets",
-    "REASON_PARAM_GROUPS": "parameters span several (dtype, device) groups; DDP buckets each group apart",
+    "REASON_PARAM_GROUPS": (
+        "parameters span several (dtype, device) groups; DDP buckets each group apart against the same caps "
+        "(bucket j of each group against cap j), which goddp does not plan"
+    ),
 }
 REASONS = sorted((n for n in dir(_native) if n.startswith("REASON_")), key=lambda n: getattr(_native, n))
 ALIGNMENTS = sorted((n for n in dir(_native) if n.startswith("ALIGN_")), key=lambda n: getattr(_native, n))

@@ -1,0 +1,213 @@
+"""Parameters of several (dtype, device) groups: why goddp keeps DDP's
+buckets, and that such a model still trains as eager DDP does.
+
+DDP buckets each (dtype, device) group apart, and walks the one list of
+per-bucket caps anew for each group: bucket j of every group is closed
+against cap j (``_compute_bucket_assignment_by_size`` in torch's
+reducer.cpp, which DDP's first bucketing and its rebuild both call). The
+first cases check that against the function itself
+(``dist._compute_bucket_assignment_by_size``), on random parameters, and
+show what it means for the bench's kind of model with one block in bf16:
+the bf16 block's one bucket and the float32 group's first bucket share
+cap 0, their byte totals differ by more than a parameter, so no caps close
+both at the cuts, and merging cuts changes neither total. goddp therefore
+refuses alignment there (REASON_PARAM_GROUPS, docs/limits.md). The
+two-rank case (pytest under torchrun, gloo, CPU; a plain pytest run
+launches this file under torchrun itself) trains that model with goddp:
+cut, DDP's buckets left alone with the reason, bitwise equal to eager DDP
+(aot_eager), also when rank 0 first evaluates another batch size.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import goddp
+from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from models import TransformerStack
+
+HALF = 1  # the block in bf16
+OPTIONS = {"inner": "aot_eager", "strict": True, "log_plan": False}
+CAP_MB = 0.125
+STEPS = 3
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# --------------------------------------------------------------------------
+# DDP's rule, read from the function it calls
+
+
+def walk_per_group(sizes, dtypes, caps, order):
+    """The rule as goddp reads it: gradients in `order`, each (dtype) group
+    fills its own bucket and closes it when its bytes reach the group's
+    current cap; each group starts at caps[0] and moves to the next cap
+    (staying at the last) after each bucket it closes. Returns the closed
+    buckets in the order they closed, each with its cap, and the groups'
+    unclosed buckets."""
+    position: dict[torch.dtype, int] = {}
+    open_: dict[torch.dtype, tuple[list[int], int]] = {}
+    closed = []
+    for i in order:
+        key = dtypes[i]
+        indices, size = open_.get(key, ([], 0))
+        indices, size = indices + [i], size + sizes[i]
+        cap = caps[position.get(key, 0)]
+        if size >= cap:
+            closed.append((indices, cap))
+            position[key] = min(position.get(key, 0) + 1, len(caps) - 1)
+            indices, size = [], 0
+        open_[key] = (indices, size)
+    return closed, [indices for indices, _ in open_.values() if indices]
+
+
+def test_ddp_walks_its_caps_anew_for_each_dtype_group():
+    rng = random.Random(0)
+    for case in range(300):
+        n = rng.randint(1, 12)
+        dtypes = [rng.choice(DTYPES[: rng.randint(1, 3)]) for _ in range(n)]
+        tensors = [torch.empty(rng.randint(1, 8), dtype=d) for d in dtypes]
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        caps = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+        order = list(range(n))
+        rng.shuffle(order)
+        # The rebuild: tensors in gradient-ready order, labelled with their
+        # indices; buckets come closed-first, in closing order, the groups'
+        # unclosed buckets after them (in no order goddp can know).
+        got, limits = dist._compute_bucket_assignment_by_size(
+            [tensors[i] for i in order], caps, [False] * n, order)
+        closed, rest = walk_per_group(sizes, dtypes, caps, order)
+        what = f"case {case}: sizes {sizes}, dtypes {dtypes}, caps {caps}, order {order}"
+        assert got[: len(closed)] == [b for b, _ in closed], what
+        assert limits[: len(closed)] == [c for _, c in closed], what
+        assert sorted(got[len(closed):]) == sorted(rest), what
+
+
+def _half_stack(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return HalfBlockStack()
+
+
+class HalfBlockStack(nn.Module):
+    """The bench's kind of model (TransformerStack: blocks and a head) with
+    block HALF in bf16: parameters of two dtypes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack = TransformerStack()
+        self.stack.blocks[HALF].to(torch.bfloat16)
+
+    def forward(self, x):
+        for i, block in enumerate(self.stack.blocks):
+            x = block(x.to(torch.bfloat16)).float() if i == HALF else block(x)
+        return self.stack.head(x)
+
+
+def test_no_caps_close_both_groups_of_a_bf16_block_at_the_cuts():
+    """The pieces at the blocks (gradients ready last block first): the
+    bf16 group's one bucket (block HALF) is closed against cap 0, as is the
+    float32 group's first bucket (the head and the blocks after HALF, or
+    more with cuts merged). A bucket closes at its piece's last gradient,
+    whatever the order inside the piece, only if its cap lies in (total -
+    smallest gradient, total]: the bf16 interval meets no float32 one."""
+    model = _half_stack()
+    blocks = model.stack.blocks
+    ready = [list(model.stack.head.parameters())] + [list(blocks[i].parameters()) for i in reversed(range(len(blocks)))]
+    pieces = [ready[0] + ready[1]] + ready[2:]  # the head goes with the last block
+
+    def interval(params):
+        sizes = [p.numel() * p.element_size() for p in params]
+        return sum(sizes) - min(sizes), sum(sizes)
+
+    bf16 = interval([p for piece in pieces for p in piece if p.dtype == torch.bfloat16])
+    float32 = [p for piece in pieces for p in piece if p.dtype == torch.float32]
+    boundaries = []  # each float32 prefix that ends at a piece boundary (cuts merged or not)
+    for k in range(1, len(pieces) + 1):
+        prefix = [p for piece in pieces[:k] for p in piece if p.dtype == torch.float32]
+        if prefix and (not boundaries or len(prefix) > boundaries[-1][0]):
+            boundaries.append((len(prefix), interval(prefix)))
+    assert boundaries and all(hi <= bf16[0] or lo >= bf16[1] for _, (lo, hi) in boundaries), (bf16, boundaries)
+
+    # What DDP's rule (test above) makes of the two choices: with cap 0 at
+    # the end of the float32 group's first piece, the bf16 bucket never
+    # closes (DDP puts it after every closed bucket: it launches at the end
+    # of backward); at the end of the bf16 block, the float32 group's first
+    # bucket closes inside its piece. Neither closes that bucket at a cut.
+    order = [p for piece in pieces for p in piece]
+    sizes = [p.numel() * p.element_size() for p in order]
+    dtypes = [p.dtype for p in order]
+    first_f32 = [i for i, p in enumerate(order) if p.dtype == torch.float32][: len(
+        [p for p in pieces[0] if p.dtype == torch.float32])]
+    half = [i for i, p in enumerate(order) if p.dtype == torch.bfloat16]
+    for cap0, missed in ((boundaries[0][1][1], half), (bf16[1], first_f32)):
+        closed, _ = walk_per_group(sizes, dtypes, [cap0, 1 << 40], range(len(order)))
+        assert closed and all(b != missed for b, _ in closed), (cap0, closed)
+
+
+# --------------------------------------------------------------------------
+# Two ranks: refused, and trains as eager DDP
+
+
+@pytest.fixture(scope="module")
+def group(dist_group):
+    return short_timeout_group(120)
+
+
+def _fresh() -> None:
+    torch._dynamo.reset()
+    goddp.clear_plans()
+
+
+def _train(group, compiled: bool, evaluate_first: bool):
+    _fresh()
+    model = _half_stack()
+    ddp = DDP(model, process_group=group, bucket_cap_mb=CAP_MB)
+    forward = torch.compile(ddp, backend="goddp", options=OPTIONS) if compiled else ddp
+    if evaluate_first and rank() == 0:
+        model.eval()
+        with torch.no_grad():
+            forward(torch.randn(5, 8, 64, generator=torch.Generator().manual_seed(7)))
+        model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses, grads = [], []
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(100 * rank() + step))
+        loss = forward(x).pow(2).mean()
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        optimizer.step()
+        losses.append(loss.detach().clone())
+    return ddp, model, losses, grads
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("evaluate_first", [False, True], ids=["same", "rank0-evaluates-first"])
+def test_a_bf16_block_is_cut_keeps_ddp_buckets_and_trains_as_eager_ddp(group, evaluate_first):
+    _, eager_model, eager_losses, eager_grads = _train(group, False, evaluate_first)
+    ddp, model, losses, grads = _train(group, True, evaluate_first)
+    plans = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plans, goddp.last_plans()
+    plan = plans[0]
+    assert plan["fallback"] is None and plan["num_pieces"] > 1, plan
+    assert plan["ddp_buckets"]["aligned"] is False
+    assert plan["ddp_buckets"]["reason"].startswith("parameters span several (dtype, device) groups"), plan
+    for step, (g, w) in enumerate(zip(losses, eager_losses)):
+        assert torch.equal(g, w), f"loss, step {step}"
+    for step, (g, w) in enumerate(zip(grads, eager_grads)):
+        for i, (a, b) in enumerate(zip(g, w)):
+            assert a.dtype == b.dtype and torch.equal(a, b), f"step {step}, parameter {i}"
+    for (name, w), g in zip(eager_model.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(g, w), f"{name} differs from eager DDP"
+    _fresh()
+
+
+@pytest.mark.single_process
+def test_dtype_groups_under_torchrun():
+    """Plain pytest: run this file's two-rank cases under torchrun."""
+    assert_file_passes_under_torchrun(__file__, timeout=600)
