@@ -8,7 +8,9 @@ bench's kind of model (a stack of transformer blocks) trains with goddp
 (aot_eager) and as eager DDP with the same hook: losses and weights equal
 bitwise (both hooks are elementwise: the buckets do not change a number),
 DDP's rebuilt buckets are the plan's, and the rebuilt reducer holds the
-hook (DDP refuses to register a second one). goddp.trace times a built-in
+hook (DDP refuses to register a second one); with gradient_as_bucket_view,
+in both wrapping orders when rank 0 first evaluates another batch size, and
+under find_unused_parameters (declaration-order caps). goddp.trace times a built-in
 hook's buckets through its Python replica and changes no number. A name in
 DDP's logging data that no built-in hook of this torch has is still refused
 (the trace's refusal: test_dist_trace.py).
@@ -45,8 +47,12 @@ def _fresh() -> None:
     goddp.clear_plans()
 
 
-def _ddp(group, hook, **kwargs):
-    ddp = ENTRY.wrap(ENTRY.build(seed=0), process_group=group, bucket_cap_mb=ENTRY.ddp_cap_mb, **kwargs)
+def _ddp(group, hook, compile_inside=False, **kwargs):
+    """DDP of the model with hook; compile_inside: DDP(compile(m))."""
+    model = ENTRY.build(seed=0)
+    if compile_inside:
+        model = torch.compile(model, backend="goddp", options=OPTIONS)
+    ddp = ENTRY.wrap(model, process_group=group, bucket_cap_mb=ENTRY.ddp_cap_mb, **kwargs)
     if hook is not None:
         ddp._register_builtin_comm_hook(hook)
     return ddp
@@ -139,15 +145,36 @@ def test_a_builtin_hook_is_registered_again_on_the_aligned_reducer(group, hook, 
 
 
 @needs_two_ranks
+@pytest.mark.parametrize("order", ["compile(DDP(m))", "DDP(compile(m))"])
 @pytest.mark.parametrize("hook", HOOKS, ids=HOOK_IDS)
-def test_rank0_evaluating_another_batch_size_first_still_aligns(group, hook):
+def test_rank0_evaluating_another_batch_size_first_still_aligns(group, hook, order):
     _fresh()
     eager = _ddp(group, hook)
     want_losses, want_grads = _train(eager, eager, evaluate_first=True)
-    ddp = _ddp(group, hook)
-    losses, grads = _train(ddp, _compiled(ddp), evaluate_first=True)
+    inside = order == "DDP(compile(m))"
+    ddp = _ddp(group, hook, compile_inside=inside)
+    losses, grads = _train(ddp, ddp if inside else _compiled(ddp), evaluate_first=True)
     plan = _assert_aligned(ddp)
     assert plan["plan_check"]["size"] == 2
+    _assert_bitwise(losses, want_losses, "loss")
+    _assert_bitwise(grads, want_grads, "gradient")
+    _assert_hook_on_reducer(ddp, hook)
+    _fresh()
+
+
+@needs_two_ranks
+def test_a_builtin_hook_under_find_unused_parameters_aligns_in_declaration_order(group):
+    hook = dist.BuiltinCommHookType.FP16_COMPRESS
+    _fresh()
+    eager = _ddp(group, hook, find_unused_parameters=True)
+    want_losses, want_grads = _train(eager, eager)
+    ddp = _ddp(group, hook, find_unused_parameters=True)
+    losses, grads = _train(ddp, _compiled(ddp))
+    plans = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plans and plans[0]["alignment"].startswith("declaration-order caps"), plans
+    assert plans[0]["ddp_buckets"] == {"aligned": True, "reason": None}, plans[0]["ddp_buckets"]
+    # DDP never rebuilds here: its buckets are the caps' (declaration order)
+    assert _ddp_bucket_sizes(ddp) == plans[0]["ddp_caps"][::-1]
     _assert_bitwise(losses, want_losses, "loss")
     _assert_bitwise(grads, want_grads, "gradient")
     _assert_hook_on_reducer(ddp, hook)
