@@ -163,7 +163,7 @@ enum goddp_edges {
 #define GODDP_DDP_NO_PER_BUCKET_CAPS 0x8u /* this torch's DDP keeps no per-bucket caps (torch < 2.9) */
 #define GODDP_DDP_PYTHON_REDUCER 0x10u /* DDP runs its Python reducer (compiled autograd) */
 #define GODDP_DDP_MIXED_PRECISION 0x20u /* DDP mixed precision is on */
-#define GODDP_DDP_BUILTIN_COMM_HOOK 0x40u /* a built-in (C++) comm hook is registered */
+#define GODDP_DDP_BUILTIN_COMM_HOOK 0x40u /* a built-in (C++) comm hook goddp cannot identify is registered */
 #define GODDP_DDP_DELAYS_ALLREDUCE 0x80u /* delay_all_reduce_named_params is set */
 #define GODDP_DDP_SEVERAL_PARAM_GROUPS 0x100u /* DDP's parameters span several (dtype, device) groups */
 
