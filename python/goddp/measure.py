@@ -41,6 +41,7 @@ from goddp.compile import pipeline
 from goddp.graph import blocks, stitch
 from goddp.graph.export import export_graph
 from goddp.graph.nodes import is_compute
+from goddp.native import extension
 from goddp.options import MIB
 from goddp.ranks.group import Group
 from goddp.ranks.layout import Layout
@@ -233,6 +234,4 @@ __all__ = ["MIB", "MeasureHookError", "PieceRanges", "PieceReuseOff", "first_use
 def timeline(request: dict[str, Any]) -> dict[str, Any]:
     """The planner's timeline model (Note [Timeline]): predicts a step, or
     with no boundaries given chooses them; see docs/planner.md."""
-    from goddp.native import extension
-
     return extension.timeline(request)
