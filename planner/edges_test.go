@@ -115,15 +115,7 @@ func TestEdgeCostsValidated(t *testing.T) {
 // runs eagerly when its unfused bytes, at kernelFlopsPerByte flops a byte,
 // are at most 1/negligibleShare of every node's bytes and flops together.
 func naiveEagerAuto(g *Graph, nodePiece []int32, numPieces int) []int32 {
-	first, last := -1, -1
-	for i, op := range g.Ops {
-		if isCompute(op) && g.BlockIDs[i] >= 0 {
-			if first < 0 {
-				first = i
-			}
-			last = i
-		}
-	}
+	first, last := blockSpan(g)
 	step := new(big.Int)
 	for i := range g.Ops {
 		b := new(big.Int).Mul(big.NewInt(g.NodeBytes[i]), big.NewInt(kernelFlopsPerByte))
