@@ -135,7 +135,7 @@ test-torch: $(TORCH_VENV)/.goddp $(HOOKDIR)/libgoddp.so ## Python suites (one-pr
 test: ## Run every test: Go, C, Python, Python under torchrun, the wheel's user path
 	MAKE="$(MAKE)" scripts/test_all.sh
 
-demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: GPT, Inductor, 2 CPU ranks (~140 s of CPU)
+demo: install ## goddp vs torch.compile(DDP), DDPOptimizer, regional: a GPT with GPT-2's vocabulary, Inductor, 2 CPU ranks (~2 min)
 	OMP_NUM_THREADS=1 $(TORCHRUN) --standalone --nproc_per_node=2 -m bench.demo
 gpu-check: install ## goddp on one CUDA GPU (< 8 min): NCCL, Inductor, goddp.trace, bf16; on CPU if there is none
 	$(PY) -m bench.gpu_check
