@@ -2,14 +2,15 @@
 
 (This package is goddp.tracing; ``goddp.trace`` is its ``trace`` function.
 Its modules: ``recorder``, what is recorded; ``figures``, what is derived
-from it, the summary text included; ``install``,
+from it, the summary text included; ``prediction``, the planner's timeline
+model fed with it (Note [Trace prediction]); ``install``,
 the hooks on DDP; ``session``, the ``Trace`` object and its agreement
 across ranks; ``summary``, the picture.)
 
     with goddp.trace(ddp_model) as tr:      # every rank of the DDP group
         for batch in batches:               # a few ordinary training steps
             train_step(batch)
-    print(tr.summary())                     # per-bucket and per-step table, verdict
+    print(tr.summary())                     # per-bucket and per-step table, verdict, prediction
     tr.plot("overlap.png")                  # launch timeline, one row per step
     json.dumps(tr.to_dict())
 

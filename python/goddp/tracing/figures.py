@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from goddp.tracing.prediction import predict
+
 # Note [Trace figures]: a step's backward compute ends when autograd ran
 # its last node (compute_end_s). Exposed communication is the time from
 # that end to the last allreduce's completion, 0 when they all completed
@@ -159,11 +161,13 @@ def verdict(steps: Sequence[dict[str, Any]]) -> str:
 def report(record: dict[str, Any]) -> dict[str, Any]:
     """Everything derived from a record (Trace.to_dict, or as much of it as
     a figure needs): steps (normalized), step_stats, median_step (its
-    index, -1: none), verdict, summary."""
+    index, -1: none), verdict, prediction (goddp.tracing.prediction),
+    summary."""
     steps = normalized(record.get("steps") or [])
     stats = [_stats(s) for s in steps]
     median = _median_index(steps)
     figures = {"steps": steps, "step_stats": stats, "median_step": median, "verdict": _verdict(stats, median)}
+    figures["prediction"] = predict(steps, median, stats)
     figures["summary"] = _Summary(record, figures).render()
     return figures
 
@@ -171,6 +175,11 @@ def report(record: dict[str, Any]) -> dict[str, Any]:
 def format_summary(record: dict[str, Any]) -> str:
     """The readable summary of one rank's record (Trace.summary)."""
     return report(record)["summary"]
+
+
+def _ms(seconds: float | None, width: int, digits: int) -> str:
+    """Seconds as milliseconds, or "-" for a time not measured."""
+    return f"{'-':>{width}}" if seconds is None else f"{seconds * 1e3:>{width}.{digits}f}"
 
 
 def _size(n: int) -> str:
@@ -196,6 +205,7 @@ class _Summary:
         if median >= 0:
             self.median_table(median, graphs)
             self.step_table()
+            self.prediction()
         self.lines.append(f"verdict: {self.figures['verdict']}")
         return "\n".join(self.lines)
 
@@ -271,3 +281,44 @@ class _Summary:
             )
         if self.record.get("dropped_steps"):
             self.lines.append(f"  ({self.record['dropped_steps']} older step(s) dropped)")
+
+    def prediction(self) -> None:
+        """The planner's prediction beside the median step's measurement,
+        and what other caps would give (Note [Trace prediction])."""
+        pred = self.figures["prediction"]
+        if "unavailable" in pred:
+            self.lines.append(f"predicted: none ({pred['unavailable']})")
+            return
+        self.lines.append(
+            f"predicted by the timeline model for step {pred['step']}'s measured inputs (ms from backward start; "
+            "error: predicted - measured):"
+        )
+        self.lines.append(f"  {'bucket':>6} {'bytes':>11} {'launch':>8} {'pred':>8} {'error':>7} {'done':>8} {'pred':>8} {'error':>7}")
+        for b in pred["buckets"]:
+            self.lines.append(
+                f"  {b['index']:>6} {_size(b['bytes']):>11} {b['launch_s'] * 1e3:>8.1f} {b['predicted_launch_s'] * 1e3:>8.1f} "
+                f"{b['launch_error_s'] * 1e3:>7.2f} {_ms(b['done_s'], 8, 1)} {b['predicted_done_s'] * 1e3:>8.1f} "
+                f"{_ms(b['done_error_s'], 7, 2)}"
+            )
+        self.lines.append(
+            f"  exposed: measured {_ms(pred['measured_exposed_s'], 0, 1)}, predicted {pred['exposed_s'] * 1e3:.1f}, "
+            f"error {_ms(pred['exposed_error_s'], 0, 2)}"
+        )
+        fit = pred["fit"]
+        how = f"least squares over {fit['points']} bucket(s)" if not fit["note"] else f"{fit['method']} over {fit['points']} bucket(s): {fit['note']}"
+        self.lines.append(
+            "  inputs: each bucket's backward estimated as the time from the launch before it"
+            f"{'' if pred['start_seen'] else ' (backward start not seen: the first is 1 ns)'}, so predicted launches match by construction;"
+        )
+        self.lines.append(
+            f"  allreduce {fit['latency_ns'] / 1e6:.3f} ms + bytes at {fit['bytes_per_second'] / 1e6:.1f} MB/s ({how}); "
+            "launch overhead 0 (inside the latency); compute slowdown 1.0 (not measured)"
+        )
+        for x in pred["left_out"]:
+            self.lines.append(f"  left out of the fit: step {x['step']} bucket {x['index']}: {x['reason']}")
+        self.lines.append("what would another cap give? predicted, the measured buckets merged (ms):")
+        self.lines.append(f"  {'setting':<36} {'buckets':>7} {'exposed':>8} {'last done':>9}")
+        for c in pred["caps"]:
+            self.lines.append(
+                f"  {c['setting']:<36} {len(c['bucket_bytes']):>7} {c['exposed_s'] * 1e3:>8.1f} {c['step_s'] * 1e3:>9.1f}"
+            )

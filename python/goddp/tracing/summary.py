@@ -8,6 +8,9 @@ from typing import Any, Sequence
 
 from goddp.tracing.recorder import TraceError
 
+MEASURED_COLOR = "#2e9e5b"
+PREDICTED_COLOR = "#7b5ea7"  # the timeline model's rows (Trace.plot)
+
 
 def _pyplot():
     try:
@@ -24,7 +27,7 @@ def plot_steps(
     path: str | os.PathLike,
     rows: Sequence[tuple[str, dict[str, Any] | None]],
     title: str = "",
-    colors: str | Sequence[str] = "#2e9e5b",
+    colors: str | Sequence[str] = MEASURED_COLOR,
 ) -> str:
     """Writes a PNG with one launch-timeline row per (label, step dict);
     rows without a step are left out. Returns the path."""
@@ -41,7 +44,7 @@ def plot_steps(
     return str(path)
 
 
-def draw_launch_rows(ax: Any, rows: Sequence[tuple[str, dict[str, Any]]], color: str | Sequence[str] = "#2e9e5b") -> None:
+def draw_launch_rows(ax: Any, rows: Sequence[tuple[str, dict[str, Any]]], color: str | Sequence[str] = MEASURED_COLOR) -> None:
     """Draws launch timelines on a matplotlib axis, one row per (label, step
     dict): grey from backward start to its compute end, one coloured bar per
     bucket from launch to completion (labelled with its size when there are

@@ -54,7 +54,7 @@ def test_normalized_step_keys():
     assert list(n) == ["start_seen", "compute_end_s", "finalized_s", "buckets"]
     assert n["buckets"] == [{"index": 0, "bytes": 8, "params": 1, "param_names": [], "launch_s": 0.5, "done_s": 0.5}]
     rep = figures.report({"module": "M", "steps": [n]})
-    assert list(rep) == ["steps", "step_stats", "median_step", "verdict", "summary"]
+    assert list(rep) == ["steps", "step_stats", "median_step", "verdict", "prediction", "summary"]
     assert list(rep["step_stats"][0]) == ["backward_s", "last_done_s", "exposed_s", "comm_busy_s", "overlapped", "buckets",
                                           "launched_during_backward", "head_start_s"]
     json.dumps(rep, allow_nan=False)
