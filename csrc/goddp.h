@@ -130,7 +130,7 @@ enum goddp_align_reason {
      * [Alignment refusals], in this order); planned unaligned. */
     GODDP_REASON_NO_PER_BUCKET_CAPS = 6, /* GODDP_DDP_NO_PER_BUCKET_CAPS */
     GODDP_REASON_PYTHON_REDUCER = 7,     /* GODDP_DDP_PYTHON_REDUCER */
-    GODDP_REASON_STATIC_GRAPH = 8,       /* GODDP_DDP_STATIC_GRAPH */
+    GODDP_REASON_STATIC_GRAPH = 8,       /* no longer given: static_graph is aligned; kept reserved */
     GODDP_REASON_MIXED_PRECISION = 9,    /* GODDP_DDP_MIXED_PRECISION */
     GODDP_REASON_BUILTIN_COMM_HOOK = 10, /* GODDP_DDP_BUILTIN_COMM_HOOK */
     GODDP_REASON_DELAYED_ALLREDUCE = 11, /* GODDP_DDP_DELAYS_ALLREDUCE */
@@ -159,7 +159,7 @@ enum goddp_edges {
 /* Facts that refuse alignment (planner/refusals.go, Note [Alignment
  * refusals]; with config.align_buckets the first that applies, in the
  * order of the GODDP_REASON_* codes, is the plan's align_reason).
- * GODDP_DDP_STATIC_GRAPH is one of them. */
+ * GODDP_DDP_STATIC_GRAPH no longer refuses (static_graph is aligned). */
 #define GODDP_DDP_NO_PER_BUCKET_CAPS 0x8u /* this torch's DDP keeps no per-bucket caps (torch < 2.9) */
 #define GODDP_DDP_PYTHON_REDUCER 0x10u /* DDP runs its Python reducer (compiled autograd) */
 #define GODDP_DDP_MIXED_PRECISION 0x20u /* DDP mixed precision is on */

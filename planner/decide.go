@@ -52,8 +52,10 @@ const (
 	// ReasonNoPerBucketCaps .. ReasonParamGroups: facts about the DDP
 	// module refuse alignment (Note [Alignment refusals], refusals.go); the
 	// plan is the unaligned one.
-	ReasonNoPerBucketCaps  AlignReason = 6
-	ReasonPythonReducer    AlignReason = 7
+	ReasonNoPerBucketCaps AlignReason = 6
+	ReasonPythonReducer   AlignReason = 7
+	// ReasonStaticGraph is no longer given (static_graph is aligned); the
+	// code stays reserved so that the others keep their numbers.
 	ReasonStaticGraph      AlignReason = 8
 	ReasonMixedPrecision   AlignReason = 9
 	ReasonBuiltinCommHook  AlignReason = 10

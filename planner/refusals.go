@@ -8,8 +8,7 @@ package planner
 // per-bucket caps and rebuilding its reducer. That is refused, in this fixed
 // order (the first that applies is the reason), when: the torch keeps no
 // per-bucket caps; DDP runs its Python reducer (no per-bucket caps there
-// either); static_graph is set (DDP's delayed-allreduce setup is not
-// rebuilt); DDP mixed precision is on; a built-in comm hook is registered
+// either); DDP mixed precision is on; a built-in comm hook is registered
 // that the caller cannot identify (DDP keeps no record of it but a name in
 // its logging data; a known one is registered again on the rebuilt reducer);
 // delay_all_reduce_named_params is set (those parameters bypass the buckets);
@@ -19,7 +18,10 @@ package planner
 // j-th buckets hold the same bytes, within a parameter; see docs/limits.md).
 // DDP's buckets are then its own and the plan is the unaligned one. The
 // caller's own refusals (a stand-in DDP, a DDP it could not inspect) come
-// before any of these.
+// before any of these. static_graph refuses nothing: the caller sets it
+// again on the reducer it rebuilds, which then records its first iteration
+// afresh and rebuilds its buckets to the caps (Note [Static graph across a
+// rebuild] in python/goddp/ddp/private.py).
 
 // refusal is the first reason of Note [Alignment refusals] that applies to
 // d, or ReasonAligned when none does.
@@ -29,8 +31,6 @@ func (d *DDPSettings) refusal() AlignReason {
 		return ReasonNoPerBucketCaps
 	case d.PythonReducer:
 		return ReasonPythonReducer
-	case d.StaticGraph:
-		return ReasonStaticGraph
 	case d.MixedPrecision:
 		return ReasonMixedPrecision
 	case d.BuiltinCommHook:

@@ -19,7 +19,6 @@ func TestAlignmentRefusals(t *testing.T) {
 	}{
 		{"no per-bucket caps", func(d *DDPSettings) { d.NoPerBucketCaps = true }, ReasonNoPerBucketCaps},
 		{"Python reducer", func(d *DDPSettings) { d.PythonReducer = true }, ReasonPythonReducer},
-		{"static graph", func(d *DDPSettings) { d.StaticGraph = true }, ReasonStaticGraph},
 		{"mixed precision", func(d *DDPSettings) { d.MixedPrecision = true }, ReasonMixedPrecision},
 		{"built-in comm hook", func(d *DDPSettings) { d.BuiltinCommHook = true }, ReasonBuiltinCommHook},
 		{"delayed allreduce", func(d *DDPSettings) { d.DelaysAllReduce = true }, ReasonDelayedAllReduce},

@@ -252,7 +252,8 @@ def rebuild_reducer(
 
     Carried from the old reducer (DDP's own __setstate__ is the model): the
     comm hooks (a built-in one too), the hook name in DDP's logging data, manual backward
-    finalization, optimizer-in-backward mode. Settings that cannot be
+    finalization, optimizer-in-backward mode, static_graph (Note [Static
+    graph across a rebuild]). Settings that cannot be
     carried are refused beforehand (goddp.ddp.refusals).
 
     If the build fails, a reducer with the previous settings and hooks is
@@ -282,6 +283,7 @@ def rebuild_reducer(
                 dist._compute_bucket_assignment_by_size = original
         register_comm_hooks(ddp, with_hooks)
         _carry_reducer_modes(ddp)
+        _restart_static_graph(ddp)
         if in_forward and ddp.require_backward_grad_sync:
             ddp.reducer.prepare_for_forward()
 
@@ -313,6 +315,36 @@ def _assignment_of_current_buckets(ddp: Any, parameters: Sequence[torch.Tensor])
         return [list(b) for b in reversed(buckets)], list(reversed(sizes))
 
     return assignment
+
+
+# Note [Static graph across a rebuild]: with static_graph=True DDP's
+# reducer spends its first iteration recording: its autograd hooks only
+# count each gradient, and ``_DDPSink`` (wrapped around the outputs by DDP's
+# post-forward while ``_static_graph_delay_allreduce_enqueued`` is False)
+# queues ``reducer._delay_all_reduce`` at the end of that backward, which
+# reduces every bucket at once and learns the unused parameters; from the
+# second iteration the hooks reduce, and the buckets are rebuilt from that
+# iteration's gradient order. A fresh reducer knows nothing of static_graph
+# (DDP's constructor and __setstate__ set it apart from _ddp_init_helper,
+# before any forward), so it is set on the new reducer and its logger
+# before it is told of a forward, and DDP is told that no delayed allreduce
+# is queued yet: the new reducer runs DDP's recording first iteration
+# again, at a forward whose post-forward is still to come (a rebuild inside
+# DDP's forward, or between steps), and then rebuilds its buckets to the
+# new caps. A reducer rebuilt between a forward and its backward would have
+# no _DDPSink to queue its delayed allreduce: that backward would reduce
+# nothing, so none is made there (goddp.trace refuses to be left there:
+# Trace.close).
+
+
+def _restart_static_graph(ddp: Any) -> None:
+    """Sets static_graph on DDP's fresh reducer as DDP's constructor does
+    (Note [Static graph across a rebuild])."""
+    if not getattr(ddp, "static_graph", False):
+        return
+    ddp.reducer._set_static_graph()
+    ddp.logger._set_static_graph()
+    ddp._static_graph_delay_allreduce_enqueued = False
 
 
 def _carry_reducer_modes(ddp: Any) -> None:

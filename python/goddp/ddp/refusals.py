@@ -82,10 +82,9 @@ def could_not_inspect(exc: Exception) -> str:
 # where its rule is reached.
 #   - goddp.trace wraps DDP's comm hook in a fresh reducer. It is refused,
 #     first that applies: a trace is already installed on the module; DDP
-#     runs its Python reducer (no comm hooks to wrap); static_graph is set
-#     (a fresh reducer would repeat the static-graph first step); every
-#     parameter is in DDP's delayed allreduce (nothing reduced in
-#     backward); DDP lists several comm hooks; DDP's logging data, which
+#     runs its Python reducer (no comm hooks to wrap); every parameter is
+#     in DDP's delayed allreduce (nothing reduced in backward); DDP lists
+#     several comm hooks; DDP's logging data, which
 #     names a built-in hook, cannot be read; a built-in (C++) comm hook
 #     that goddp cannot identify is registered (Note [Built-in comm hooks]
 #     in goddp.ddp.private: it could not be registered again). Reading the
@@ -116,8 +115,6 @@ def trace_refusal(ddp: Any) -> str | None:
         return "this DDP module is already being traced (one goddp.trace at a time)"
     if private.uses_python_reducer(ddp):
         return "DDP uses the Python reducer (compiled autograd): it has no comm hooks"
-    if ddp.static_graph:
-        return "static_graph=True: a fresh reducer would repeat DDP's static-graph first step"
     if private.delays_every_allreduce(ddp):
         return "every parameter is in DDP's delayed allreduce: DDP reduces nothing in backward"
     hooks = len(private.comm_hooks(ddp))

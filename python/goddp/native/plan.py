@@ -45,7 +45,7 @@ _NOT_ALIGNED = {
     _native.REASON_NO_PARAMS: "no parameters in this graph",
     _native.REASON_NO_PER_BUCKET_CAPS: "this torch's DDP has no per-bucket caps (needs torch >= 2.9)",
     _native.REASON_PYTHON_REDUCER: "DDP uses the Python reducer, which has no per-bucket caps",
-    _native.REASON_STATIC_GRAPH: "static_graph=True: DDP's delayed-allreduce setup is not rebuilt by goddp",
+    _native.REASON_STATIC_GRAPH: "static_graph=True (a reason goddp no longer gives: static_graph is aligned)",
     _native.REASON_MIXED_PRECISION: "DDP mixed precision is on",
     _native.REASON_BUILTIN_COMM_HOOK: "a built-in comm hook that goddp cannot identify is registered",
     _native.REASON_DELAYED_ALLREDUCE: "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets",

@@ -176,5 +176,6 @@ class Installation:
         if self.recorder.pending_forward:
             # A forward ran and its backward has not: arm the fresh reducer
             # the way DDP's forward armed the old one, or that backward
-            # would not reduce (find_unused_parameters is refused before).
+            # would not reduce (find_unused_parameters and static_graph are
+            # refused before: Trace.close).
             private.arm_for_backward(ddp)

@@ -193,6 +193,9 @@ class Trace:
             verdict = "a backward of the traced module has not finished"
         elif recorder.pending_forward and self._ddp.find_unused_parameters:
             verdict = "a forward ran whose backward has not (find_unused_parameters=True)"
+        elif recorder.pending_forward and self._ddp.static_graph:
+            # Note [Static graph across a rebuild] in goddp.ddp.private
+            verdict = "a forward ran whose backward has not (static_graph=True)"
         self._leave_tried = True
         try:
             rounds.agree("leave", verdict)

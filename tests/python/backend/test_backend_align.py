@@ -96,7 +96,6 @@ def test_goddp_plans_and_ddp_agree_and_gradients_stay_exact():
 @pytest.mark.parametrize(
     ("ddp_kwargs", "options", "reason"),
     [
-        ({"static_graph": True}, {}, "static_graph=True"),
         ({}, {"align_buckets": False}, "align_buckets=False"),
         ({}, {"mode": "torch"}, "mode='torch'"),
     ],

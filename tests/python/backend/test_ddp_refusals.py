@@ -62,7 +62,6 @@ class StandIn:
 RULES = {
     "traced": Facts(traced=True),
     "python reducer": Facts(python_reducer=True),
-    "static graph": Facts(static_graph=True),
     "every allreduce delayed": Facts(every_delayed=True),
     "several hooks": Facts(hooks=3),
     "logging data": Facts(logged=KeyError("x")),
@@ -72,7 +71,7 @@ RULES = {
 KNOWN_BUILTIN = ("BuiltinCommHookType.ALLREDUCE", "BuiltinCommHookType.FP16_COMPRESS")
 # The goddp.ddp.private fact each rule of naive_trace_refusal reads (None:
 # a plain attribute of the module).
-READS = (None, "uses_python_reducer", None, "delays_every_allreduce", "comm_hooks", "comm_hooks",
+READS = (None, "uses_python_reducer", "delays_every_allreduce", "comm_hooks", "comm_hooks",
          "builtin_comm_hook", "builtin_comm_hook")
 
 
@@ -100,7 +99,8 @@ def test_the_first_rule_that_applies_is_the_reason(index):
 
 def test_a_module_no_rule_refuses():
     known = tuple(Facts(hooks=0, logged=name) for name in KNOWN_BUILTIN)
-    for facts in (Facts(), Facts(hooks=0), Facts(join=True), Facts(hooks=1, logged="hook named in the logs"), *known):
+    for facts in (Facts(), Facts(hooks=0), Facts(join=True), Facts(static_graph=True),
+                  Facts(hooks=1, logged="hook named in the logs"), *known):
         assert refusals.trace_refusal(StandIn(facts)) is None
     assert refusals.rebuild_blocker(StandIn(Facts(traced=True, static_graph=True, python_reducer=True))) is None
 
@@ -122,7 +122,6 @@ def naive_trace_refusal(f: Facts) -> tuple[str | Exception | None, int]:
     rules = [
         (f.traced, "this DDP module is already being traced (one goddp.trace at a time)"),
         (f.python_reducer, "DDP uses the Python reducer (compiled autograd): it has no comm hooks"),
-        (f.static_graph, "static_graph=True: a fresh reducer would repeat DDP's static-graph first step"),
         (f.every_delayed, "every parameter is in DDP's delayed allreduce: DDP reduces nothing in backward"),
         (unread, f.hooks),
         (not unread and f.hooks > 1, f"DDP lists {f.hooks} comm hooks; expected at most one"),

@@ -368,9 +368,12 @@ def test_decisions_cross_the_extension(ext):
     plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": flags | _native.DDP_MIXED_PRECISION}})
     assert plan["align_reason"] == _native.REASON_MIXED_PRECISION and plan["align_buckets"] is False
     assert plan["aligned_params"] == 0
-    both = flags | _native.DDP_SEVERAL_PARAM_GROUPS | _native.DDP_STATIC_GRAPH
+    both = flags | _native.DDP_SEVERAL_PARAM_GROUPS | _native.DDP_MIXED_PRECISION
     plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": both}})
-    assert plan["align_reason"] == _native.REASON_STATIC_GRAPH
+    assert plan["align_reason"] == _native.REASON_MIXED_PRECISION
+    # static_graph refuses nothing (Note [Alignment refusals])
+    plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": flags | _native.DDP_STATIC_GRAPH}})
+    assert plan["align_reason"] == _native.REASON_ALIGNED
     # Bad input is named.
     with pytest.raises(ext.PlannerError, match="ddp.flags = 0x200 has unknown bits") as info:
         ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": 0x200}})
