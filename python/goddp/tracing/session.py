@@ -19,8 +19,9 @@ from goddp.ranks.store_round import gather, publish, unanimous
 from goddp.reports.records import last_plans
 from goddp.tracing.figures import format_summary, median_step, normalized, report, verdict
 from goddp.tracing.install import Installation, unwrap_ddp
+from goddp.tracing.prediction import predicted_row
 from goddp.tracing.recorder import TraceError, Recorder
-from goddp.tracing.summary import plot_steps
+from goddp.tracing.summary import MEASURED_COLOR, PREDICTED_COLOR, plot_steps
 
 logger = logging.getLogger("goddp")
 
@@ -238,6 +239,7 @@ class Trace:
             "step_stats": [],
             "dropped_steps": self._recorder.dropped if self._recorder else 0,
             "verdict": "",
+            "prediction": {"unavailable": "no figures"},
         }
         try:
             figures = report(record)
@@ -247,7 +249,8 @@ class Trace:
             logger.debug("goddp.trace: the figures' failure:", exc_info=True)
             record["verdict"] = f"no figures: {exc}"
             return record
-        record.update(steps=figures["steps"], step_stats=figures["step_stats"], verdict=figures["verdict"])
+        record.update(steps=figures["steps"], step_stats=figures["step_stats"], verdict=figures["verdict"],
+                      prediction=figures["prediction"])
         return record
 
     def to_dict(self, gather: bool = False) -> dict[str, Any]:
@@ -281,13 +284,21 @@ class Trace:
 
     def plot(self, path: str | os.PathLike, gather: bool = False, title: str | None = None) -> str:
         """Writes the launch timeline as a PNG: one row per step of this rank,
-        or with gather=True one row per rank (its median step)."""
+        or with gather=True one row per rank (its median step); after them,
+        in another colour, the timeline model's prediction for the median
+        step (Note [Trace prediction]), one row per rank with gather=True."""
         if gather:
-            rows = [(f"rank {r}", median_step(rec["steps"])) for r, rec in self._gathered(self.to_dict()).items()]
+            records = self._gathered(self.to_dict())
+            rows = [(f"rank {r}", median_step(rec["steps"])) for r, rec in records.items()]
+            predicted = [predicted_row(f"rank {r}", rec.get("prediction") or {}) for r, rec in records.items()]
         else:
-            rows = [(f"step {i}", s) for i, s in enumerate(self.to_dict()["steps"])]
+            mine = self.to_dict()
+            rows = [(f"step {i}", s) for i, s in enumerate(mine["steps"])]
+            prediction = mine.get("prediction") or {}
+            predicted = [predicted_row(f"step {prediction.get('step')}", prediction)]
         title = title or f"{type(self._ddp.module).__name__}: {verdict(self.to_dict()['steps'])}"
-        return plot_steps(path, rows, title)
+        colors = [MEASURED_COLOR] * len(rows) + [PREDICTED_COLOR] * len(predicted)
+        return plot_steps(path, rows + predicted, title, colors)
 
 
 def trace(module: Any, *, timeout: float | None = None, max_steps: int = MAX_STEPS) -> Trace:
