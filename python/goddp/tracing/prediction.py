@@ -24,11 +24,14 @@ MAX_BYTES_PER_SECOND = 1 << 62
 # What goes into the model, for the median step (Note [Trace figures]):
 # - Units: the step's buckets in launch order, one unit each. The trace
 #   times no piece's backward, only when each bucket was handed to its comm
-#   hook, which is when DDP found it ready. So a unit's backward duration is
+#   hook, which is when DDP found it ready (DDP launches buckets in order,
+#   so one ready before the bucket before it launches, and counts as ready,
+#   with that one). So a unit's backward duration is
 #   estimated as the time from the previous bucket's launch (the first
 #   bucket: from backward start) to its own, at least 1 ns. With compute
 #   slowdown 1.0 the predicted launches then equal the measured ones by
-#   construction (to a nanosecond); the completions and the exposed time
+#   construction (to the nanosecond; 1 ns later per bucket launched in the
+#   same nanosecond as the one before); the completions and the exposed time
 #   are what the model predicts. Backward compute after the last launch is
 #   outside the model: its backward ends at the last bucket's launch.
 # - Bytes: each bucket's, as recorded.
@@ -142,16 +145,17 @@ def _units(step: dict[str, Any]) -> tuple[list[int], list[int]]:
     """The median step's units: backward ns per bucket from its launch gaps,
     and its bytes (Note [Trace prediction])."""
     durations, sizes = [], []
-    before = 0.0
+    before = 0  # ns: gaps between rounded launches, so that their sums are the launches
     for b in step["buckets"]:
         launch, nbytes = b["launch_s"], b["bytes"]
         if not _finite(launch) or launch < 0:
             raise PredictionError(f"bucket {b['index']}'s launch is {launch!r} s: not a finite time from backward start")
         if not (isinstance(nbytes, int) and nbytes > 0):
             raise PredictionError(f"bucket {b['index']} has {nbytes!r} bytes; the model needs each bucket's bytes > 0")
-        durations.append(max(1, round((launch - before) * 1e9)))
+        at = round(launch * 1e9)
+        durations.append(max(1, at - before))
         sizes.append(nbytes)
-        before = launch
+        before = max(at, before + 1)
     if not _finite(step["compute_end_s"]):
         raise PredictionError(f"the backward's end is {step['compute_end_s']!r} s: not a finite time")
     return durations, sizes

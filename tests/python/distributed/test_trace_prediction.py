@@ -100,7 +100,7 @@ def test_prediction_is_the_planners_answer_for_the_measured_inputs():
     assert pred["step"] == rep["median_step"] == 1
     request = pred["request"]
     launches = [b["launch_s"] for b in step["buckets"]]
-    assert request["backward_ns"] == [round((b - a) * 1e9) for a, b in zip([0.0] + launches, launches)]
+    assert request["backward_ns"] == [round(b * 1e9) - round(a * 1e9) for a, b in zip([0.0] + launches, launches)]
     assert request["bytes"] == [b["bytes"] for b in step["buckets"]]
     assert (request["launch_ns"], request["slowdown_permille"]) == (0, 1000)
     assert request["allreduce"] == {k: pred["fit"][k] for k in ("latency_ns", "bytes_per_second")}
@@ -232,6 +232,8 @@ def test_one_rank_trace_carries_the_prediction(dist_group, tmp_path):
     model = extension.timeline(dict(pred["request"], starts=list(range(1, n))))
     assert [b["predicted_done_s"] for b in pred["buckets"]] == [m["done_ns"] / 1e9 for m in model["buckets"]]
     for b, measured in zip(pred["buckets"], median["buckets"]):
+        # by construction, to the nanosecond (1 ns more per bucket launched in the same ns as the one before)
+        assert abs(b["launch_error_s"]) <= n * 1e-9
         assert b["done_error_s"] == b["predicted_done_s"] - measured["done_s"]
         assert b["launch_error_s"] == b["predicted_launch_s"] - measured["launch_s"]
     caps = {c["key"]: c["exposed_s"] for c in pred["caps"]}
