@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -98,6 +99,37 @@ def delays_every_allreduce(ddp: Any) -> bool:
 def join_enabled(ddp: Any) -> bool:
     """A Join context (uneven inputs) is active on this DDP module."""
     return bool(getattr(getattr(ddp, "_join_config", None), "enable", False))
+
+
+def override_join_sync_check(
+    ddp: Any, contribution: Callable[[Any], float], keep: Callable[[Any, Any, torch.Tensor], None]
+) -> None:
+    """On ddp alone (an instance attribute), DDP's Join allreduce of each
+    iteration (``_check_global_requires_backward_grad_sync``; a non-joined
+    rank adds 1 where it reduces gradients this iteration, else 0, from its
+    pre-forward; a joined rank's shadow adds 0 and reads whether the sum is
+    0) adds contribution(ddp) instead on a non-joined rank that reduces
+    gradients, and hands keep(ddp, work, tensor) the allreduce, which DDP
+    never waits on there. A joined rank's shadow stays DDP's own (Note
+    [Meeting under Join] in goddp.ranks.join)."""
+    original = type(ddp)._check_global_requires_backward_grad_sync
+    module_ref = weakref.ref(ddp)
+
+    def check(is_joined_rank: bool) -> Any:
+        module = module_ref()
+        if is_joined_rank or module is None:
+            return original(module, is_joined_rank)
+        value = float(contribution(module)) if module.require_backward_grad_sync else 0.0
+        tensor = torch.full((1,), value, device=module.device)
+        work = dist.all_reduce(tensor, group=module.process_group, async_op=True)
+        keep(module, work, tensor)
+        return None
+
+    ddp._check_global_requires_backward_grad_sync = check
+
+
+def restore_join_sync_check(ddp: Any) -> None:
+    ddp.__dict__.pop("_check_global_requires_backward_grad_sync", None)
 
 
 def reducer_of(ddp: Any) -> Any:

@@ -5,12 +5,13 @@ known to be safe, with a reason the user reads:
 - alignment (docs/align.md): ``alignment_facts`` reads what about DDP may
   refuse it, and the planner decides (Note [Alignment refusals] in
   planner/refusals.go; goddp.native.plan words its code; only "could not
-  inspect DDP" is said here); ``rebuild_blocker`` (the moment of the rebuild); goddp then keeps
+  inspect DDP" is said here); goddp then keeps
   DDP's own buckets. Whether the plan's buckets hold exactly DDP's
   parameters is the planner's decision too (GODDP_REASON_NOT_COVERED);
 - goddp.trace: ``trace_refusal``; the trace is then refused on every rank.
-The rebuild's and the trace's reasons are this module's (Note [DDP
-refusals]).
+The trace's reasons are this module's (Note [DDP refusals]). Inside a
+Join context the rebuild waits for a training call every rank runs (Note
+[Meeting under Join] in goddp.ranks.join); nothing about Join refuses it.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def could_not_inspect(exc: Exception) -> str:
 
 
 # Note [DDP refusals]: besides alignment (Note [Alignment refusals] in
-# planner/refusals.go), goddp changes a DDP module in two more ways, each
+# planner/refusals.go), goddp changes a DDP module in one more way,
 # refused here from facts read off the module, each fact read once and only
 # where its rule is reached.
 #   - goddp.trace wraps DDP's comm hook in a fresh reducer. It is refused,
@@ -89,22 +90,6 @@ def could_not_inspect(exc: Exception) -> str:
 #     that goddp cannot identify is registered (Note [Built-in comm hooks]
 #     in goddp.ddp.private: it could not be registered again). Reading the
 #     comm hooks may raise: that error is goddp.trace's.
-#   - The reducer rebuild that installs aligned buckets is refused at the
-#     first training call when that step runs inside a Join context (DDP
-#     has just handed the old reducer this step's Join state, which cannot
-#     be read back).
-
-
-def rebuild_blocker(ddp: Any) -> str | None:
-    """Why DDP's reducer cannot be replaced right now, or None (Note [DDP
-    refusals]). Asked at the first training call, where the rebuild would
-    happen."""
-    if private.join_enabled(ddp):
-        return "the first training step runs inside a Join context, whose state lives in DDP's reducer"
-    # A module that trained before (DDP rebuilt its buckets) can still be
-    # aligned: nobody installs before the ranks decided, and a failed install
-    # gives every rank a fresh reducer alike (Note [Agreeing on DDP's layout]).
-    return None
 
 
 def trace_refusal(ddp: Any) -> str | None:

@@ -54,6 +54,9 @@ class ModuleState:
     original_config: Any = None
     # The goddp.trace installed on it (goddp.tracing.install.Installation).
     trace: Any = None
+    # While its ranks wait to meet inside a Join context: this iteration's
+    # Join allreduce, as goddp.ranks.join reads it (Note [Meeting under Join]).
+    join_check: Any = None
 
     def __reduce__(self) -> Any:
         return (ModuleState, ())

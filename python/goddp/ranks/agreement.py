@@ -5,8 +5,9 @@ identically on every rank of the DDP module's process group, or not done at
 all; a wait across ranks happens only where every rank is certain to arrive.
 Note [Agreeing on DDP's layout] below says what is compared and how.
 
-Note [Where the ranks meet]: every rank arrives at the DDP module's first
-training call, that is the first call with gradients enabled of any graph goddp compiled inside that
+Note [Where the ranks meet]: outside a Join context (inside one: Note
+[Meeting under Join] in goddp.ranks.join) every rank arrives at the DDP
+module's first training call, that is the first call with gradients enabled of any graph goddp compiled inside that
 module's forward. Compiling is no such place: rank 0 alone may compile a
 no_grad evaluation graph, one rank alone may recompile for its uneven last
 batch. So goddp compiles without waiting, and each graph it returns for a
@@ -82,8 +83,11 @@ from __future__ import annotations
 # gradient order under the caps: every rank's buckets then close at the
 # cuts, because every rank proposed the same parameters per bucket.
 #
-# What cannot align (KEEP on every rank, and why): the first training step
-# inside a Join context (Note [DDP refusals] in goddp.ddp.refusals);
+# Inside a Join context the ranks meet only at a training call that every
+# rank runs, as DDP's own Join allreduce of that iteration shows (Note
+# [Meeting under Join] in goddp.ranks.join).
+#
+# What cannot align (KEEP on every rank, and why):
 # DDP mixed precision, a built-in comm hook goddp cannot identify, the
 # Python reducer, delay_all_reduce_named_params, parameters over several (dtype,
 # device) groups (Note [Alignment refusals] in planner/refusals.go); ranks whose layouts differ; a module that
@@ -101,10 +105,10 @@ from typing import Any, Callable, Mapping
 import torch
 
 from goddp.ranks import forward as _forward
+from goddp.ranks import join as _join
 from goddp.ddp.align import install_or_reset, remove_bucket_caps
 from goddp.ddp.declaration import ddp_parameter_names
 from goddp.ddp.private import ReducerLost, ddp_parameters
-from goddp.ddp.refusals import rebuild_blocker
 from goddp.ddp.state import state_of
 from goddp.ranks.group import Group, group_of, store_for
 from goddp.ranks.layout import Layout, installed_run
@@ -166,7 +170,9 @@ class TrainingGate:
         if state.fatal is not None:
             raise state.fatal
         if state.decision is None:
-            if agree(ddp, self.statement, self._report).action == LATER:
+            if not _join.meets_now(ddp):
+                return  # armed: the ranks meet at a later call (Note [Meeting under Join])
+            if agree(ddp, self.statement, self._report, may_defer=not _join.inside_join(ddp)).action == LATER:
                 _forward.start(ddp)
                 self._join(ddp)
                 return
@@ -303,8 +309,10 @@ def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True
     except Exception as exc:
         # The group's state is unknown from here on: stop every step.
         state.fatal = exc
+        _join.stop(ddp)
         raise
     state.decision = decision
+    _join.stop(ddp)
     report(
         {**decision.summary(), "group": group.name, "size": len(group.ranks),
          "seconds": round(time.monotonic() - started, 3)},
@@ -315,10 +323,6 @@ def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True
 
 def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, Group]:
     group = group_of(ddp, timeout_s)
-    if statement.layout is not None:
-        blocker = rebuild_blocker(ddp)
-        if blocker is not None:
-            statement = dataclasses.replace(statement, layout=None, digest=None, reason=blocker)
     key = agreement_key(group.name, _model_key(ddp))
     name_of = _namer(ddp)
 

@@ -274,7 +274,11 @@ def test_comm_hook_name_stays_in_ddp_logging_data():
     assert "hook" in compiled._get_ddp_logging_data()["comm_hook"]
 
 
-def test_inside_join_ddp_keeps_its_buckets_and_says_why():
+def test_inside_join_the_ranks_meet_at_the_second_training_call():
+    """Note [Meeting under Join] in goddp.ranks.join: the first training
+    call inside Join keeps DDP's reducer (its Join allreduce went out before
+    goddp saw the module); the next one, which every rank (here the only
+    one) said it runs, aligns; afterwards DDP's own Join allreduce is back."""
     from torch.distributed.algorithms.join import Join
 
     torch.manual_seed(0)
@@ -283,10 +287,15 @@ def test_inside_join_ddp_keeps_its_buckets_and_says_why():
     compiled = _compiled(ddp)
     with Join([ddp]):
         compiled(torch.randn(4, 128)).sum().backward()
+        (plan,) = goddp.last_plans()
+        assert plan["plan_check"] is None
+        assert ddp.reducer is before and state_of(ddp).aligned_caps is None
+        assert "_check_global_requires_backward_grad_sync" in vars(ddp)
+        compiled(torch.randn(4, 128)).sum().backward()
     (plan,) = goddp.last_plans()
-    assert plan["ddp_buckets"]["aligned"] is False
-    assert "Join" in plan["ddp_buckets"]["reason"]
-    assert ddp.reducer is before and state_of(ddp).aligned_caps is None
+    assert plan["ddp_buckets"] == {"aligned": True, "reason": None}
+    assert ddp.reducer is not before and state_of(ddp).aligned_caps
+    assert "_check_global_requires_backward_grad_sync" not in vars(ddp)
 
 
 def _second_compile(**options):
@@ -351,13 +360,13 @@ def test_caps_below_one_byte_are_refused_before_the_reducer_is_touched():
     assert ddp.reducer is before and state_of(ddp).aligned_caps is None
 
 
-def test_trace_and_rebuild_refusals_read_a_real_ddp():
+def test_trace_refusals_read_a_real_ddp():
     """The facts of Note [DDP refusals] as a real DDP module holds them
     (tests/python/backend/test_ddp_refusals.py has every rule)."""
     from goddp.ddp import refusals
 
     ddp = DDP(Stack(), bucket_cap_mb=0.125)
-    assert refusals.trace_refusal(ddp) is None and refusals.rebuild_blocker(ddp) is None
+    assert refusals.trace_refusal(ddp) is None
     state_of(ddp).trace = object()
     assert refusals.trace_refusal(ddp) == "this DDP module is already being traced (one goddp.trace at a time)"
     state_of(ddp).trace = None
