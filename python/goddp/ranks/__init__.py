@@ -15,4 +15,6 @@
   decision (Note [Agreeing on DDP's layout]).
 - ``forward``: the graphs of one forward planned as one layout (Note
   [Graphs of one forward]).
+- ``join``: where the ranks meet inside DDP's Join context (Note
+  [Meeting under Join]).
 """
