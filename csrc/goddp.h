@@ -133,7 +133,7 @@ enum goddp_align_reason {
     GODDP_REASON_STATIC_GRAPH = 8,       /* no longer given: static_graph is aligned; kept reserved */
     GODDP_REASON_MIXED_PRECISION = 9,    /* GODDP_DDP_MIXED_PRECISION */
     GODDP_REASON_BUILTIN_COMM_HOOK = 10, /* GODDP_DDP_BUILTIN_COMM_HOOK */
-    GODDP_REASON_DELAYED_ALLREDUCE = 11, /* GODDP_DDP_DELAYS_ALLREDUCE */
+    GODDP_REASON_DELAYED_ALLREDUCE = 11, /* no longer given: those parameters are DDP's ignored ones */
     GODDP_REASON_PARAM_GROUPS = 12       /* GODDP_DDP_SEVERAL_PARAM_GROUPS */
 };
 
@@ -164,7 +164,7 @@ enum goddp_edges {
 #define GODDP_DDP_PYTHON_REDUCER 0x10u /* DDP runs its Python reducer (compiled autograd) */
 #define GODDP_DDP_MIXED_PRECISION 0x20u /* DDP mixed precision is on */
 #define GODDP_DDP_BUILTIN_COMM_HOOK 0x40u /* a built-in (C++) comm hook goddp cannot identify is registered */
-#define GODDP_DDP_DELAYS_ALLREDUCE 0x80u /* delay_all_reduce_named_params is set */
+#define GODDP_DDP_DELAYS_ALLREDUCE 0x80u /* delay_all_reduce_named_params is set (refuses nothing) */
 #define GODDP_DDP_SEVERAL_PARAM_GROUPS 0x100u /* DDP's parameters span several (dtype, device) groups */
 
 typedef enum goddp_status {

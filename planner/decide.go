@@ -56,9 +56,11 @@ const (
 	ReasonPythonReducer   AlignReason = 7
 	// ReasonStaticGraph is no longer given (static_graph is aligned); the
 	// code stays reserved so that the others keep their numbers.
-	ReasonStaticGraph      AlignReason = 8
-	ReasonMixedPrecision   AlignReason = 9
-	ReasonBuiltinCommHook  AlignReason = 10
+	ReasonStaticGraph     AlignReason = 8
+	ReasonMixedPrecision  AlignReason = 9
+	ReasonBuiltinCommHook AlignReason = 10
+	// ReasonDelayedAllReduce is no longer given either (the delayed
+	// parameters are among those DDP ignores); reserved.
 	ReasonDelayedAllReduce AlignReason = 11
 	ReasonParamGroups      AlignReason = 12
 )

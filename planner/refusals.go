@@ -11,7 +11,6 @@ package planner
 // either); DDP mixed precision is on; a built-in comm hook is registered
 // that the caller cannot identify (DDP keeps no record of it but a name in
 // its logging data; a known one is registered again on the rebuilt reducer);
-// delay_all_reduce_named_params is set (those parameters bypass the buckets);
 // or DDP's parameters span several (dtype, device) groups (DDP buckets each
 // group apart, walking the same cap list anew for each: bucket j of every
 // group closes against cap j, so one list fits every group only where their
@@ -21,7 +20,11 @@ package planner
 // before any of these. static_graph refuses nothing: the caller sets it
 // again on the reducer it rebuilds, which then records its first iteration
 // afresh and rebuilds its buckets to the caps (Note [Static graph across a
-// rebuild] in python/goddp/ddp/private.py).
+// rebuild] in python/goddp/ddp/private.py). Nor does
+// delay_all_reduce_named_params: DDP counts the delayed parameters among
+// those it ignores, so they are in no bucket, the plan's buckets leave them
+// out as they leave out ignored ones, and DDP's own allreduce of them (a
+// gradient hook and a buffer, outside the reducer) outlives the rebuild.
 
 // refusal is the first reason of Note [Alignment refusals] that applies to
 // d, or ReasonAligned when none does.
@@ -35,8 +38,6 @@ func (d *DDPSettings) refusal() AlignReason {
 		return ReasonMixedPrecision
 	case d.BuiltinCommHook:
 		return ReasonBuiltinCommHook
-	case d.DelaysAllReduce:
-		return ReasonDelayedAllReduce
 	case d.SeveralParamGroups:
 		return ReasonParamGroups
 	}

@@ -21,7 +21,6 @@ func TestAlignmentRefusals(t *testing.T) {
 		{"Python reducer", func(d *DDPSettings) { d.PythonReducer = true }, ReasonPythonReducer},
 		{"mixed precision", func(d *DDPSettings) { d.MixedPrecision = true }, ReasonMixedPrecision},
 		{"built-in comm hook", func(d *DDPSettings) { d.BuiltinCommHook = true }, ReasonBuiltinCommHook},
-		{"delayed allreduce", func(d *DDPSettings) { d.DelaysAllReduce = true }, ReasonDelayedAllReduce},
 		{"several param groups", func(d *DDPSettings) { d.SeveralParamGroups = true }, ReasonParamGroups},
 	}
 	for i, f := range facts {

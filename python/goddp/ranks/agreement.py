@@ -89,7 +89,7 @@ from __future__ import annotations
 #
 # What cannot align (KEEP on every rank, and why):
 # DDP mixed precision, a built-in comm hook goddp cannot identify, the
-# Python reducer, delay_all_reduce_named_params, parameters over several (dtype,
+# Python reducer, parameters over several (dtype,
 # device) groups (Note [Alignment refusals] in planner/refusals.go); ranks whose layouts differ; a module that
 # is not a real DDP (no process group or reducer: nothing to agree on, one
 # INFO line). A graph that first appears after the decision follows it and

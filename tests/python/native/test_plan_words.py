@@ -27,7 +27,7 @@ NOT_ALIGNED = {
     "REASON_STATIC_GRAPH": "static_graph=True (a reason goddp no longer gives: static_graph is aligned)",
     "REASON_MIXED_PRECISION": "DDP mixed precision is on",
     "REASON_BUILTIN_COMM_HOOK": "a built-in comm hook that goddp cannot identify is registered",
-    "REASON_DELAYED_ALLREDUCE": "delay_all_reduce_named_params is set: those parameters bypass DDP's buckets",
+    "REASON_DELAYED_ALLREDUCE": "delay_all_reduce_named_params (a reason goddp no longer gives: the rest is aligned)",
     "REASON_PARAM_GROUPS": (
         "parameters span several (dtype, device) groups; DDP buckets each group apart against the same caps "
         "(bucket j of each group against cap j), which goddp does not plan"
