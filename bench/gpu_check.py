@@ -13,8 +13,13 @@ Two jobs, each in processes of its own (bench/demo.py does the training):
   pair    2 ranks on the one GPU, Inductor: NCCL first; NCCL refuses two
           ranks on one device, and then the job runs again over gloo with
           CUDA tensors (the table says which ran).
-Without CUDA the same jobs run on the CPU over gloo, the table says that
-the GPU was skipped, and the exit status is 0 unless a check failed
+  mixed   2 ranks on the one GPU (the backend the pair ran on), aot_eager:
+          DDP's own mixed_precision (bf16 parameters, fp32 reduction) under
+          eager DDP and goddp: goddp's parameters against eager DDP's, and
+          what goddp did with DDP's buckets. CUDA only: torch's DDP makes a
+          stream for it, which gloo on the CPU cannot.
+Without CUDA the same jobs run on the CPU over gloo (the mixed job is
+skipped, and the table says why), the table says that the GPU was skipped, and the exit status is 0 unless a check failed
 (--quick: the tiny GPT and aot_eager, for the test of this path).
 Exit status: 0 when every check passed (or was skipped), 1 otherwise.
 """
@@ -33,10 +38,52 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SKIP_MESSAGE = "no CUDA device: the GPU checks were skipped; the same jobs ran on the CPU"
+MIXED_LABEL = "2 ranks, DDP mixed_precision (bf16 params, fp32 reduce)"
+MIXED_SKIPPED = "skipped: DDP's mixed_precision needs CUDA (torch's DDP creates a stream for it)"
 
 
 # --------------------------------------------------------------------------
 # Worker (one rank, started by _launch with torchrun's environment variables)
+
+
+def _mixed_worker(args, device: str) -> dict:
+    """The mixed job on this rank: eager DDP and goddp, each DDP with
+    mixed_precision, three SGD steps on the same batches; the final (fp32)
+    parameters compared, and goddp's word on DDP's buckets."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.parallel.distributed import _MixedPrecision
+
+    import goddp
+
+    def train(compiled: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[layer for _ in range(6) for layer in (nn.Linear(256, 256), nn.ReLU())]).to(device)
+        mixed = _MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                buffer_dtype=torch.bfloat16)
+        ddp = DDP(model, bucket_cap_mb=0.25, mixed_precision=mixed)
+        forward = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager"}) if compiled else ddp
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(100 + dist.get_rank())
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            forward(torch.randn(16, 256, generator=gen).to(device)).float().square().mean().backward()
+            optimizer.step()
+        return [p.detach().float().clone() for p in ddp.parameters()]
+
+    want = train(False)
+    goddp.clear_plans()
+    got = train(True)
+    diff = max((a - b).abs().max().item() for a, b in zip(got, want))
+    plans = [p for p in goddp.last_plans() if p.get("plan_check") is not None]
+    numerics = {"goddp": {"max_abs_diff": diff, "bitwise": all(torch.equal(a, b) for a, b in zip(got, want)),
+                          "close": all(torch.allclose(a, b, rtol=1e-2, atol=1e-3) for a, b in zip(got, want)),
+                          "exact_expected": False}}
+    return {"numerics": numerics, "failures": [] if plans else ["goddp made no plan inside DDP"],
+            "ddp_buckets": plans[0]["ddp_buckets"] if plans else None,
+            "pieces": plans[0]["num_pieces"] if plans else None}
 
 
 def _worker(args) -> int:
@@ -61,7 +108,9 @@ def _worker(args) -> int:
         # Several buckets in either size (the tiny GPT has 0.5 MiB of gradients).
         cap = 0.125 if args.quick else demo.Setup.bucket_cap_mb
         runs = []
-        if args.worker == "single":
+        if args.worker == "mixed":
+            out["jobs"]["mixed"] = _mixed_worker(args, device)
+        elif args.worker == "single":
             every = ("eager_ddp", "compiled", "torch_ddpopt", "regional", "goddp")
             if args.quick:
                 every = ("eager_ddp", "compiled", "goddp")
@@ -183,7 +232,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny GPT, aot_eager, fewer steps (the test of this script)")
     ap.add_argument("--out", help="directory for the jobs' logs and results (default: a temporary one)")
-    ap.add_argument("--worker", choices=("single", "pair"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("single", "pair", "mixed"), help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -224,6 +273,14 @@ def main(argv=None) -> int:
         print("[pair] 2 ranks over gloo ...", flush=True)
         pair = _launch("pair", 2, "gloo", device, quick, out_dir, limit)
     print(f"[pair] {'done' if pair['ok'] else 'FAILED'} in {pair['took_s']:.0f} s", flush=True)
+    mixed = None
+    if cuda:
+        mixed_backend = pair.get("backend") or ("gloo" if pair_note else "nccl")
+        print(f"[mixed] 2 ranks over {mixed_backend}: DDP mixed_precision ...", flush=True)
+        mixed = _launch("mixed", 2, mixed_backend, device, quick, out_dir, 240)
+        print(f"[mixed] {'done' if mixed['ok'] else 'FAILED'} in {mixed['took_s']:.0f} s", flush=True)
+    else:
+        print(f"[mixed] {MIXED_SKIPPED}", flush=True)
 
     rows: list[list[str]] = []
     failed = []
@@ -251,6 +308,20 @@ def main(argv=None) -> int:
             rows.append([label, "goddp.trace of goddp",
                          f"{tr['launched']}/{tr['buckets']} launched in backward, exposed "
                          f"{tr['exposed_median_s'] * 1e3:.1f} ms ({tr['exposed_share_median']:.0%})", "recorded"])
+    if mixed is None:
+        rows.append([MIXED_LABEL, "-", MIXED_SKIPPED, "skipped"])
+    elif not mixed["ok"]:
+        rows.append([MIXED_LABEL, "-", f"job failed (rc {mixed['rc']}): {_refusal(mixed['tail'])}", "FAIL"])
+        failed.append(MIXED_LABEL)
+    else:
+        part = mixed["jobs"]["mixed"]
+        label = f"{MIXED_LABEL}, {mixed.get('backend', '?')}"
+        new = _check_rows(label, part, lambda n: demo.LABELS[n])
+        rows += new
+        failed += [f"{label}: {r[1]}" for r in new if r[3] == "FAIL"] + [f"{label}: {f}" for f in part["failures"]]
+        buckets = part.get("ddp_buckets") or {}
+        said = "aligned" if buckets.get("aligned") else f"DDP's own: {buckets.get('reason')}"
+        rows.append([label, "DDP's buckets", f"{part.get('pieces')} pieces; {said}", "recorded"])
     print()
     print(stats.table(["run", "variant", "parameters against eager DDP / trace", "check"], rows,
                       title=f"== goddp GPU check: {name}" + ("" if cuda else " (GPU skipped: CPU run)") + " =="))

@@ -380,10 +380,16 @@ def _restart_static_graph(ddp: Any) -> None:
 
 
 def _carry_reducer_modes(ddp: Any) -> None:
-    """Sets on DDP's new reducer the modes the user (or DDP's lazy init) set
-    on the old one and DDP keeps no other record of: manual backward
-    finalization, optimizer-in-backward."""
+    """Sets on DDP's new reducer the modes the user (or DDP's lazy init or
+    constructor) set on the old one and DDP keeps no other record of: manual
+    backward finalization, optimizer-in-backward, the parameter dtype of DDP
+    mixed precision."""
     reducer = ddp.reducer
+    mixed = getattr(ddp, "mixed_precision", None)
+    if mixed is not None:
+        # DDP's constructor tells the reducer the low-precision parameter
+        # dtype (its gradients arrive in it); _ddp_init_helper does not.
+        reducer._set_mixed_precision_param_dtype(mixed.param_dtype)
     if getattr(ddp, "_require_manual_backward_finalization", False):
         reducer._set_manual_finalization_required(True)
     if getattr(ddp, "_lazy_init_ran", False) and any(

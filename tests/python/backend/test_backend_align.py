@@ -403,3 +403,21 @@ def test_a_ddp_modules_goddp_state_is_one_object_that_goes_with_it():
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and "weakref.Weak" in ast.unparse(node)
     ]
     assert registries == []
+
+
+def test_a_rebuilt_reducer_is_told_ddps_mixed_precision_parameter_dtype():
+    """DDP's constructor tells its reducer the low-precision parameter dtype
+    of DDP mixed precision; a reducer goddp rebuilds (goddp.trace, or
+    alignment) is told too. DDP mixed precision needs CUDA (torch makes a
+    stream for it), so a stand-in module records what its reducer is told."""
+    from types import SimpleNamespace
+
+    from goddp.ddp import private
+
+    told = []
+    reducer = SimpleNamespace(_set_mixed_precision_param_dtype=told.append)
+    mixed = SimpleNamespace(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    private._carry_reducer_modes(SimpleNamespace(reducer=reducer, mixed_precision=mixed))
+    assert told == [torch.bfloat16]
+    private._carry_reducer_modes(SimpleNamespace(reducer=reducer, mixed_precision=None))
+    assert told == [torch.bfloat16]

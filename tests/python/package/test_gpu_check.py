@@ -42,6 +42,11 @@ def test_without_cuda_it_runs_on_cpu_says_so_and_passes(tmp_path):
         mine = [r for r in rows if r.startswith(run)]
         assert any("goddp " in r and r.rstrip().endswith("pass") for r in mine), (run, proc.stdout)
         assert any("goddp.trace of goddp" in r and "launched in backward" in r for r in mine), (run, proc.stdout)
+    # DDP's mixed_precision needs CUDA: its row says it was skipped, and why
+    from bench.gpu_check import MIXED_LABEL, MIXED_SKIPPED
+
+    assert [r for r in rows if r.startswith(MIXED_LABEL)] and all(
+        MIXED_SKIPPED in r and r.rstrip().endswith("skipped") for r in rows if r.startswith(MIXED_LABEL)), proc.stdout
     assert "FAIL" not in proc.stdout
     assert "every check passed" in proc.stdout
     # the first-step / steady-step table and the plan table follow
@@ -114,10 +119,14 @@ def test_on_a_gpu_nccl_is_tried_first_and_gloo_runs_when_it_refuses_two_ranks(mo
         ("single", "nccl"): _passing(("fp32", "bf16"), "nccl"),
         ("pair", "nccl"): _failed("torch.distributed.DistBackendError: NCCL error: invalid usage, Duplicate GPU detected"),
         ("pair", "gloo"): _passing(("pair",), "gloo"),
+        ("mixed", "gloo"): _passing(("mixed",), "gloo"),
     })
     assert gpu_check.main(["--out", str(tmp_path)]) == 0
-    assert calls == [("single", 1, "nccl", "cuda"), ("pair", 2, "nccl", "cuda"), ("pair", 2, "gloo", "cuda")]
+    assert calls == [("single", 1, "nccl", "cuda"), ("pair", 2, "nccl", "cuda"), ("pair", 2, "gloo", "cuda"),
+                     ("mixed", 2, "gloo", "cuda")]
     out = capsys.readouterr().out
+    mixed = [r for r in out.splitlines() if r.startswith(f"{gpu_check.MIXED_LABEL}, gloo")]
+    assert any(r.rstrip().endswith("pass") for r in mixed) and gpu_check.MIXED_SKIPPED not in out, out
     assert "NCCL refused two ranks on one device" in out and "Duplicate GPU detected" in out
     assert "2 ranks, gloo, CUDA" in out and gpu_check.SKIP_MESSAGE not in out
     assert "every check passed" in out
@@ -133,7 +142,8 @@ def test_on_a_gpu_each_runs_step_peak_memory_is_a_row(monkeypatch, capsys, tmp_p
     single = _passing(("fp32", "bf16"), "nccl")
     single["jobs"] = {**single["jobs"], "fp32": {**single["jobs"]["fp32"],
                                                   "step_peak_mib": {"compiled": 200.0, "goddp": 150.0}}}
-    _fake_jobs(monkeypatch, {("single", "nccl"): single, ("pair", "nccl"): _passing(("pair",), "nccl")})
+    _fake_jobs(monkeypatch, {("single", "nccl"): single, ("pair", "nccl"): _passing(("pair",), "nccl"),
+                             ("mixed", "nccl"): _passing(("mixed",), "nccl")})
     assert gpu_check.main(["--out", str(tmp_path)]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if "step peak memory" in r]
     assert len(rows) == 1 and rows[0].startswith("1 rank, nccl, CUDA, fp32"), rows
