@@ -11,7 +11,8 @@ DDP with the same delayed parameters: losses and gradients equal bitwise,
 DDP's rebuilt buckets are the plan's and hold no delayed parameter, for a
 delayed head, a delayed parameter inside a repeated block, and delayed
 parameters scattered over blocks and head, also when rank 0 first evaluates another batch size (both
-wrapping orders). A plain pytest run launches this file under torchrun
+wrapping orders); goddp.trace times the buckets of the rest and changes no
+number. A plain pytest run launches this file under torchrun
 itself.
 """
 
@@ -75,7 +76,7 @@ def _compiled(ddp):
     return torch.compile(ddp, backend="goddp", options=OPTIONS)
 
 
-def _train(ddp, forward, group, steps=STEPS, evaluate_first=False):
+def _train(ddp, forward, group, steps=STEPS, first=0, evaluate_first=False, optimizer=None):
     """SGD with momentum; (losses, gradients after each backward). DDP
     never waits on the delayed allreduce: a barrier (gloo's waits for the
     work before it) does, before the gradients are read. With
@@ -85,9 +86,9 @@ def _train(ddp, forward, group, steps=STEPS, evaluate_first=False):
         with torch.no_grad():
             forward(torch.randn(5, 8, 64, generator=torch.Generator().manual_seed(7)))
         ddp.train()
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    optimizer = optimizer or torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     losses, grads = [], []
-    for step in range(steps):
+    for step in range(first, first + steps):
         optimizer.zero_grad(set_to_none=True)
         loss = ENTRY.loss(forward(*ENTRY.make_inputs(100 * rank() + step)))
         loss.backward()
@@ -164,6 +165,29 @@ def test_rank0_evaluating_another_batch_size_first_still_aligns(group, order):
     assert plan["plan_check"]["size"] == 2
     _assert_bitwise(losses, want_losses, "loss")
     _assert_bitwise(grads, want_grads, "gradient")
+    _fresh()
+
+
+@needs_two_ranks
+def test_trace_times_the_buckets_of_the_parameters_ddp_reduces_in_backward(group):
+    case = "scattered"
+    _fresh()
+    plain = _ddp(group, case)
+    _, want = _train(plain, _compiled(plain), group, steps=STEPS + 2)
+    _fresh()
+    ddp = _ddp(group, case)
+    compiled = _compiled(ddp)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    _, got = _train(ddp, compiled, group, optimizer=optimizer)
+    plan = _assert_aligned(ddp, case)
+    with goddp.trace(compiled) as tr:
+        got += _train(ddp, compiled, group, steps=2, first=STEPS, optimizer=optimizer)[1]
+    _assert_bitwise(got, want, "gradient")  # the trace changes no number
+    buckets = sorted((b["index"], b["bytes"], sorted(b["param_names"])) for b in plan["buckets"])
+    steps = tr.to_dict()["steps"]
+    assert len(steps) == 2
+    for step in steps:
+        assert sorted((b["index"], b["bytes"], sorted(b["param_names"])) for b in step["buckets"]) == buckets
     _fresh()
 
 
