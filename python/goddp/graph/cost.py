@@ -70,7 +70,7 @@ def _value(arg: Any) -> Any:
 
 def _target(gm: fx.GraphModule, node: fx.Node) -> Any:
     """The function a node calls: call_method's name, call_module's
-    functional twin (nn.Linear -> F.linear), else the target."""
+    functional twin (nn.Linear -> F.linear) or its module, else the target."""
     if node.op == "call_module":
         module = gm.get_submodule(str(node.target))
         for kind, function in ((nn.Linear, F.linear), (nn.Conv1d, F.conv1d), (nn.Conv2d, F.conv2d),
@@ -86,9 +86,8 @@ def _kernel_flops(target: Any, node: fx.Node, gm: fx.GraphModule, out: Any) -> i
     if not isinstance(out, torch.Tensor):
         return None
     args = [_value(a) for a in node.args]
-    if node.op == "call_module":
-        weight = gm.get_submodule(str(node.target)).weight
-        args = [args[0] if args else None, weight]
+    if node.op == "call_module":  # the module's own weight is its second operand
+        args = [args[0] if args else None, getattr(gm.get_submodule(str(node.target)), "weight", None)]
     else:
         args += [_value(node.kwargs.get(k)) for k in ("weight",) if k in node.kwargs]
     tensors = [a for a in args if isinstance(a, torch.Tensor)]

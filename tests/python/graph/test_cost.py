@@ -108,3 +108,31 @@ def test_symbolic_shapes_cost_their_hints():
     (gm,) = graphs
     flops, nbytes = graph_costs(gm, list(gm.graph.nodes))
     assert sum(flops) == 0 and sum(nbytes) == 2 * 5 * 7 * F32
+
+
+class Modules(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = nn.Linear(16, 32), nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+def test_module_calls_cost_like_their_functions():
+    """A graph that keeps call_module nodes (fx's own tracer; values recorded
+    by running it): a Linear costs its kernel, a module without weights
+    (ReLU) its memory."""
+    gm = torch.fx.symbolic_trace(Modules())
+
+    class Record(torch.fx.Interpreter):
+        def run_node(self, n):
+            n.meta["example_value"] = out = super().run_node(n)
+            return out
+
+    Record(gm).run(torch.randn(6, 16))
+    nodes = list(gm.graph.nodes)
+    cost = dict(zip((n.name for n in nodes), zip(*graph_costs(gm, nodes))))
+    assert [n.op for n in nodes].count("call_module") == 2
+    assert cost["fc"] == (2 * 6 * 16 * 32, 0)
+    assert cost["act"] == (0, 2 * 6 * 32 * F32)
