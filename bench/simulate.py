@@ -42,8 +42,7 @@ from dataclasses import dataclass
 from goddp import measure
 
 MIB = 1 << 20
-DDP_CAP = 25 * MIB
-DDP_FIRST_CAP = 1 * MIB
+DDP_CAP, DDP_FIRST_CAP = measure.DDP_CAP, measure.DDP_FIRST_CAP
 GRAD_BYTES = 4  # fp32 gradients (DDP with autocast keeps fp32 parameters)
 MIN_NODE_S = 1e-6
 
@@ -177,16 +176,7 @@ def torch_pieces(m: GPT) -> list[int]:
     return out
 
 
-def ddp_starts(sizes: list[int]) -> list[int]:
-    """DDP's buckets over gradients in ready order: a bucket closes once its
-    bytes reach its cap (1 MiB for the first, 25 MiB after)."""
-    starts, size = [], 0
-    for i, b in enumerate(sizes):
-        size += b
-        if size >= (DDP_FIRST_CAP if not starts else DDP_CAP) and i + 1 < len(sizes):
-            starts.append(i + 1)
-            size = 0
-    return starts
+ddp_starts = measure.ddp_starts  # DDP's default buckets, as goddp.trace predicts them
 
 
 def block_units(m: GPT, p: Profile) -> tuple[list[int], list[int]]:

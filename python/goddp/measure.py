@@ -26,6 +26,9 @@ imports no other goddp name.
 - ``timeline(request)``: the planner's timeline model of a step
   (goddp_timeline, Note [Timeline] in planner/timeline.go), JSON-shaped in
   and out (bench.simulate).
+- ``ddp_starts(sizes)``, ``DDP_CAP``, ``DDP_FIRST_CAP``: DDP's default
+  buckets over gradients in ready order, as goddp.trace's prediction
+  draws them (bench.simulate).
 - ``MIB``: bytes per MiB, as goddp's caps count them.
 """
 
@@ -48,6 +51,7 @@ from goddp.ranks.layout import Layout
 from goddp.ranks.store_round import exchange
 from goddp.ranks.verdict import Statement
 from goddp.tools import ranges
+from goddp.tracing.prediction import DDP_CAP, DDP_FIRST_CAP, ddp_starts  # noqa: F401 (hooks for bench/)
 
 
 class MeasureHookError(RuntimeError):
