@@ -26,6 +26,7 @@ import torch.distributed as dist
 import goddp
 from goddp.ddp import refusals
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _zoo_training import assert_bitwise, train
 from models import ZOO
 
 ENTRY = ZOO["blocks"]
@@ -58,36 +59,12 @@ def _ddp(group, hook, compile_inside=False, **kwargs):
     return ddp
 
 
-def _train(ddp, forward, steps=STEPS, first=0, evaluate_first=False, optimizer=None):
-    """SGD with momentum (a fresh one unless given); (losses, gradients
-    after each backward). With evaluate_first, rank 0 alone first evaluates
-    a batch of another size."""
-    if evaluate_first and rank() == 0:
-        ddp.eval()
-        with torch.no_grad():
-            forward(torch.randn(5, 8, 64, generator=torch.Generator().manual_seed(7)))
-        ddp.train()
-    optimizer = optimizer or torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    losses, grads = [], []
-    for step in range(first, first + steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = ENTRY.loss(forward(*ENTRY.make_inputs(100 * rank() + step)))
-        loss.backward()
-        grads.append([p.grad.clone() for p in ddp.parameters()])
-        optimizer.step()
-        losses.append(loss.detach().clone())
-    return losses, grads
+def _train(ddp, forward, steps=STEPS, **kwargs):
+    return train(ENTRY, ddp, forward, steps, **kwargs)
 
 
 def _compiled(ddp):
     return torch.compile(ddp, backend="goddp", options=OPTIONS)
-
-
-def _assert_bitwise(got, want, what):
-    assert len(got) == len(want), what
-    for step, (g, w) in enumerate(zip(got, want)):
-        for i, (a, b) in enumerate(zip(g if isinstance(g, list) else [g], w if isinstance(w, list) else [w])):
-            assert torch.equal(a, b), f"{what}, step {step}, tensor {i}: max diff {(a - b).abs().max().item()}"
 
 
 def _ddp_bucket_sizes(ddp) -> list[int]:
@@ -133,8 +110,8 @@ def test_a_builtin_hook_is_registered_again_on_the_aligned_reducer(group, hook, 
     losses, grads = _train(ddp, _compiled(ddp))
     _assert_aligned(ddp)
     assert _ddp_bucket_sizes(ddp) != _ddp_bucket_sizes(eager), "the case must move DDP's buckets"
-    _assert_bitwise(losses, want_losses, "loss")
-    _assert_bitwise(grads, want_grads, "gradient")
+    assert_bitwise(losses, want_losses, "loss")
+    assert_bitwise(grads, want_grads, "gradient")
     _assert_hook_on_reducer(ddp, hook)
     if hook == dist.BuiltinCommHookType.FP16_COMPRESS:
         # the hook changes the numbers: without it they would differ
@@ -156,8 +133,8 @@ def test_rank0_evaluating_another_batch_size_first_still_aligns(group, hook, ord
     losses, grads = _train(ddp, ddp if inside else _compiled(ddp), evaluate_first=True)
     plan = _assert_aligned(ddp)
     assert plan["plan_check"]["size"] == 2
-    _assert_bitwise(losses, want_losses, "loss")
-    _assert_bitwise(grads, want_grads, "gradient")
+    assert_bitwise(losses, want_losses, "loss")
+    assert_bitwise(grads, want_grads, "gradient")
     _assert_hook_on_reducer(ddp, hook)
     _fresh()
 
@@ -175,8 +152,8 @@ def test_a_builtin_hook_under_find_unused_parameters_aligns_in_declaration_order
     assert plans[0]["ddp_buckets"] == {"aligned": True, "reason": None}, plans[0]["ddp_buckets"]
     # DDP never rebuilds here: its buckets are the caps' (declaration order)
     assert _ddp_bucket_sizes(ddp) == plans[0]["ddp_caps"][::-1]
-    _assert_bitwise(losses, want_losses, "loss")
-    _assert_bitwise(grads, want_grads, "gradient")
+    assert_bitwise(losses, want_losses, "loss")
+    assert_bitwise(grads, want_grads, "gradient")
     _assert_hook_on_reducer(ddp, hook)
     _fresh()
 
@@ -202,7 +179,7 @@ def test_trace_times_a_builtin_hooks_buckets_and_changes_no_number(group, hook):
         assert ddp._comm_hooks[0][0].__name__ == "goddp_trace_hook"  # the replica, in the hook's place
     _assert_hook_on_reducer(ddp, hook)
     got += _train(ddp, compiled, steps=1, first=5, optimizer=optimizer)[1]
-    _assert_bitwise(got, want, "gradient")  # the replica computes what the C++ hook does
+    assert_bitwise(got, want, "gradient")  # the replica computes what the C++ hook does
     record = tr.to_dict()
     assert record["comm_hook"] == f"DDP's built-in {hook.name}, timed as its Python replica"
     buckets = [(b["index"], b["bytes"], sorted(b["param_names"])) for b in plan["buckets"]]
@@ -240,8 +217,8 @@ def test_an_unknown_builtin_hook_keeps_ddp_buckets_and_trains_as_eager_ddp(dist_
     assert plan["ddp_buckets"] == {
         "aligned": False, "reason": "a built-in comm hook that goddp cannot identify is registered"}
     assert ddp.reducer is reducer  # never rebuilt: the hook stays
-    _assert_bitwise(losses, want_losses, "loss")
-    _assert_bitwise(grads, want_grads, "gradient")
+    assert_bitwise(losses, want_losses, "loss")
+    assert_bitwise(grads, want_grads, "gradient")
     _fresh()
 
 

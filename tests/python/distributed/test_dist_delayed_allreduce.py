@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 import goddp
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _zoo_training import assert_bitwise, train
 from models import ZOO
 
 ENTRY = ZOO["blocks"]
@@ -76,34 +77,10 @@ def _compiled(ddp):
     return torch.compile(ddp, backend="goddp", options=OPTIONS)
 
 
-def _train(ddp, forward, group, steps=STEPS, first=0, evaluate_first=False, optimizer=None):
-    """SGD with momentum; (losses, gradients after each backward). DDP
-    never waits on the delayed allreduce: a barrier (gloo's waits for the
-    work before it) does, before the gradients are read. With
-    evaluate_first, rank 0 alone first evaluates a batch of another size."""
-    if evaluate_first and rank() == 0:
-        ddp.eval()
-        with torch.no_grad():
-            forward(torch.randn(5, 8, 64, generator=torch.Generator().manual_seed(7)))
-        ddp.train()
-    optimizer = optimizer or torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    losses, grads = [], []
-    for step in range(first, first + steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = ENTRY.loss(forward(*ENTRY.make_inputs(100 * rank() + step)))
-        loss.backward()
-        dist.barrier(group)
-        grads.append([p.grad.clone() for p in ddp.parameters()])
-        optimizer.step()
-        losses.append(loss.detach().clone())
-    return losses, grads
-
-
-def _assert_bitwise(got, want, what):
-    assert len(got) == len(want), what
-    for step, (g, w) in enumerate(zip(got, want)):
-        for i, (a, b) in enumerate(zip(g if isinstance(g, list) else [g], w if isinstance(w, list) else [w])):
-            assert torch.equal(a, b), f"{what}, step {step}, tensor {i}: max diff {(a - b).abs().max().item()}"
+def _train(ddp, forward, group, steps=STEPS, **kwargs):
+    """DDP never waits on the delayed allreduce: a barrier does, before the
+    gradients are read."""
+    return train(ENTRY, ddp, forward, steps, barrier_group=group, **kwargs)
 
 
 def _ddp_bucket_sizes(ddp) -> list[int]:
@@ -140,8 +117,8 @@ def test_delayed_parameters_are_left_to_ddp_and_the_rest_aligns(group, case):
     assert ddp.reducer is not reducer
     _assert_aligned(ddp, case)
     assert _ddp_bucket_sizes(ddp) != _ddp_bucket_sizes(eager), "the case must move DDP's buckets"
-    _assert_bitwise(losses, want_losses, "loss")
-    _assert_bitwise(grads, want_grads, "gradient")
+    assert_bitwise(losses, want_losses, "loss")
+    assert_bitwise(grads, want_grads, "gradient")
     # the delayed allreduce still ran: the delayed gradients agree across ranks
     names = set(_names(case)[0])
     delayed = [p.grad for n, p in ddp.module.named_parameters() if n in names]
@@ -163,8 +140,8 @@ def test_rank0_evaluating_another_batch_size_first_still_aligns(group, order):
     losses, grads = _train(ddp, ddp if inside else _compiled(ddp), group, evaluate_first=True)
     plan = _assert_aligned(ddp, case, inside)
     assert plan["plan_check"]["size"] == 2
-    _assert_bitwise(losses, want_losses, "loss")
-    _assert_bitwise(grads, want_grads, "gradient")
+    assert_bitwise(losses, want_losses, "loss")
+    assert_bitwise(grads, want_grads, "gradient")
     _fresh()
 
 
@@ -182,7 +159,7 @@ def test_trace_times_the_buckets_of_the_parameters_ddp_reduces_in_backward(group
     plan = _assert_aligned(ddp, case)
     with goddp.trace(compiled) as tr:
         got += _train(ddp, compiled, group, steps=2, first=STEPS, optimizer=optimizer)[1]
-    _assert_bitwise(got, want, "gradient")  # the trace changes no number
+    assert_bitwise(got, want, "gradient")  # the trace changes no number
     buckets = sorted((b["index"], b["bytes"], sorted(b["param_names"])) for b in plan["buckets"])
     steps = tr.to_dict()["steps"]
     assert len(steps) == 2

@@ -28,6 +28,7 @@ from goddp.ddp import refusals
 from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
 from checkpoint_models import build as build_checkpointed
 from checkpoint_models import lm_loss, make_tokens
+from _zoo_training import assert_bitwise, train
 from models import ZOO
 
 ENTRY = ZOO["blocks"]
@@ -56,31 +57,8 @@ def _compiled(ddp):
     return torch.compile(ddp, backend="goddp", options=OPTIONS)
 
 
-def _train(ddp, forward, steps=STEPS, first=0, evaluate_first=False, optimizer=None):
-    """SGD with momentum; (losses, gradients after each backward). With
-    evaluate_first, rank 0 alone first evaluates a batch of another size."""
-    if evaluate_first and rank() == 0:
-        ddp.eval()
-        with torch.no_grad():
-            forward(torch.randn(5, 8, 64, generator=torch.Generator().manual_seed(7)))
-        ddp.train()
-    optimizer = optimizer or torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    losses, grads = [], []
-    for step in range(first, first + steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = ENTRY.loss(forward(*ENTRY.make_inputs(100 * rank() + step)))
-        loss.backward()
-        grads.append([p.grad.clone() for p in ddp.parameters()])
-        optimizer.step()
-        losses.append(loss.detach().clone())
-    return losses, grads
-
-
-def _assert_bitwise(got, want, what):
-    assert len(got) == len(want), what
-    for step, (g, w) in enumerate(zip(got, want)):
-        for i, (a, b) in enumerate(zip(g if isinstance(g, list) else [g], w if isinstance(w, list) else [w])):
-            assert torch.equal(a, b), f"{what}, step {step}, tensor {i}: max diff {(a - b).abs().max().item()}"
+def _train(ddp, forward, steps=STEPS, **kwargs):
+    return train(ENTRY, ddp, forward, steps, **kwargs)
 
 
 def _ddp_bucket_sizes(ddp, rebuilt=True) -> list[int]:
@@ -131,8 +109,8 @@ def test_static_graph_aligns_and_trains_as_eager_ddp(group, as_view):
     assert ddp.reducer is not reducer
     _assert_aligned(ddp)
     assert _ddp_bucket_sizes(ddp) != _ddp_bucket_sizes(eager), "the case must move DDP's buckets"
-    _assert_bitwise(losses, want_losses, "loss")
-    _assert_bitwise(grads, want_grads, "gradient")
+    assert_bitwise(losses, want_losses, "loss")
+    assert_bitwise(grads, want_grads, "gradient")
     _assert_static(ddp)
     _fresh()
 
@@ -148,8 +126,8 @@ def test_rank0_evaluating_another_batch_size_first_still_aligns(group, order):
     losses, grads = _train(ddp, ddp if inside else _compiled(ddp), evaluate_first=True)
     plan = _assert_aligned(ddp)
     assert plan["plan_check"]["size"] == 2
-    _assert_bitwise(losses, want_losses, "loss")
-    _assert_bitwise(grads, want_grads, "gradient")
+    assert_bitwise(losses, want_losses, "loss")
+    assert_bitwise(grads, want_grads, "gradient")
     _assert_static(ddp)
     _fresh()
 
@@ -169,8 +147,8 @@ def test_a_module_that_trained_eagerly_first_records_again_and_aligns(group):
     losses, grads = _train(ddp, ddp, steps=2, optimizer=optimizer)
     more = _train(ddp, _compiled(ddp), steps=STEPS, first=2, optimizer=optimizer)
     _assert_aligned(ddp)
-    _assert_bitwise(losses + more[0], want_losses, "loss")
-    _assert_bitwise(grads + more[1], want_grads, "gradient")
+    assert_bitwise(losses + more[0], want_losses, "loss")
+    assert_bitwise(grads + more[1], want_grads, "gradient")
     _assert_static(ddp)
     _fresh()
 
@@ -205,8 +183,8 @@ def test_static_graph_with_per_block_checkpoints_trains_as_eager_ddp(group):
     losses, grads = train(ddp, torch.compile(ddp, backend="goddp", options={**OPTIONS, "edges": "eager"}))
     plan = _assert_aligned(ddp)
     assert plan["num_pieces"] == 6, plan["pieces"]  # embedding, 4 blocks, head
-    _assert_bitwise(losses, want_losses, "loss")
-    _assert_bitwise(grads, want_grads, "gradient")
+    assert_bitwise(losses, want_losses, "loss")
+    assert_bitwise(grads, want_grads, "gradient")
     _assert_static(ddp)
     _fresh()
 
@@ -239,7 +217,7 @@ def test_trace_times_a_static_graph_modules_buckets_and_changes_no_number(group,
     with goddp.trace(compiled) as tr:
         got += _train(ddp, compiled, steps=2, first=STEPS, optimizer=optimizer)[1]
     got += _train(ddp, compiled, steps=2, first=STEPS + 2, optimizer=optimizer)[1]
-    _assert_bitwise(got, want, "gradient")
+    assert_bitwise(got, want, "gradient")
     assert [h for h, _ in ddp._comm_hooks] == ([allreduce_hook] if user_hook else [])
     record = tr.to_dict()
     buckets = [(b["index"], b["bytes"], sorted(b["param_names"])) for b in plan["buckets"]]
@@ -287,7 +265,7 @@ def test_leaving_a_static_graph_trace_between_forward_and_backward_is_refused(gr
     got.append([p.grad.clone() for p in ddp.parameters()])
     optimizer.step()
     got += _train(ddp, compiled, steps=2, first=4, optimizer=optimizer)[1]
-    _assert_bitwise(got, want, "gradient")
+    assert_bitwise(got, want, "gradient")
     assert ddp._comm_hooks[0][0].__name__ == "goddp_trace_hook"
     _assert_static(ddp)
     _fresh()
