@@ -34,7 +34,7 @@ What is recorded, per step (one backward pass that reduced gradients):
   when the future it returned completed (done). The duration includes
   waiting for the slower ranks to launch the same bucket.
 - on a CUDA device every time is a CUDA event on the current stream, not the
-  host's clock (Note [Trace clocks on CUDA] in goddp.tracing.recorder).
+  host's clock (Note [Trace clocks on CUDA] in goddp.tools.timing).
 
 What the figures mean (exposed communication, the overlapped share, a
 bucket launched during backward, the median step) is Note [Trace figures]

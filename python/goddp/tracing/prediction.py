@@ -11,13 +11,11 @@ from typing import Any, Sequence
 
 from goddp.native import extension
 from goddp.options import MIB
+from goddp.tools.timing import fit_allreduce
 
 # DDP's default caps (bucket_cap_mb=25, its first bucket 1 MiB).
 DDP_CAP = 25 * MIB
 DDP_FIRST_CAP = MIB
-# The largest bandwidth the model is given (bytes/s): a fitted line that is
-# nearly flat means an allreduce that costs next to nothing per byte.
-MAX_BYTES_PER_SECOND = 1 << 62
 
 # Note [Trace prediction]
 #
@@ -57,44 +55,6 @@ MAX_BYTES_PER_SECOND = 1 << 62
 
 class PredictionError(ValueError):
     """The trace's measurements give the model no usable input."""
-
-
-def fit_allreduce(points: Sequence[tuple[int, float]]) -> dict[str, Any]:
-    """latency + bytes / bandwidth through (bytes, seconds) points (bytes >
-    0, seconds > 0 and finite) by least squares. Where that line is not
-    usable, a zero-latency line, fitted by least squares too, with the
-    reason in "note": fewer than two distinct sizes (degenerate), a line
-    that does not grow with bytes, or a negative latency. Returns
-    latency_ns, bytes_per_second (integers, as goddp_timeline takes them),
-    points, method and note."""
-    if not points:
-        raise PredictionError("no allreduce duration to fit")
-    n = len(points)
-    sizes = {b for b, _ in points}
-    note = ""
-    slope = intercept = 0.0
-    if len(sizes) < 2:
-        note = f"degenerate: {n} point(s) of one size ({next(iter(sizes))} bytes)"
-    else:
-        mb = sum(b for b, _ in points) / n
-        mt = sum(t for _, t in points) / n
-        sbb = sum((b - mb) ** 2 for b, _ in points)
-        slope = sum((b - mb) * (t - mt) for b, t in points) / sbb
-        intercept = mt - slope * mb
-        if slope <= 0:
-            note = "the fitted line does not grow with bytes"
-        elif intercept < 0:
-            note = f"the fitted latency is negative ({intercept * 1e3:.3f} ms)"
-    if note:
-        slope = sum(b * t for b, t in points) / sum(b * b for b, _ in points)
-        intercept = 0.0
-    return {
-        "latency_ns": round(intercept * 1e9),
-        "bytes_per_second": min(MAX_BYTES_PER_SECOND, max(1, round(1 / slope))),
-        "points": n,
-        "method": "zero-latency line" if note else "least squares",
-        "note": note,
-    }
 
 
 def ddp_starts(sizes: Sequence[int]) -> list[int]:

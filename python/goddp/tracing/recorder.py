@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -11,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from goddp.tools.ranges import allreduce_range
+from goddp.tools.timing import Stamp, now, seconds_between
 from goddp.tracing.figures import normalize_step
 
 
@@ -21,46 +21,6 @@ class TraceError(RuntimeError):
 
 # --------------------------------------------------------------------------
 # What is recorded
-
-
-# Note [Trace clocks on CUDA]
-# The hooks run on the host, which runs ahead of a GPU: when a comm hook is
-# called the host has only queued the kernels that produce the bucket's
-# gradients, and an NCCL future completes on the host as soon as its
-# collective is queued. Host timestamps would tell when work was queued,
-# not when it ran. So a step whose tensors are on a CUDA device takes every
-# timestamp as a CUDA event (Stamp) recorded on the current stream at that
-# point; in a future's callback that stream waits for the collective (torch
-# runs the callbacks of CUDA futures on streams synchronised with them), so
-# the event completes when the allreduce has. The events' elapsed times are
-# read when the record is read, which waits for them; nothing synchronises
-# the device while the step runs.
-
-
-class Stamp:
-    """A time on a CUDA device: an event recorded on the current stream
-    (Note [Trace clocks on CUDA]); `event` is for tests."""
-
-    __slots__ = ("event",)
-
-    def __init__(self, event: Any = None) -> None:
-        if event is None:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-        self.event = event
-
-
-def now(cuda: bool) -> "float | Stamp":
-    """A timestamp: the host's perf_counter, or a Stamp for a CUDA step."""
-    return Stamp() if cuda else time.perf_counter()
-
-
-def _seconds(stamp: "float | Stamp", origin: "float | Stamp") -> float:
-    if isinstance(stamp, Stamp):
-        origin.event.synchronize()
-        stamp.event.synchronize()
-        return origin.event.elapsed_time(stamp.event) / 1e3
-    return stamp - origin
 
 
 @dataclass
@@ -91,7 +51,7 @@ class StepRecord:
             origin = self.buckets[0].launch if self.cuda else min(b.launch for b in self.buckets)
 
         def at(stamp):
-            return None if stamp is None else _seconds(stamp, origin)
+            return None if stamp is None else seconds_between(stamp, origin)
 
         return {
             "start_seen": self.start is not None,

@@ -18,6 +18,7 @@ from hypothesis import assume, given, settings, strategies as st
 import goddp
 from goddp.native import extension
 from goddp.tracing import figures, prediction
+from goddp.tools import timing
 from models import ZOO
 
 MIB = 1 << 20
@@ -67,7 +68,7 @@ def test_fit_matches_numpy_least_squares(points):
     assume(slope > 1e-15)  # a line flat to rounding: the two may differ in sign
     assert fit["latency_ns"] == pytest.approx(intercept * 1e9, abs=1.0, rel=1e-6)
     # bytes/s is an integer: 1/slope rounded, at least 1
-    assert abs(fit["bytes_per_second"] - max(1.0, min(1 / slope, prediction.MAX_BYTES_PER_SECOND))) <= 0.5 + 1e-6 / slope
+    assert abs(fit["bytes_per_second"] - max(1.0, min(1 / slope, timing.MAX_BYTES_PER_SECOND))) <= 0.5 + 1e-6 / slope
 
 
 def test_ddp_default_starts():
