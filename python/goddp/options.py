@@ -39,6 +39,7 @@ BOOLS = (True, False)
 # it takes are exactly 2**-20 <= mb < 2**43: the one rule, here.
 MIB = 1 << 20  # bytes per MiB, as DDP's bucket_cap_mb and goddp's caps count them
 INT64_MAX = (1 << 63) - 1
+AUTO = "auto"  # bucket_cap_mb chosen by measured cost
 CAP_MB_RANGE = "a number of MiB from 2**-20 (1 byte) up to, not including, 2**43 (2**63 bytes)"
 
 
@@ -80,8 +81,12 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "bucket_cap_mb",
         ": the DDP module's",
-        "a number of MiB, at least `2**-20` (1 byte) and below `2**43`, or `None`",
-        "bucket cap, overriding the DDP module's",
+        "a number of MiB, at least `2**-20` (1 byte) and below `2**43`, `\"auto\"` (`\"ddp\"` mode, "
+        "buckets aligned), or `None`",
+        "bucket cap, overriding the DDP module's; `\"auto\"` starts from the DDP module's cap, measures "
+        "the backward and the allreduce over a few training steps, then sets the buckets that the "
+        "planner's timeline model predicts fastest, on every rank or none "
+        "([docs/auto-buckets.md](docs/auto-buckets.md))",
     ),
     OptionDoc(
         "first_bucket_cap_mb",
@@ -156,7 +161,7 @@ class Options:
     inner: str | Callable[..., Any] = "inductor"
     inner_options: Mapping[str, Any] | None = None
     mode: str = "ddp"
-    bucket_cap_mb: float | None = None
+    bucket_cap_mb: float | str | None = None  # AUTO: chosen by measured cost
     first_bucket_cap_mb: float | None = None
     max_pieces: int | None = None
     align_buckets: bool | None = None  # None: on in ddp mode, off in torch mode
@@ -174,8 +179,14 @@ class Options:
 
     @property
     def bucket_cap_bytes(self) -> int | None:
-        """bucket_cap_mb as the planner takes it (None: not given)."""
-        return cap_bytes(self.bucket_cap_mb)
+        """bucket_cap_mb as the planner takes it (None: not given, or
+        "auto", whose starting layout is the DDP module's cap)."""
+        return None if self.auto_buckets else cap_bytes(self.bucket_cap_mb)
+
+    @property
+    def auto_buckets(self) -> bool:
+        """bucket_cap_mb="auto" (Note [Buckets chosen by cost] in goddp.ranks.auto)."""
+        return self.bucket_cap_mb == AUTO
 
     @property
     def first_bucket_cap_bytes(self) -> int | None:
@@ -220,11 +231,27 @@ def _check_cap(key: str, value: Any) -> float | None:
     # 2**-20 <= value < 2**43 is exactly valid_cap_bytes(cap_bytes(value)),
     # without the float overflow of a huge value; NaN fails it too.
     if not _is_number(value) or not 2.0**-20 <= value < 2.0**43:
+        auto = ", 'auto' to choose the buckets by measured cost" if key == "bucket_cap_mb" else ""
         raise ValueError(
-            f"goddp option {key!r} must be {CAP_MB_RANGE}, or None to use the DDP module's setting; "
+            f"goddp option {key!r} must be {CAP_MB_RANGE}{auto}, or None to use the DDP module's setting; "
             f"got {value!r}"
         )
     return float(value)
+
+
+def _check_auto(options: Options) -> None:
+    """bucket_cap_mb="auto" needs what it chooses for: DDP's buckets set by
+    goddp ("ddp" mode, aligned), and every bucket its own choice."""
+    if not options.aligns_buckets:
+        raise ValueError(
+            "goddp option bucket_cap_mb='auto' sets DDP's buckets, so it needs mode='ddp' with "
+            f"align_buckets True or None; got mode={options.mode!r}, align_buckets={options.align_buckets!r}"
+        )
+    if options.first_bucket_cap_mb is not None:
+        raise ValueError(
+            "goddp option 'first_bucket_cap_mb' must be None with bucket_cap_mb='auto', which chooses "
+            f"every bucket, the first too; got {options.first_bucket_cap_mb!r}"
+        )
 
 
 def _check_bool(key: str, value: Any) -> bool:
@@ -374,7 +401,7 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
         values["mode"] = check_mode(raw["mode"])
     for key in ("bucket_cap_mb", "first_bucket_cap_mb"):
         if key in raw:
-            values[key] = _check_cap(key, raw[key])
+            values[key] = AUTO if key == "bucket_cap_mb" and raw[key] == AUTO else _check_cap(key, raw[key])
     if "max_pieces" in raw:
         values["max_pieces"] = check_max_pieces(raw["max_pieces"])
     for key in BOOL_KEYS:
@@ -395,7 +422,9 @@ def parse_options(raw: Mapping[str, Any] | None) -> Options:
 
     options = Options(**values)
     check_ddp_mode_only(options.mode, options.max_pieces, options.align_buckets, options.block_cuts, options.edges)
-    if (
+    if options.auto_buckets:
+        _check_auto(options)
+    elif (
         options.bucket_cap_mb is not None
         and options.first_bucket_cap_mb is not None
         and options.first_bucket_cap_mb > options.bucket_cap_mb

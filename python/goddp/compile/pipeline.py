@@ -33,6 +33,7 @@ layouts for DDP's buckets differ keep DDP's own buckets on every rank
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Any, Callable, Sequence
 
@@ -59,6 +60,7 @@ from goddp.graph.stitch import StitchedPieces
 from goddp.native.extension import REASON_ALIGNED, REASON_PART_OF_FORWARD
 from goddp.native.plan import AlignmentFacts, GraphPlan, PlanRequest, PlanSettings
 from goddp.options import Options
+from goddp.ranks.auto import AutoBuckets, Candidate, unit_bytes
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training, installed_layout
 from goddp.ranks.forward import Member
 from goddp.ranks.layout import Layout, covering_run, installed_run, layout_of
@@ -90,6 +92,11 @@ class Planned:
     # Planned again with the caps of DDP's installed buckets: the line that
     # says so (_DDPGraphCompile.follow_installed).
     follows: str | None = None
+    # The same graph and request planned with other per-bucket caps (the
+    # aligned plans; goddp.ranks.auto), and the caps that make the
+    # compiled pieces' buckets auto's units.
+    replan: Callable[[Sequence[int]], GraphPlan] | None = dataclasses.field(default=None, repr=False)
+    unit_caps: tuple[int, ...] = (1,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +145,7 @@ class _DDPGraphCompile:
             with stages.stage("export"):
                 exported = self.export()
             with stages.stage("plan"):
-                planned = self.plan(exported)
+                planned = self.auto_units(self.plan(exported))
             if planned.plan.num_counted_params == 0:
                 return self.parameter_free(exported, planned)
             self.note(planned)
@@ -169,6 +176,8 @@ class _DDPGraphCompile:
         record = self.record(exported, planned, identified)
         caps = planned.plan.ddp_caps if planned.caps.align_buckets else None
         stitched.before_first_call = self.training_gate(record, planned, caps, planned.not_aligned)
+        if self.options.auto_buckets and stitched.before_first_call is not None:
+            self.start_auto(record, planned)
         add_record(record)
         return stitched
 
@@ -248,7 +257,13 @@ class _DDPGraphCompile:
         if align:
             plan, follows = self.follow_installed(exported, request, plan)
         part = plan.align_reason == REASON_PART_OF_FORWARD
-        return Planned(plan, plan.caps, blocker or plan.not_aligned, part_of_forward=part, follows=follows)
+
+        def replan(caps: Sequence[int]) -> GraphPlan:
+            again = dataclasses.replace(request, bucket_caps_bytes=tuple(caps))
+            return decode_plan(call_planner(exported, again), exported, again)
+
+        return Planned(plan, plan.caps, blocker or plan.not_aligned, part_of_forward=part, follows=follows,
+                       replan=replan if align else None)
 
     def follow_installed(
         self, exported: ExportedGraph, request: PlanRequest, plan: GraphPlan
@@ -485,6 +500,74 @@ class _DDPGraphCompile:
 
         member = Member(member_layout, member_reason, self.frame.describe(), report, note)
         return gate_for_training(self.ddp, statement, report, member)
+
+    def auto_units(self, planned: Planned) -> Planned:
+        """With bucket_cap_mb="auto", a graph that is not cut at blocks is
+        cut where buckets of unit_bytes close instead (Note [Auto's units] in
+        goddp.ranks.auto), so that auto has pieces to choose runs of."""
+        plan = planned.plan
+        if (
+            not self.options.auto_buckets
+            or planned.replan is None
+            or plan.block_runs
+            or plan.align_reason != REASON_ALIGNED
+            or planned.caps.bucket_order != "ready"
+        ):
+            return planned
+        unit = unit_bytes(sum(b.bytes for b in plan.buckets))
+        again = planned.replan((unit,))
+        if again.align_reason != REASON_ALIGNED:
+            return planned
+        return dataclasses.replace(planned, plan=again, caps=again.caps, unit_caps=(unit,))
+
+    def start_auto(self, record: GraphRecord, planned: Planned) -> None:
+        """bucket_cap_mb="auto" for the module's first graph (Note [Buckets
+        chosen by cost] in goddp.ranks.auto): its units and its replanning,
+        kept on the module's state; or, said once, why it keeps the
+        starting layout. A later graph follows the module's decision."""
+        state = state_of(self.ddp)
+        if state.auto is not None or state.decision is not None:
+            return
+        reason, finest = None, None
+        if planned.part_of_forward:
+            reason = "its forward is split over several graphs"
+        elif planned.caps.bucket_order != "ready":
+            reason = (
+                "under find_unused_parameters=True DDP fills its buckets in declaration order and never "
+                "rebuilds them, so the units a step's timeline orders are not its buckets"
+            )
+        elif planned.not_aligned is not None or planned.replan is None:
+            reason = f"DDP's buckets are not goddp's: {planned.not_aligned}"
+        else:
+            finest = self.candidate(planned, planned.unit_caps, exact=False)
+            if finest is None:
+                reason = "its pieces move with the cap (planned with one-byte buckets, its graph is cut elsewhere)"
+        compile_id = structured.current_compile_id()
+
+        def report(outcome: dict[str, Any]) -> None:
+            record.auto_buckets = json.loads(json.dumps(outcome))
+            structured.auto_buckets(compile_id, record.auto_buckets)
+
+        if reason is not None:
+            state.note_once(f"goddp: bucket_cap_mb='auto' keeps the starting buckets of {self.frame.describe()}: {reason}")
+            report({"state": "off", "reason": reason})
+            return
+        start = self.layout(planned.plan, planned.plan.ddp_caps, planned.caps.bucket_order)
+        state.auto = AutoBuckets(
+            finest.layout.buckets, finest.bytes, start, lambda caps: self.candidate(planned, caps, exact=True), report
+        )
+
+    def candidate(self, planned: Planned, caps: Sequence[int], exact: bool) -> Candidate | None:
+        """The graph planned with DDP caps `caps`, as auto would install it;
+        None where that plan cuts other pieces than the compiled ones, or
+        (exact) its buckets are not the caps' runs."""
+        plan = planned.replan(caps)
+        if plan.node_pieces != planned.plan.node_pieces or plan.align_reason != REASON_ALIGNED:
+            return None
+        sizes = [b.bytes for b in plan.buckets]
+        if exact and sizes != list(caps):
+            return None
+        return Candidate(tuple(plan.ddp_caps), self.layout(plan, plan.ddp_caps, plan.caps.bucket_order), tuple(sizes))
 
     def layout(self, plan: GraphPlan, caps_bytes: Sequence[int], order: str) -> Layout:
         """The plan's buckets as DDP would hold them (goddp.ranks.layout)."""

@@ -52,6 +52,9 @@ class ModuleState:
     # bucket config from before, which planning keeps reading.
     aligned_caps: tuple[int, ...] | None = None
     original_config: Any = None
+    # Its bucket_cap_mb="auto" (goddp.ranks.auto.AutoBuckets), from its
+    # graph's compile to its decision.
+    auto: Any = None
     # The goddp.trace installed on it (goddp.tracing.install.Installation).
     trace: Any = None
     # While its ranks wait to meet inside a Join context: this iteration's

@@ -109,18 +109,22 @@ class StitchedPieces:
             if not _example_requires_grad(value)
         }
         self._checked = False
-        # Called once, before the first run of the pieces (goddp.ddp.align).
-        self.before_first_call: Callable[[], None] | None = None
-        # A gate that asks to run again at later calls (its "armed").
+        # Called once, before the first run of the pieces: the training gate
+        # (goddp.ranks.agreement.TrainingGate).
+        self.before_first_call: Any = None
+        # A gate that asks to run again at later calls (its "armed"), and to
+        # see their outputs (after_call).
         self._armed: Any = None
 
     def __call__(self, *args: Any) -> Any:
         if not self._checked:
             return self._first_call(args)
-        if self._armed is not None:
-            # The module decides at its next training forward (goddp.ranks.forward).
-            self._armed()
-            if not self._armed.armed:
+        gate = self._armed
+        if gate is not None:
+            # The module decides at a later training call (goddp.ranks.forward,
+            # goddp.ranks.auto).
+            gate()
+            if not gate.armed:
                 self._armed = None
         steps = self._steps
         if self._ranged is not None and self._ranged.wanted():
@@ -132,7 +136,10 @@ class StitchedPieces:
                 env[s] = value
             for s in releases:
                 env[s] = None
-        return self._collect(env)
+        out = self._collect(env)
+        if gate is not None:
+            gate.after_call(out)
+        return out
 
     def _first_call(self, args: tuple) -> Any:
         if self.before_first_call is not None:
@@ -157,7 +164,10 @@ class StitchedPieces:
             for s in releases:
                 env[s] = None
         self._checked = True
-        return self._collect(env)
+        out = self._collect(env)
+        if self._armed is not None:
+            self._armed.after_call(out)
+        return out
 
     def _collect(self, env: list[Any]) -> Any:
         if self._gather_output is not None:

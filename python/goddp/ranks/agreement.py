@@ -160,6 +160,7 @@ class TrainingGate:
         self.member = member
         self.armed = True
         self._joined = False
+        self._followed = False
 
     def __call__(self) -> None:
         ddp = self._ddp()
@@ -181,9 +182,22 @@ class TrainingGate:
                 self._join(ddp)
                 return
             self._second_round(ddp)
-        elif not self._joined:
+        elif not self._joined and not self._followed:
             self._follow(state.decision, state.shared)
-        self.armed = False
+        self._followed = True
+        # bucket_cap_mb="auto" counts the module's training calls until it decides.
+        auto = state.auto
+        self.armed = auto is not None and auto.pending
+        if self.armed:
+            auto.at_call(ddp)
+            self.armed = auto.pending
+
+    def after_call(self, outputs: Any) -> None:
+        """The graph's outputs at a call the gate ran before."""
+        ddp = self._ddp()
+        auto = None if ddp is None else state_of(ddp).auto
+        if auto is not None and auto.pending:
+            auto.after_call(outputs)
 
     def _join(self, ddp: Any) -> None:
         if not self._joined:

@@ -120,7 +120,11 @@ def process_group_timeout_s(process_group: Any) -> float:
 
 # Where the ranks of a round were to meet: the plan check's two rounds,
 # goddp.trace's two.
-PLAN_CHECK_EVENTS = {"first step": "the first training step", "install": "installing DDP's new buckets"}
+PLAN_CHECK_EVENTS = {
+    "first step": "the first training step",
+    "install": "installing DDP's new buckets",
+    "auto": "the bucket_cap_mb='auto' decision",
+}
 TRACE_EVENTS = {"enter": "entering the trace", "leave": "leaving the trace"}
 
 
@@ -136,14 +140,20 @@ class _Meeting:
 
 
 def _meeting(meeting: str, group: Group, keeps: bool, timeout_env: str) -> _Meeting:
-    if keeps and meeting != "first step":
-        raise ValueError(f"goddp: round_error: only the first-step round keeps DDP's buckets, not {meeting!r}")
+    if keeps and meeting not in ("first step", "auto"):
+        raise ValueError(f"goddp: round_error: only the first-step and auto rounds keep the buckets, not {meeting!r}")
     if meeting in TRACE_EVENTS:
         return _Meeting("goddp.trace", TRACE_EVENTS[meeting], f"Every rank must {meeting} it at the same step")
     if meeting not in PLAN_CHECK_EVENTS:
         raise ValueError(f"goddp: round_error: meeting {meeting!r}; want one of {[*PLAN_CHECK_EVENTS, *TRACE_EVENTS]}")
     if not timeout_env:
         raise ValueError(f"goddp: round_error: the {meeting} round needs the name of its timeout's variable")
+    if keeps and meeting == "auto":  # Note [Buckets chosen by cost] in goddp.ranks.auto
+        rule = (
+            "Every rank keeps the buckets it started with and trains on; "
+            f"{timeout_env}=<seconds> sets how long the ranks wait for each other here."
+        )
+        return _Meeting("goddp", PLAN_CHECK_EVENTS[meeting], rule, "it keeps its starting buckets, as they do")
     if keeps:  # Note [A round given up]
         rule = (
             "Every rank keeps DDP's own buckets and trains on (Note [A round given up] in goddp.ranks.verdict); "

@@ -52,6 +52,8 @@ class GraphRecord:
     ddp_module: dict[str, Any] | None = None
     # Filled in at the agreement of a forward planned across graphs.
     forward: dict[str, Any] | None = None
+    # bucket_cap_mb="auto": what it measured and chose (goddp.ranks.auto).
+    auto_buckets: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A deep, JSON-serialisable copy."""
@@ -140,6 +142,14 @@ def last_plans() -> list[dict[str, Any]]:
       bucket_graphs (per combined DDP bucket, DDP order, the position of
       the graph it comes from), moved (parameters of several graphs, counted
       in the earliest), dropped, aligned and reason.
+    - auto_buckets: None, unless bucket_cap_mb="auto" (goddp.ranks.auto,
+      Note [Buckets chosen by cost]): state ("off", "measuring", "decided"),
+      reason (why it keeps the starting buckets, None when it installed),
+      units; once decided on measurements: measured_calls, backward_ns and
+      unit_bytes (per unit, backward order), allreduce (latency_ns,
+      bytes_per_second, probe: [bytes, ns] points, method), start and
+      chosen (caps, and the predicted step_ns, backward_ns, exposed_ns),
+      predicted_gain, installed, and agreement (the round that installed).
     """
     with _lock:
         return [r.to_dict() for r in _records]

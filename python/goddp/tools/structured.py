@@ -23,7 +23,9 @@ name and an encoding), which tlparse lists under the compile id they carry:
   its first training call for this graph (the record's ``plan_check`` and
   ``ddp_buckets``). That call is no compile, so the artifact carries the
   compile id of the graph it gated, captured when that graph compiled
-  (tlparse lists it under that id, with attempt "-").
+  (tlparse lists it under that id, with attempt "-");
+- ``goddp_auto_buckets`` (json): with bucket_cap_mb="auto", what it
+  measured and chose (the record's ``auto_buckets``), under the same id.
 
 No cost without ``TORCH_TRACE``: trace_structured writes only when torch's
 trace log has a handler, and each function here checks that first
@@ -48,6 +50,7 @@ PIECE_GRAPH = "goddp_piece_{index}_graph"
 PIECE_REUSE = "goddp_piece_reuse"
 FALLBACK = "goddp_fallback"
 AGREEMENT = "goddp_agreement"
+AUTO_BUCKETS = "goddp_auto_buckets"
 
 
 def enabled() -> bool:
@@ -159,3 +162,10 @@ def agreement(compile_id: Any, plan_check: dict[str, Any], ddp_buckets: dict[str
     """goddp_agreement, under compile_id (the gated graph's, see the Note)."""
     if enabled():
         _artifact(AGREEMENT, "json", lambda: {"plan_check": plan_check, "ddp_buckets": ddp_buckets}, compile_id)
+
+
+def auto_buckets(compile_id: Any, outcome: dict[str, Any]) -> None:
+    """goddp_auto_buckets, under compile_id (the graph's): what
+    bucket_cap_mb="auto" measured and chose (goddp.ranks.auto)."""
+    if enabled():
+        _artifact(AUTO_BUCKETS, "json", lambda: outcome, compile_id)

@@ -17,6 +17,8 @@ import goddp
 from goddp.options import CAP_MB_RANGE, INT64_MAX, MIB, OPTION_KEYS, parse_options
 
 CAP_RANGE = f"must be {CAP_MB_RANGE}, or None"
+# bucket_cap_mb names "auto" among its choices too.
+BUCKET_CAP_RANGE = f"must be {CAP_MB_RANGE}, 'auto' to choose the buckets by measured cost, or None"
 
 
 def test_goddp_is_a_listed_backend():
@@ -55,18 +57,18 @@ def test_importing_goddp_switched_off_torch_ddp_optimizer():
         ({"inner": "no_such_backend"}, "valid choices:"),
         ({"inner": 3}, "'inductor', 'aot_eager', 'eager'"),
         ({"inner": "goddp"}, "cannot be 'goddp'"),
-        ({"bucket_cap_mb": 0}, CAP_RANGE),
-        ({"bucket_cap_mb": -1.5}, CAP_RANGE),
+        ({"bucket_cap_mb": 0}, BUCKET_CAP_RANGE),
+        ({"bucket_cap_mb": -1.5}, BUCKET_CAP_RANGE),
         ({"first_bucket_cap_mb": "1"}, CAP_RANGE),
-        ({"bucket_cap_mb": True}, CAP_RANGE),
-        ({"bucket_cap_mb": float("nan")}, CAP_RANGE),
+        ({"bucket_cap_mb": True}, BUCKET_CAP_RANGE),
+        ({"bucket_cap_mb": float("nan")}, BUCKET_CAP_RANGE),
         # The caps the planner refuses: fewer than 1 byte, more than int64's.
-        ({"bucket_cap_mb": 1e-7}, CAP_RANGE),
+        ({"bucket_cap_mb": 1e-7}, BUCKET_CAP_RANGE),
         ({"first_bucket_cap_mb": 2.0**-21}, CAP_RANGE),
-        ({"bucket_cap_mb": float("inf")}, CAP_RANGE),
-        ({"bucket_cap_mb": 2**43}, CAP_RANGE),
+        ({"bucket_cap_mb": float("inf")}, BUCKET_CAP_RANGE),
+        ({"bucket_cap_mb": 2**43}, BUCKET_CAP_RANGE),
         ({"first_bucket_cap_mb": 1e300}, CAP_RANGE),
-        ({"bucket_cap_mb": 10**30}, CAP_RANGE),
+        ({"bucket_cap_mb": 10**30}, BUCKET_CAP_RANGE),
         ({"max_pieces": 0}, "int >= 1 or None"),
         ({"max_pieces": -3}, "int >= 1 or None"),
         ({"max_pieces": 2.0}, "int >= 1 or None"),
@@ -85,6 +87,7 @@ def test_importing_goddp_switched_off_torch_ddp_optimizer():
         ({"check_plans": None}, "True or False"),
         ({"inner_options": [1]}, "must be a dict"),
         ({"bucket_cap_mb": 1, "first_bucket_cap_mb": 2}, "must be <= 'bucket_cap_mb'"),
+        ({"bucket_cap_mb": "Auto"}, BUCKET_CAP_RANGE),
     ],
 )
 def test_bad_options_name_the_valid_choices(options, fragment):

@@ -17,7 +17,7 @@ from goddp.ranks.store_round import GAVE_UP, Ended
 GOLDEN = Path(__file__).resolve().parent / "testdata" / "round_words.golden"
 ENV = "GODDP_PLAN_CHECK_TIMEOUT"
 GROUP = Group(name="0", ranks=(0, 1, 2), rank=1, timeout_s=1800.0)
-MEETINGS = ("first step", "install", "enter", "leave")
+MEETINGS = ("first step", "install", "auto", "enter", "leave")
 # How a round ends: outcome, complete.
 ENDS = {"waited": (f"{GAVE_UP}1", False), "late": (f"{GAVE_UP}0", True), "refused": ("refused", True)}
 
@@ -51,6 +51,11 @@ WHERE = "a DDP module (process group '0', ranks [0, 1, 2])"
          "(gave up: rank 0), 1800 s after the first arrival; it keeps DDP's own buckets, as they do. Every rank keeps "
          "DDP's own buckets and trains on (Note [A round given up] in goddp.ranks.verdict); GODDP_PLAN_CHECK_TIMEOUT=<seconds> "
          "sets how long the ranks wait for each other here."),
+        ("auto", True, ended(f"{GAVE_UP}0", True, SEEN),
+         f"goddp: rank 1 reached the bucket_cap_mb='auto' decision of {WHERE} after the others had "
+         "stopped waiting for it (gave up: rank 0), 1800 s after the first arrival; it keeps its starting buckets, "
+         "as they do. Every rank keeps the buckets it started with and trains on; GODDP_PLAN_CHECK_TIMEOUT=<seconds> "
+         "sets how long the ranks wait for each other here."),
         ("install", False, ended(f"{GAVE_UP}0", True, SEEN),
          f"goddp: rank 1 reached installing DDP's new buckets of {WHERE} after the others had stopped waiting for it "
          "(gave up: rank 0), 1800 s after the first arrival; it stops too rather than go on alone. " + WAITED_RULE),
@@ -60,7 +65,7 @@ WHERE = "a DDP module (process group '0', ranks [0, 1, 2])"
          f"goddp.trace: rank 1 waited 1800 s at leaving the trace of {WHERE} for rank(s) [0, 1, 2], which never "
          "arrived. Every rank must leave it at the same step"),
     ],
-    ids=["go", "trace go", "waited", "late, keeps", "install, late", "trace refused", "trace waited"],
+    ids=["go", "trace go", "waited", "late, keeps", "auto, late", "install, late", "trace refused", "trace waited"],
 )
 def test_each_ending_gets_its_text(meeting, keeps, end, want):
     assert round_error(meeting, GROUP, end, keeps, ENV) == want
@@ -70,8 +75,8 @@ def test_each_ending_gets_its_text(meeting, keeps, end, want):
     "meeting, keeps, end, env, want",
     [
         ("lunch", False, ended("go", True, SEEN), ENV, "meeting 'lunch'"),
-        ("install", True, ended(f"{GAVE_UP}0", True, SEEN), ENV, "only the first-step round keeps"),
-        ("enter", True, ended("go", True, SEEN), ENV, "only the first-step round keeps"),
+        ("install", True, ended(f"{GAVE_UP}0", True, SEEN), ENV, "only the first-step and auto rounds keep"),
+        ("enter", True, ended("go", True, SEEN), ENV, "only the first-step and auto rounds keep"),
         ("first step", False, ended("refused", True, SEEN), ENV, "ended in 'refused'"),
         ("install", False, ended("go", True, SEEN), "", "needs the name of its timeout's variable"),
     ],
@@ -87,9 +92,9 @@ def test_the_words_users_read():
     group = Group(name="it's", ranks=(0, 1, 2), rank=1, timeout_s=12.5)
     out = []
     for meeting in MEETINGS:
-        for keeps in (False, True) if meeting == "first step" else (False,):
+        for keeps in {"first step": (False, True), "auto": (True,)}.get(meeting, (False,)):
             for name, (outcome, complete) in ENDS.items():
-                if name == "refused" and meeting in ("first step", "install"):
+                if name == "refused" and meeting in ("first step", "install", "auto"):
                     continue
                 text = round_error(meeting, group, ended(outcome, complete, {1: "ok", 2: "not traced here"}, 12.5),
                                    keeps, ENV)

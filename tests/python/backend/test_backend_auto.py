@@ -1,0 +1,161 @@
+"""bucket_cap_mb="auto" in one process (1-rank gloo group): the option at
+the door, the measurement's door, the units it chooses among, and where
+it keeps the starting buckets (Note [Buckets chosen by cost] in
+goddp.ranks.auto). test_dist_auto_buckets runs the choice on two ranks."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import goddp
+from goddp.options import parse_options
+from goddp.ranks import auto as auto_mod
+from models import ZOO
+
+STEPS = auto_mod.WARMUP_CALLS + auto_mod.MEASURED_CALLS + 2
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    goddp.clear_plans()
+    yield
+    torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------
+# The door
+
+
+def test_auto_is_a_bucket_cap_mb_that_starts_from_ddps_cap():
+    options = parse_options({"bucket_cap_mb": "auto"})
+    assert options.auto_buckets and options.bucket_cap_bytes is None
+    assert not parse_options({"bucket_cap_mb": 4}).auto_buckets
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        ({"bucket_cap_mb": "Auto"}, "'auto' to choose the buckets by measured cost"),
+        ({"bucket_cap_mb": "fast"}, "'auto' to choose the buckets by measured cost"),
+        ({"bucket_cap_mb": "auto", "mode": "torch"}, "needs mode='ddp' with align_buckets True or None"),
+        ({"bucket_cap_mb": "auto", "align_buckets": False}, "needs mode='ddp' with align_buckets True or None"),
+        ({"bucket_cap_mb": "auto", "first_bucket_cap_mb": 1}, "must be None with bucket_cap_mb='auto'"),
+        ({"first_bucket_cap_mb": "auto"}, "must be a number of MiB"),
+    ],
+)
+def test_auto_where_it_cannot_choose_is_refused_at_the_door(raw, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        parse_options(raw)
+
+
+@pytest.mark.parametrize(
+    "values, words",
+    [
+        ([1, 0, 3], "unit 1's backward as 0 ns"),
+        ([1, -2, 3], "unit 1's backward as -2 ns"),
+        ([math.nan, 2, 3], "unit 0's backward as nan ns"),
+        ([1, 2, math.inf], "unit 2's backward as inf ns"),
+        ([1, True, 3], "unit 1's backward as True ns"),
+        ([1, "2", 3], "unit 1's backward as '2' ns"),
+        ([1, 2], "one backward time per unit \\(3\\)"),
+        (None, "one backward time per unit \\(3\\)"),
+    ],
+)
+def test_a_measurement_the_model_cannot_take_is_a_clear_error(values, words):
+    with pytest.raises(auto_mod.MeasurementError, match=words):
+        auto_mod.check_durations(values, 3)
+    assert auto_mod.check_durations([1, 2.0, 3e6], 3) == [1, 2, 3_000_000]
+
+
+# --------------------------------------------------------------------------
+# The units, and the decision on one rank
+
+
+class Layers(nn.Module):
+    """Eight 1 MiB layers without repeated blocks: cut by bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(512, 512, bias=False)
+        self.b = nn.Linear(512, 512, bias=False)
+        self.c = nn.Linear(512, 512, bias=False)
+        self.d = nn.Linear(512, 512, bias=False)
+        self.e = nn.Linear(512, 512, bias=False)
+        self.f = nn.Linear(512, 512, bias=False)
+        self.g = nn.Linear(512, 512, bias=False)
+        self.h = nn.Linear(512, 512, bias=False)
+
+    def forward(self, x):
+        for layer in (self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h):
+            x = torch.relu(layer(x))
+        return x
+
+
+def _train(ddp, options, steps=STEPS, make=lambda s: torch.randn(16, 512, generator=torch.Generator().manual_seed(s))):
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", **options})
+    for step in range(steps):
+        compiled(make(step)).pow(2).mean().backward()
+
+
+def _record() -> dict:
+    (record,) = [p for p in goddp.last_plans() if p["auto_buckets"] is not None]
+    return record
+
+
+def test_a_graph_without_blocks_is_cut_into_units_and_decided(dist_group, caplog):
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Layers())  # DDP's caps: two pieces without "auto"
+    with caplog.at_level(logging.INFO, logger="goddp"):
+        _train(ddp, {"bucket_cap_mb": "auto"})
+    record = _record()
+    outcome = record["auto_buckets"]
+    # 8 MiB of gradients in units of at least 1 MiB: a piece per layer
+    assert record["num_pieces"] == outcome["units"] == 8, record
+    assert outcome["unit_bytes"] == [512 * 512 * 4] * 8
+    assert outcome["state"] == "decided" and len(outcome["backward_ns"]) == 8
+    assert outcome["start"]["caps"] == record["ddp_caps"] == outcome["unit_bytes"]
+    assert set(outcome["chosen"]) >= {"caps", "step_ns", "backward_ns", "exposed_ns"}
+    assert sum(outcome["chosen"]["caps"]) == 8 * 512 * 512 * 4
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("bucket_cap_mb='auto' measured calls 3-5" in m for m in messages), messages
+    assert any(
+        "bucket_cap_mb='auto' installed" in m or "bucket_cap_mb='auto' keeps the starting buckets" in m for m in messages
+    ), messages
+
+
+def test_without_auto_the_same_graph_is_cut_where_ddps_buckets_close(dist_group):
+    torch.manual_seed(0)
+    _train(nn.parallel.DistributedDataParallel(Layers()), {}, steps=1)
+    (record,) = goddp.last_plans()
+    # DDP's first bucket closes at 1 MiB (the last layer), the rest is under 25 MiB
+    assert record["num_pieces"] == 2 and record["auto_buckets"] is None
+
+
+def test_a_forward_over_several_graphs_keeps_the_start_and_says_why(dist_group, caplog):
+    entry = ZOO["graph_break"]
+    ddp = entry.wrap(entry.build(seed=0), bucket_cap_mb=entry.ddp_cap_mb)
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "aot_eager", "bucket_cap_mb": "auto"})
+    with caplog.at_level(logging.INFO, logger="goddp"):
+        for step in range(STEPS):
+            entry.loss(compiled(*entry.make_inputs(step))).backward()
+    offs = [p["auto_buckets"] for p in goddp.last_plans() if p["auto_buckets"] is not None]
+    assert offs and all(o == {"state": "off", "reason": "its forward is split over several graphs"} for o in offs), offs
+    assert sum("bucket_cap_mb='auto' keeps the starting buckets" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_decision_is_kept_after_it_is_made(dist_group, monkeypatch):
+    """Calls after the decision neither measure nor decide again."""
+    calls = []
+    real = auto_mod.AutoBuckets._decide
+    monkeypatch.setattr(auto_mod.AutoBuckets, "_decide", lambda self, ddp: calls.append(self.calls) or real(self, ddp))
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Layers())
+    _train(ddp, {"bucket_cap_mb": "auto"}, steps=STEPS + 4)
+    assert calls == [auto_mod.WARMUP_CALLS + auto_mod.MEASURED_CALLS + 1]
+    assert ddp._goddp.auto.pending is False and not ddp._goddp.auto._handles
