@@ -40,8 +40,14 @@ every rank reaches (Note [Where the ranks meet]). Every wait is bounded:
    every rank proposed the same and installs it on every rank or none.
 
 Stability: the chosen layout replaces the starting one only when its
-predicted step is shorter by MARGIN or more, so measurements that move the
-optimum by less than that leave the buckets as they were.
+predicted step is shorter by MARGIN or more. And rank 0 remembers, per
+module shape and group size, what it measured and which buckets it ended
+with (a JSON file under GODDP_CACHE_DIR, by default ~/.cache/goddp); its
+statement carries that record, so that every rank reads the same one.
+When this run's unit times and its allreduce of all the bytes are each
+within DRIFT of the last run's, the last run's buckets are this run's
+choice: the same model on the same machine ends with the same buckets
+run after run, unless its measurements moved by more than DRIFT.
 """
 
 from __future__ import annotations
@@ -50,8 +56,10 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -97,6 +105,8 @@ def unit_bytes(total: int) -> int:
 WARMUP_CALLS = 2  # the install call, and the first on DDP's rebuilt buckets
 MEASURED_CALLS = 3
 MARGIN = 0.03  # Note [Buckets chosen by cost], "Stability"
+DRIFT = 0.10  # and there: measurements this close to the last run's keep its buckets
+CACHE_ENV = "GODDP_CACHE_DIR"
 PROBE_REPEATS = 3
 PROBE_MAX_BYTES = 32 * MIB
 PROBE_MIN_BYTES = 4096
@@ -142,6 +152,7 @@ class AutoBuckets:
         self._replan = replan
         self._report = report
         self.calls = 0
+        self.model: str | None = None  # its parameters' key (store_round.model_key), read when it decides
         self.durations: list[list[int]] = []  # per measured step, per unit (ns)
         self.pending = True
         self._step: _Step | None = None
@@ -234,11 +245,14 @@ class AutoBuckets:
         group = dataclasses.replace(group, timeout_s=first_round_timeout_s(group))
         durations = self.measured()
         leader = group.rank == min(group.ranks)
+        self.model = _model_key(ddp)
         if durations is None:
             mine = {"failed": "no measured step saw every unit's gradients"}
+        elif leader:
+            mine = {"backward_ns": durations, "last": load_last(self.cache_file(group), len(self.units))}
         else:
-            mine = {"backward_ns": durations} if leader else {"measured": True}
-        key = f"{agreement_key(group.name, _model_key(ddp))}/auto"
+            mine = {"measured": True}
+        key = f"{agreement_key(group.name, self.model)}/auto"
 
         def verdict(payloads: Any) -> dict[str, Any]:
             said = {r: json.loads(p) for r, p in payloads.items()}
@@ -248,7 +262,7 @@ class AutoBuckets:
             lead = said.get(min(group.ranks), {})
             if "backward_ns" not in lead:
                 return {"keep": f"rank {min(group.ranks)} stated no measurement"}
-            return {"backward_ns": lead["backward_ns"]}
+            return {"backward_ns": lead["backward_ns"], "last": lead.get("last")}
 
         try:
             decided = exchange(store_for(group), key, group, json.dumps(mine, sort_keys=True), verdict,
@@ -260,42 +274,63 @@ class AutoBuckets:
             return self._keep(decided["keep"])
         try:
             backward = check_durations(decided["backward_ns"], len(self.units))
-            cost = probe(ddp, self.unit_bytes)
             starts = self.start_starts()
             if starts is None:
                 return self._keep("the starting buckets are not runs of its units")
-            chosen, start = choose(backward, self.unit_bytes, cost, starts)
+            cost = probe(ddp, self.unit_bytes)
+            start = predict(backward, self.unit_bytes, cost, starts)
+            chosen = predict(backward, self.unit_bytes, cost, None)
+            last = decided.get("last")
+            last_starts = None if last is None else self.starts_of(last["caps"])
+            if last_starts is not None and similar(last, backward, self.unit_bytes, cost):
+                chosen = predict(backward, self.unit_bytes, cost, last_starts)
+                self.outcome["last_run"] = f"its buckets, measured within {DRIFT:.0%} of this run"
+            elif last is not None:
+                self.outcome["last_run"] = f"measured more than {DRIFT:.0%} apart from this run: chosen afresh"
         except MeasurementError as exc:
             return self._keep(str(exc))
+        chosen_caps = [b["bytes"] for b in chosen["buckets"]]
+        gain = 1 - chosen["step_ns"] / start["step_ns"] if start["step_ns"] else 0.0
         self.outcome.update(
             state="decided", measured_calls=[WARMUP_CALLS + 1, WARMUP_CALLS + MEASURED_CALLS],
             backward_ns=backward, unit_bytes=self.unit_bytes, allreduce=cost,
-            start={"caps": list(self.start.caps), **_summary(start)}, chosen={"caps": [b["bytes"] for b in chosen["buckets"]], **_summary(chosen)},
+            start={"caps": list(self.start.caps), **_summary(start)}, chosen={"caps": chosen_caps, **_summary(chosen)},
+            predicted_gain=round(gain, 4),
         )
-        gain = 1 - chosen["step_ns"] / start["step_ns"] if start["step_ns"] else 0.0
-        self.outcome["predicted_gain"] = round(gain, 4)
         logger.info(
             "goddp: bucket_cap_mb='auto' measured calls %d-%d (rank %d's backward: %.1f ms over %d units) and "
-            "allreduces of %s (slowest rank: %.3f ms + %.0f MB/s)",
+            "allreduces of %s (slowest rank: %.3f ms + %.0f MB/s)%s",
             WARMUP_CALLS + 1, WARMUP_CALLS + MEASURED_CALLS, min(group.ranks), sum(backward) / 1e6, len(backward),
             ", ".join(_size(b) for b, _ in cost["probe"]), cost["latency_ns"] / 1e6, cost["bytes_per_second"] / 1e6,
+            f"; the last run on rank {min(group.ranks)}'s machine: {self.outcome['last_run']}" if "last_run" in self.outcome else "",
         )
-        if self.outcome["chosen"]["caps"] == self.outcome["start"]["caps"]:
-            return self._keep("the starting buckets predict the least step already")
+        installed = self._install(ddp, chosen_caps, gain, start, chosen)
+        if leader:
+            remember(self.cache_file(group), self.unit_bytes, backward, cost, chosen_caps if installed else list(self.start.caps))
+
+    def _install(self, ddp: Any, caps: list[int], gain: float, start: dict[str, Any], chosen: dict[str, Any]) -> bool:
+        """Installs caps on every rank when they beat the start by MARGIN;
+        whether it did."""
+        if caps == list(self.start.caps):
+            self._keep("the starting buckets predict the least step already")
+            return False
         if gain < MARGIN:
-            return self._keep(
-                f"its best buckets ({_caps(self.outcome['chosen']['caps'])}) predict a step {gain:.1%} shorter than "
+            self._keep(
+                f"its best buckets ({_caps(caps)}) predict a step {gain:.1%} shorter than "
                 f"the starting ones ({_caps(self.start.caps)}), under the {MARGIN:.0%} margin"
             )
-        candidate = self._replan(self.outcome["chosen"]["caps"])
+            return False
+        candidate = self._replan(caps)
         if candidate is None:
-            return self._keep("the planner cuts other pieces with the chosen caps")
+            self._keep("the planner cuts other pieces with the chosen caps")
+            return False
         previous = state_of(ddp).decision
         statement = Statement(layout=candidate.layout, digest=candidate.layout.digest(), pieces=len(self.units))
         decision = agree(ddp, statement, self._agreement_report, may_defer=False)
         if decision.action != INSTALL:
             state_of(ddp).decision = previous
-            return self._keep(f"the ranks did not install it: {decision.reason}")
+            self._keep(f"the ranks did not install it: {decision.reason}")
+            return False
         self.outcome.update(installed=True, reason=None)
         logger.info(
             "goddp: bucket_cap_mb='auto' installed %d buckets (%s) for %d (%s): predicted step %.2f -> %.2f ms "
@@ -304,6 +339,26 @@ class AutoBuckets:
             start["step_ns"] / 1e6, chosen["step_ns"] / 1e6, 100 * gain, start["exposed_ns"] / 1e6, chosen["exposed_ns"] / 1e6,
         )
         self._report(self.outcome)
+        return True
+
+    def cache_file(self, group: Any) -> Path:
+        """Where rank 0 remembers this module's last choice (Note [Buckets
+        chosen by cost], "Stability")."""
+        return cache_dir() / f"auto-{self.model}-{len(group.ranks)}ranks.json"
+
+    def starts_of(self, caps: Sequence[int]) -> list[int] | None:
+        """Bucket caps (bytes, DDP order) as unit starts; None where they
+        are not runs of these units."""
+        ends, size, k = [], 0, 0
+        for cap in caps:
+            while k < len(self.unit_bytes) and size < cap:
+                size += self.unit_bytes[k]
+                k += 1
+            if size != cap:
+                return None
+            ends.append(k)
+            size = 0
+        return ends[:-1] if ends and ends[-1] == len(self.unit_bytes) else None
 
     def _agreement_report(self, plan_check: dict[str, Any], ddp_buckets: dict[str, Any]) -> None:
         self.outcome["agreement"] = {"plan_check": plan_check, "ddp_buckets": ddp_buckets}
@@ -384,21 +439,73 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def choose(backward_ns: Sequence[int], unit_bytes: Sequence[int], cost: dict[str, Any],
-           start_starts: Sequence[int]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The planner's least predicted step over these units, and its
-    prediction for the starting layout (given as unit starts)."""
+def predict(backward_ns: Sequence[int], unit_bytes: Sequence[int], cost: dict[str, Any],
+            starts: Sequence[int] | None) -> dict[str, Any]:
+    """The planner's timeline (Note [Timeline] in planner/timeline.go) of
+    buckets starting at these units, or, starts None, of the buckets it
+    predicts fastest."""
     request = {
         "backward_ns": list(backward_ns), "bytes": list(unit_bytes),
         "allreduce": {"latency_ns": cost["latency_ns"], "bytes_per_second": cost["bytes_per_second"]},
         "launch_ns": 0, "slowdown_permille": 1000,
     }
+    if starts is not None:
+        request["starts"] = list(starts)
     try:
-        best = _native.timeline(request)
-        start = _native.timeline({**request, "starts": list(start_starts)})
+        return _native.timeline(request)
     except _native.PlannerError as exc:
         raise MeasurementError(f"bucket_cap_mb='auto': the timeline model refused the measurements: {exc}") from exc
-    return best, start
+
+
+def cache_dir() -> Path:
+    """Where rank 0 keeps its last choices: GODDP_CACHE_DIR, else goddp's
+    folder under XDG_CACHE_HOME (~/.cache)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "goddp"
+
+
+def load_last(path: Path, units: int) -> dict[str, Any] | None:
+    """The last run's record at path (remember), None where there is none
+    or it is not one (said at DEBUG)."""
+    try:
+        last = json.loads(path.read_text(encoding="utf-8"))
+        ints = lambda v: isinstance(v, list) and all(isinstance(x, int) and x > 0 for x in v)  # noqa: E731
+        if not (ints(last["unit_bytes"]) and len(last["unit_bytes"]) == units and ints(last["backward_ns"])
+                and len(last["backward_ns"]) == units and ints(last["caps"])
+                and isinstance(last["latency_ns"], int) and ints([last["bytes_per_second"]])):
+            raise ValueError("not a record of this module's units")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):  # another goddp's file, a torn write: chosen afresh
+        logger.debug("goddp: bucket_cap_mb='auto' ignores %s", path, exc_info=True)
+        return None
+    return {k: last[k] for k in ("unit_bytes", "backward_ns", "caps", "latency_ns", "bytes_per_second")}
+
+
+def remember(path: Path, unit_bytes: Sequence[int], backward_ns: Sequence[int], cost: dict[str, Any],
+             caps: Sequence[int]) -> None:
+    """Keeps this run's measurements and buckets at path for the next run."""
+    record = {"unit_bytes": list(unit_bytes), "backward_ns": list(backward_ns), "caps": list(caps),
+              "latency_ns": cost["latency_ns"], "bytes_per_second": cost["bytes_per_second"]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(record), encoding="utf-8")
+        temporary.replace(path)
+    except OSError:  # a read-only home: the next run chooses afresh, which is all this costs
+        logger.debug("goddp: bucket_cap_mb='auto' could not remember its choice at %s", path, exc_info=True)
+
+
+def similar(last: dict[str, Any], backward_ns: Sequence[int], unit_bytes: Sequence[int], cost: dict[str, Any]) -> bool:
+    """Whether this run measured what the last did, within DRIFT: the same
+    units, each unit's backward, and an allreduce of all the bytes."""
+    if list(last["unit_bytes"]) != list(unit_bytes):
+        return False
+    near = lambda a, b: abs(a - b) <= DRIFT * b  # noqa: E731
+    total = sum(unit_bytes)
+    line = lambda c: c["latency_ns"] + total * 1e9 / c["bytes_per_second"]  # noqa: E731
+    return all(near(a, b) for a, b in zip(backward_ns, last["backward_ns"])) and near(line(cost), line(last))
 
 
 def _summary(timeline: dict[str, Any]) -> dict[str, Any]:

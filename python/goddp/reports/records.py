@@ -149,7 +149,9 @@ def last_plans() -> list[dict[str, Any]]:
       unit_bytes (per unit, backward order), allreduce (latency_ns,
       bytes_per_second, probe: [bytes, ns] points, method), start and
       chosen (caps, and the predicted step_ns, backward_ns, exposed_ns),
-      predicted_gain, installed, and agreement (the round that installed).
+      predicted_gain, last_run (where rank 0 remembered a last run: whether
+      its buckets were kept), installed, and agreement (the round that
+      installed).
     """
     with _lock:
         return [r.to_dict() for r in _records]

@@ -21,7 +21,8 @@ STEPS = auto_mod.WARMUP_CALLS + auto_mod.MEASURED_CALLS + 2
 
 
 @pytest.fixture(autouse=True)
-def _fresh():
+def _fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv(auto_mod.CACHE_ENV, str(tmp_path))
     torch._dynamo.reset()
     goddp.clear_plans()
     yield
@@ -159,3 +160,54 @@ def test_the_decision_is_kept_after_it_is_made(dist_group, monkeypatch):
     _train(ddp, {"bucket_cap_mb": "auto"}, steps=STEPS + 4)
     assert calls == [auto_mod.WARMUP_CALLS + auto_mod.MEASURED_CALLS + 1]
     assert ddp._goddp.auto.pending is False and not ddp._goddp.auto._handles
+
+
+# --------------------------------------------------------------------------
+# What rank 0 remembers
+
+
+def test_a_remembered_choice_is_read_back_only_when_it_fits(tmp_path):
+    path = tmp_path / "auto.json"
+    cost = {"latency_ns": 1000, "bytes_per_second": 10**9}
+    auto_mod.remember(path, [4, 8], [10, 20], cost, [12])
+    last = auto_mod.load_last(path, 2)
+    assert last == {"unit_bytes": [4, 8], "backward_ns": [10, 20], "caps": [12], "latency_ns": 1000,
+                    "bytes_per_second": 10**9}
+    assert auto_mod.load_last(path, 3) is None, "another module's units"
+    assert auto_mod.load_last(tmp_path / "none.json", 2) is None
+    for text in ("{", "[]", '{"unit_bytes": [4, 8]}', path.read_text().replace("[10, 20]", "[10, -1]")):
+        path.write_text(text)
+        assert auto_mod.load_last(path, 2) is None, text
+    assert auto_mod.similar(last, [11, 19], [4, 8], cost)
+    assert not auto_mod.similar(last, [12, 20], [4, 8], cost), "a unit 20 % slower"
+    assert not auto_mod.similar(last, [10, 20], [4, 8], {"latency_ns": 2000, "bytes_per_second": 10**9})
+    assert not auto_mod.similar(last, [10, 20], [8, 4], cost)
+
+
+def test_remembering_where_nothing_can_be_written_is_no_error(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    auto_mod.remember(blocked / "auto.json", [4], [10], {"latency_ns": 0, "bytes_per_second": 1}, [4])
+    assert auto_mod.load_last(blocked / "auto.json", 1) is None
+
+
+def test_the_cache_is_goddps_folder_unless_told(monkeypatch, tmp_path):
+    monkeypatch.delenv(auto_mod.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert auto_mod.cache_dir() == tmp_path / "goddp"
+    monkeypatch.setenv(auto_mod.CACHE_ENV, str(tmp_path / "mine"))
+    assert auto_mod.cache_dir() == tmp_path / "mine"
+
+
+def test_the_outcome_is_a_structured_trace_artifact(dist_group, monkeypatch):
+    from goddp.tools import structured
+
+    written = []
+    monkeypatch.setattr(structured, "enabled", lambda: True)
+    monkeypatch.setattr(structured, "_artifact",
+                        lambda name, encoding, payload, compile_id=None: written.append((name, payload())))
+    torch.manual_seed(0)
+    _train(nn.parallel.DistributedDataParallel(Layers()), {"bucket_cap_mb": "auto"})
+    autos = [payload for name, payload in written if name == structured.AUTO_BUCKETS]
+    assert [a["state"] for a in autos] == ["measuring", "decided"]
+    assert autos[-1] == _record()["auto_buckets"]

@@ -48,7 +48,8 @@ def group(dist_group):
 
 
 @pytest.fixture(autouse=True)
-def _fresh():
+def _fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv(auto_mod.CACHE_ENV, str(tmp_path))  # what rank 0 remembers stays in the test
     torch._dynamo.reset()
     goddp.clear_plans()
     yield
@@ -226,6 +227,32 @@ def test_a_rank_that_comes_after_the_bound_keeps_the_start_on_every_rank(group, 
     assert _rebuilt_sizes(ddp) == outcome["start"]["caps"]
     _same_on_every_rank(outcome["reason"])
     _assert_trains_as_eager((losses, grads), want)
+
+
+@needs_two_ranks
+def test_the_same_model_keeps_its_buckets_unless_its_measurements_move(group, monkeypatch):
+    """Rank 0 remembers what it measured and chose: a run whose
+    measurements are within DRIFT of the last one's ends with the last
+    one's buckets, although alone it would choose others; a run that
+    measured further apart chooses afresh."""
+    first, near, far = [5_700_000] * 4, [6_100_000] * 4, [12_000_000] * 4
+    outcomes = []
+    for measured in (first, near, far):
+        torch._dynamo.reset()
+        goddp.clear_plans()
+        _fixed(monkeypatch, [measured, [1_000] * 4])
+        ddp, got, want = _train_pair(group)
+        outcomes.append(_outcome())
+        assert _rebuilt_sizes(ddp) == outcomes[-1]["chosen"]["caps"]
+        _assert_trains_as_eager(got, want)
+    ran, kept, afresh = outcomes
+    unit_bytes = ran["unit_bytes"]
+    assert all(abs(a - b) <= auto_mod.DRIFT * b for a, b in zip(near, first))
+    assert _best_caps(first, unit_bytes) != _best_caps(near, unit_bytes), "alone, the near run would choose otherwise"
+    assert "last_run" not in ran and ran["chosen"]["caps"] == _best_caps(first, unit_bytes)
+    assert kept["last_run"].startswith("its buckets") and kept["chosen"]["caps"] == ran["chosen"]["caps"]
+    assert afresh["last_run"].endswith("chosen afresh") and afresh["chosen"]["caps"] == _best_caps(far, unit_bytes)
+    _same_on_every_rank([o["chosen"]["caps"] for o in outcomes])
 
 
 # --------------------------------------------------------------------------
