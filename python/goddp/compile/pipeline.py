@@ -60,7 +60,7 @@ from goddp.graph.stitch import StitchedPieces
 from goddp.native.extension import REASON_ALIGNED, REASON_PART_OF_FORWARD
 from goddp.native.plan import AlignmentFacts, GraphPlan, PlanRequest, PlanSettings
 from goddp.options import Options
-from goddp.ranks.auto import AutoBuckets, Candidate, unit_bytes
+from goddp.ranks.auto import AutoBuckets, ddp_runs, unit_cap
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training, installed_layout
 from goddp.ranks.forward import Member
 from goddp.ranks.layout import Layout, covering_run, installed_run, layout_of
@@ -175,9 +175,10 @@ class _DDPGraphCompile:
             return self.whole_graph(exported, planned, fell)
         record = self.record(exported, planned, identified)
         caps = planned.plan.ddp_caps if planned.caps.align_buckets else None
-        stitched.before_first_call = self.training_gate(record, planned, caps, planned.not_aligned)
-        if self.options.auto_buckets and stitched.before_first_call is not None:
-            self.start_auto(record, planned)
+        auto = self.start_auto(record, planned) if stand_in_blocker(self.ddp) is None and torch.is_grad_enabled() else None
+        stitched.before_first_call = self.training_gate(
+            record, planned, caps, planned.not_aligned, start=None if auto is None else auto.start
+        )
         add_record(record)
         return stitched
 
@@ -355,6 +356,10 @@ class _DDPGraphCompile:
         if fell is not None:
             warn_fallback(fell)
         record = self.record(exported, planned, fell=fell)
+        if self.options.auto_buckets and planned is not None and torch.is_grad_enabled():
+            reason = "its graph is one piece: no bucket boundary to choose" if fell is None else "its graph fell back"
+            state_of(self.ddp).note_once(f"goddp: bucket_cap_mb='auto' keeps the starting buckets of {self.frame.describe()}: {reason}")
+            record.auto_buckets = {"state": "off", "reason": reason}
         try:
             with self.stages.timed("compile"):
                 compiled = self.inner(self.dynamo_gm, self.example_inputs)
@@ -453,7 +458,8 @@ class _DDPGraphCompile:
         return record
 
     def training_gate(
-        self, record: GraphRecord, planned: Planned | None, caps_bytes: Sequence[int] | None, reason: str | None
+        self, record: GraphRecord, planned: Planned | None, caps_bytes: Sequence[int] | None, reason: str | None,
+        start: Layout | None = None,
     ) -> TrainingGate | None:
         """What this rank will say at the DDP module's first training call,
         wrapped in the gate that says it; None for a graph compiled with
@@ -464,7 +470,7 @@ class _DDPGraphCompile:
         layout = digest = None
         if caps_bytes is not None and planned is not None:
             try:
-                layout = self.layout(planned.plan, caps_bytes, planned.caps.bucket_order)
+                layout = start or self.layout(planned.plan, caps_bytes, planned.caps.bucket_order)
                 digest = layout.digest()
             except Exception as exc:  # a name DDP does not know, a layout the planner refuses: DDP's buckets
                 logger.debug("goddp: could not state DDP's layout", exc_info=True)
@@ -502,72 +508,79 @@ class _DDPGraphCompile:
         return gate_for_training(self.ddp, statement, report, member)
 
     def auto_units(self, planned: Planned) -> Planned:
-        """With bucket_cap_mb="auto", a graph that is not cut at blocks is
-        cut where buckets of unit_bytes close instead (Note [Auto's units] in
-        goddp.ranks.auto), so that auto has pieces to choose runs of."""
+        """With bucket_cap_mb="auto", the module's first graph, when it is
+        not cut at blocks, is cut where buckets of unit_cap(total) close
+        instead (Note [Auto's units] in goddp.ranks.auto), so that auto has
+        pieces to choose runs of; later graphs follow the module."""
         plan = planned.plan
+        state = state_of(self.ddp)
         if (
             not self.options.auto_buckets
+            or state.auto is not None
+            or state.decision is not None
             or planned.replan is None
             or plan.block_runs
             or plan.align_reason != REASON_ALIGNED
             or planned.caps.bucket_order != "ready"
         ):
             return planned
-        unit = unit_bytes(sum(b.bytes for b in plan.buckets))
+        unit = unit_cap(sum(b.bytes for b in plan.buckets))
         again = planned.replan((unit,))
         if again.align_reason != REASON_ALIGNED:
             return planned
-        return dataclasses.replace(planned, plan=again, caps=again.caps, unit_caps=(unit,))
+        return dataclasses.replace(planned, plan=again, unit_caps=(unit,))
 
-    def start_auto(self, record: GraphRecord, planned: Planned) -> None:
+    def start_auto(self, record: GraphRecord, planned: Planned) -> AutoBuckets | None:
         """bucket_cap_mb="auto" for the module's first graph (Note [Buckets
-        chosen by cost] in goddp.ranks.auto): its units and its replanning,
-        kept on the module's state; or, said once, why it keeps the
-        starting layout. A later graph follows the module's decision."""
+        chosen by cost] in goddp.ranks.auto): its units and starting buckets,
+        kept on the module's state; or, said once, why it keeps the starting
+        layout. A later graph follows the module's decision."""
         state = state_of(self.ddp)
-        if state.auto is not None or state.decision is not None:
-            return
-        reason, finest = None, None
+        if not self.options.auto_buckets or state.auto is not None or state.decision is not None:
+            return None
+        compile_id = structured.current_compile_id()
+
+        def report(outcome: dict[str, Any], caps: Sequence[int] | None = None) -> None:
+            record.auto_buckets = json.loads(json.dumps(outcome))
+            if caps is not None:
+                record.ddp_caps = list(caps)
+            structured.auto_buckets(compile_id, record.auto_buckets)
+
+        units, reason = self.auto_units_of(planned)
+        if units is None:
+            state.note_once(f"goddp: bucket_cap_mb='auto' keeps the starting buckets of {self.frame.describe()}: {reason}")
+            report({"state": "off", "reason": reason})
+            return None
+        positions, sizes = units
+        if planned.unit_caps == (1,):  # cut at blocks: the plan's buckets are runs of its pieces
+            start = self.layout(planned.plan, planned.plan.ddp_caps, "ready")
+            unit_of = {p: u for u, unit in enumerate(positions) for p in unit}
+            starts = [unit_of[b[0]] for b in start.buckets[1:]]
+        else:  # cut into units: DDP's own caps over them
+            caps = planned.caps
+            starts = ddp_runs(sizes, caps.bucket_caps_bytes or (caps.first_bucket_cap_bytes, caps.bucket_cap_bytes))
+        auto = AutoBuckets(positions, sizes, starts, report)
+        report(auto.outcome, auto.start.caps)
+        state.auto = auto
+        return auto
+
+    def auto_units_of(self, planned: Planned) -> tuple[tuple[list[tuple[int, ...]], list[int]] | None, str | None]:
+        """The units of the plan (its pieces' buckets, in DDP order: each
+        one's DDP positions and bytes), or why auto has none."""
         if planned.part_of_forward:
-            reason = "its forward is split over several graphs"
-        elif planned.caps.bucket_order != "ready":
-            reason = (
+            return None, "its forward is split over several graphs"
+        if planned.caps.bucket_order != "ready":
+            return None, (
                 "under find_unused_parameters=True DDP fills its buckets in declaration order and never "
                 "rebuilds them, so the units a step's timeline orders are not its buckets"
             )
-        elif planned.not_aligned is not None or planned.replan is None:
-            reason = f"DDP's buckets are not goddp's: {planned.not_aligned}"
-        else:
-            finest = self.candidate(planned, planned.unit_caps, exact=False)
-            if finest is None:
-                reason = "its pieces move with the cap (planned with one-byte buckets, its graph is cut elsewhere)"
-        compile_id = structured.current_compile_id()
-
-        def report(outcome: dict[str, Any]) -> None:
-            record.auto_buckets = json.loads(json.dumps(outcome))
-            structured.auto_buckets(compile_id, record.auto_buckets)
-
-        if reason is not None:
-            state.note_once(f"goddp: bucket_cap_mb='auto' keeps the starting buckets of {self.frame.describe()}: {reason}")
-            report({"state": "off", "reason": reason})
-            return
-        start = self.layout(planned.plan, planned.plan.ddp_caps, planned.caps.bucket_order)
-        state.auto = AutoBuckets(
-            finest.layout.buckets, finest.bytes, start, lambda caps: self.candidate(planned, caps, exact=True), report
-        )
-
-    def candidate(self, planned: Planned, caps: Sequence[int], exact: bool) -> Candidate | None:
-        """The graph planned with DDP caps `caps`, as auto would install it;
-        None where that plan cuts other pieces than the compiled ones, or
-        (exact) its buckets are not the caps' runs."""
-        plan = planned.replan(caps)
-        if plan.node_pieces != planned.plan.node_pieces or plan.align_reason != REASON_ALIGNED:
-            return None
-        sizes = [b.bytes for b in plan.buckets]
-        if exact and sizes != list(caps):
-            return None
-        return Candidate(tuple(plan.ddp_caps), self.layout(plan, plan.ddp_caps, plan.caps.bucket_order), tuple(sizes))
+        if planned.not_aligned is not None or planned.replan is None:
+            return None, f"DDP's buckets are not goddp's: {planned.not_aligned}"
+        finest = planned.replan(planned.unit_caps)
+        if finest.node_pieces != planned.plan.node_pieces or finest.align_reason != REASON_ALIGNED:
+            return None, "its pieces move with the cap (planned so that every piece closes a bucket, it is cut elsewhere)"
+        layout = self.layout(finest, finest.ddp_caps, "ready")
+        return (list(layout.buckets), [b.bytes for b in finest.buckets]), None
 
     def layout(self, plan: GraphPlan, caps_bytes: Sequence[int], order: str) -> Layout:
         """The plan's buckets as DDP would hold them (goddp.ranks.layout)."""

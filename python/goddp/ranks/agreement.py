@@ -16,7 +16,9 @@ carries a ``TrainingGate`` that runs before its first call: at the module's
 first training call it calls ``agree`` with this rank's proposal.
 
 Later graphs of a decided module (a recompile, a second torch.compile of the
-same module) never wait and never re-bucket: they follow the decision, and
+same module) never wait and never re-bucket (only bucket_cap_mb="auto"
+decides once more, at a synchronised step: Note [Buckets chosen by cost]
+in goddp.ranks.auto): they follow the decision, and
 say so in their plan record. Graphs compiled with gradients disabled need no
 gate: Dynamo guards on grad mode, so they never run a training step. A
 module that is not a real DDP (no process group or reducer, such as torch's
@@ -93,7 +95,9 @@ from __future__ import annotations
 # device) groups (Note [Alignment refusals] in planner/refusals.go); ranks whose layouts differ; a module that
 # is not a real DDP (no process group or reducer: nothing to agree on, one
 # INFO line). A graph that first appears after the decision follows it and
-# never re-buckets training in the middle.
+# never re-buckets training in the middle (bucket_cap_mb="auto" decides once
+# more, where every rank is certain to arrive: Note [Buckets chosen by cost]
+# in goddp.ranks.auto).
 
 import dataclasses
 import json
@@ -148,7 +152,9 @@ class TrainingGate:
     """Runs before a compiled graph's first training call (see module doc),
     and at its later calls while ``armed``: while the module's decision
     waits for its next training forward (LATER; goddp.ranks.forward, Note
-    [Graphs of one forward]). Raises when the DDP module cannot train on.
+    [Graphs of one forward]), and while its bucket_cap_mb="auto" counts,
+    measures and decides (goddp.ranks.auto; after_call hands it the
+    graph's outputs). Raises when the DDP module cannot train on.
 
     member: what this graph brings to a forward planned across graphs (its
     aligned layout, or why it has none; goddp.ranks.forward.Member)."""
@@ -337,7 +343,7 @@ def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True
 
 def _agree(ddp: Any, statement: Statement, may_defer: bool) -> tuple[Decision, Group]:
     group = group_of(ddp, timeout_s)
-    key = agreement_key(group.name, _model_key(ddp))
+    key = agreement_key(group.name, model_key_of(ddp))
     name_of = _namer(ddp)
 
     def verdict(payloads: Mapping[int, str], unsettled: Mapping[str, Any] | None = None) -> Decision:
@@ -397,7 +403,8 @@ def _namer(ddp: Any) -> Callable[[int], str]:
     return lambda p: names[p] if 0 <= p < len(names) else f"parameter {p}"
 
 
-def _model_key(ddp: Any) -> str:
+def model_key_of(ddp: Any) -> str:
+    """The key of ddp's agreements in the store (store_round.model_key)."""
     return model_key([(tuple(p.shape), str(p.dtype)) for p in ddp_parameters(ddp)])
 
 

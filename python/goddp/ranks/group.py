@@ -118,8 +118,8 @@ def process_group_timeout_s(process_group: Any) -> float:
 # were to meet and the rule every rank must follow; the callers only raise
 # or log the text.
 
-# Where the ranks of a round were to meet: the plan check's two rounds,
-# goddp.trace's two.
+# Where the ranks of a round were to meet: the plan check's rounds (the
+# first step, the install, bucket_cap_mb="auto"'s decision), goddp.trace's two.
 PLAN_CHECK_EVENTS = {
     "first step": "the first training step",
     "install": "installing DDP's new buckets",
@@ -171,7 +171,7 @@ def _meeting(meeting: str, group: Group, keeps: bool, timeout_env: str) -> _Meet
 def round_error(meeting: str, group: Group, ended: Any, keeps: bool = False, timeout_env: str = "") -> str | None:
     """The error text of a round (goddp.ranks.store_round.Ended `ended`) of
     `meeting` that did not end in "go", None when it did (Note [Rounds that
-    did not settle]). meeting: "first step" or "install" (the plan check),
+    did not settle]). meeting: "first step", "install" or "auto" (the plan check),
     "enter" or "leave" (goddp.trace); keeps: the ranks keep DDP's buckets
     rather than stop; timeout_env: the plan check's variable for its wait.
     ValueError for a meeting, or an ending, no caller has."""

@@ -2,7 +2,8 @@
 the c10d store: how goddp's agreements across ranks wait for each other,
 within a bound, and settle on one outcome. ``settle`` is the one round;
 ``exchange`` holds the plan check's rounds (a DDP module's first training
-call, and its install round; goddp.ranks.agreement), ``unanimous`` the
+call, and its install round; goddp.ranks.agreement; bucket_cap_mb="auto"'s
+decision, goddp.ranks.auto), ``unanimous`` the
 rounds of goddp.tracing (entering and leaving a trace), ``publish`` and
 ``gather`` the records a trace leaves. Each round's caller hands it the
 decision it needs (goddp.ranks.verdict decides the plan check's). Why the
@@ -440,7 +441,7 @@ def exchange(
     payload of the same round. Waits at most group.timeout_s for the
     others, then raises RanksMissingError naming the ranks that did not
     come; a rank that comes after the others gave up on it raises it too.
-    meeting: "first step" or "install"; keeps: the message says the rank
+    meeting: "first step", "install" or "auto"; keeps: the message says the rank
     keeps DDP's buckets rather than stop (see
     Note [Rounds that did not settle] in goddp.ranks.group). Without a
     store (a group of one rank) this rank's own payload decides."""

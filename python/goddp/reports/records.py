@@ -145,13 +145,15 @@ def last_plans() -> list[dict[str, Any]]:
     - auto_buckets: None, unless bucket_cap_mb="auto" (goddp.ranks.auto,
       Note [Buckets chosen by cost]): state ("off", "measuring", "decided"),
       reason (why it keeps the starting buckets, None when it installed),
-      units; once decided on measurements: measured_calls, backward_ns and
-      unit_bytes (per unit, backward order), allreduce (latency_ns,
+      units, start (its caps); once decided on measurements: measured_steps,
+      reordered_units (units found ready before the one before them),
+      backward_ns and unit_bytes (per unit, backward order), allreduce (latency_ns,
       bytes_per_second, probe: [bytes, ns] points, method), start and
       chosen (caps, and the predicted step_ns, backward_ns, exposed_ns),
       predicted_gain, last_run (where rank 0 remembered a last run: whether
       its buckets were kept), installed, and agreement (the round that
-      installed).
+      installed). ddp_caps then holds the caps DDP has: the start, the
+      chosen ones once installed, none when DDP's own are back.
     """
     with _lock:
         return [r.to_dict() for r in _records]

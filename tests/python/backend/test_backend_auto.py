@@ -13,11 +13,13 @@ import torch
 from torch import nn
 
 import goddp
-from goddp.options import parse_options
+from goddp.options import MIB, parse_options
 from goddp.ranks import auto as auto_mod
 from models import ZOO
 
-STEPS = auto_mod.WARMUP_CALLS + auto_mod.MEASURED_CALLS + 2
+# A link where 8 MiB take about as long as the measured backward: 200 MB/s, 0.1 ms latency.
+LINK = {"latency_ns": 100_000, "bytes_per_second": 200_000_000, "probe": [], "method": "test"}
+STEPS = auto_mod.WARMUP + auto_mod.MEASURED + 3  # decides at the forward after the measured backwards, DDP rebuilds at the one after
 
 
 @pytest.fixture(autouse=True)
@@ -118,16 +120,70 @@ def test_a_graph_without_blocks_is_cut_into_units_and_decided(dist_group, caplog
     outcome = record["auto_buckets"]
     # 8 MiB of gradients in units of at least 1 MiB: a piece per layer
     assert record["num_pieces"] == outcome["units"] == 8, record
-    assert outcome["unit_bytes"] == [512 * 512 * 4] * 8
+    assert outcome["unit_bytes"] == [MIB] * 8
+    # the start is DDP's own caps over the units: its first bucket (1 MiB), then the rest
+    assert outcome["start"]["caps"] == [MIB, 7 * MIB]
     assert outcome["state"] == "decided" and len(outcome["backward_ns"]) == 8
-    assert outcome["start"]["caps"] == record["ddp_caps"] == outcome["unit_bytes"]
+    assert outcome["measured_steps"] == auto_mod.MEASURED
     assert set(outcome["chosen"]) >= {"caps", "step_ns", "backward_ns", "exposed_ns"}
-    assert sum(outcome["chosen"]["caps"]) == 8 * 512 * 512 * 4
+    assert sum(outcome["chosen"]["caps"]) == 8 * MIB
+    installed = outcome["chosen"]["caps"] if outcome["installed"] else outcome["start"]["caps"]
+    assert record["ddp_caps"] == installed == _rebuilt_sizes(ddp)
     messages = [r.getMessage() for r in caplog.records]
-    assert any("bucket_cap_mb='auto' measured calls 3-5" in m for m in messages), messages
+    assert any("bucket_cap_mb='auto' measured 3 steps" in m for m in messages), messages
     assert any(
         "bucket_cap_mb='auto' installed" in m or "bucket_cap_mb='auto' keeps the starting buckets" in m for m in messages
     ), messages
+
+
+def _fixed(monkeypatch, backward_ns, link=LINK):
+    monkeypatch.setattr(auto_mod.AutoBuckets, "measured", lambda self: list(backward_ns))
+    monkeypatch.setattr(auto_mod, "probe", lambda ddp, buffers: dict(link))
+
+
+def _rebuilt_sizes(ddp) -> list[int]:
+    data = ddp._get_ddp_logging_data()
+    assert data.get("has_rebuilt_buckets"), data
+    return [int(s) for s in data["rebuilt_bucket_sizes"].split(", ")]
+
+
+def test_a_graph_cut_into_units_installs_runs_of_them(dist_group, monkeypatch):
+    """Its pieces stay the units; DDP's buckets become the chosen runs."""
+    _fixed(monkeypatch, [3_000_000] * 8)
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Layers())
+    _train(ddp, {"bucket_cap_mb": "auto"})
+    record = _record()
+    outcome = record["auto_buckets"]
+    assert outcome["installed"] is True, outcome
+    chosen = outcome["chosen"]["caps"]
+    assert chosen != outcome["start"]["caps"] and len(chosen) > 2
+    assert record["num_pieces"] == 8 and record["ddp_caps"] == chosen == _rebuilt_sizes(ddp)
+    assert ddp._goddp.decision.layout.caps == tuple(chosen)
+
+
+def test_an_install_that_fails_leaves_ddps_own_buckets_and_says_so(dist_group, monkeypatch):
+    from goddp.ranks import agreement
+
+    _fixed(monkeypatch, [3_000_000] * 8)
+    real = agreement.install_or_reset
+    calls = []
+
+    def second_fails(ddp, caps):
+        calls.append(caps)
+        if len(calls) == 2:
+            return "the test's install failed"
+        return real(ddp, caps)
+
+    monkeypatch.setattr(agreement, "install_or_reset", second_fails)
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Layers())
+    _train(ddp, {"bucket_cap_mb": "auto"})
+    outcome = _record()["auto_buckets"]
+    assert len(calls) == 2 and outcome["installed"] is False
+    assert outcome["reason"].startswith("DDP's own buckets are back on every rank"), outcome
+    assert ddp._goddp.decision.action != agreement.INSTALL and agreement.installed_layout(ddp) is None
+    assert _record()["ddp_caps"] == []
 
 
 def test_without_auto_the_same_graph_is_cut_where_ddps_buckets_close(dist_group):
@@ -154,11 +210,11 @@ def test_the_decision_is_kept_after_it_is_made(dist_group, monkeypatch):
     """Calls after the decision neither measure nor decide again."""
     calls = []
     real = auto_mod.AutoBuckets._decide
-    monkeypatch.setattr(auto_mod.AutoBuckets, "_decide", lambda self, ddp: calls.append(self.calls) or real(self, ddp))
+    monkeypatch.setattr(auto_mod.AutoBuckets, "_decide", lambda self, ddp: calls.append(self.synced) or real(self, ddp))
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(Layers())
     _train(ddp, {"bucket_cap_mb": "auto"}, steps=STEPS + 4)
-    assert calls == [auto_mod.WARMUP_CALLS + auto_mod.MEASURED_CALLS + 1]
+    assert calls == [auto_mod.WARMUP + auto_mod.MEASURED]
     assert ddp._goddp.auto.pending is False and not ddp._goddp.auto._handles
 
 
@@ -170,14 +226,15 @@ def test_a_remembered_choice_is_read_back_only_when_it_fits(tmp_path):
     path = tmp_path / "auto.json"
     cost = {"latency_ns": 1000, "bytes_per_second": 10**9}
     auto_mod.remember(path, [4, 8], [10, 20], cost, [12])
-    last = auto_mod.load_last(path, 2)
+    last = auto_mod.load_last(path, [4, 8])
     assert last == {"unit_bytes": [4, 8], "backward_ns": [10, 20], "caps": [12], "latency_ns": 1000,
                     "bytes_per_second": 10**9}
-    assert auto_mod.load_last(path, 3) is None, "another module's units"
-    assert auto_mod.load_last(tmp_path / "none.json", 2) is None
+    assert auto_mod.load_last(path, [4, 8, 1]) is None, "another module's units"
+    assert auto_mod.load_last(path, [8, 4]) is None, "other units"
+    assert auto_mod.load_last(tmp_path / "none.json", [4, 8]) is None
     for text in ("{", "[]", '{"unit_bytes": [4, 8]}', path.read_text().replace("[10, 20]", "[10, -1]")):
         path.write_text(text)
-        assert auto_mod.load_last(path, 2) is None, text
+        assert auto_mod.load_last(path, [4, 8]) is None, text
     assert auto_mod.similar(last, [11, 19], [4, 8], cost)
     assert not auto_mod.similar(last, [12, 20], [4, 8], cost), "a unit 20 % slower"
     assert not auto_mod.similar(last, [10, 20], [4, 8], {"latency_ns": 2000, "bytes_per_second": 10**9})
@@ -188,7 +245,7 @@ def test_remembering_where_nothing_can_be_written_is_no_error(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")
     auto_mod.remember(blocked / "auto.json", [4], [10], {"latency_ns": 0, "bytes_per_second": 1}, [4])
-    assert auto_mod.load_last(blocked / "auto.json", 1) is None
+    assert auto_mod.load_last(blocked / "auto.json", [4]) is None
 
 
 def test_the_cache_is_goddps_folder_unless_told(monkeypatch, tmp_path):

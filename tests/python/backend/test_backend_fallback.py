@@ -275,7 +275,7 @@ def test_dynamo_skipping_the_frame_from_a_piece_compile_is_no_fallback(dist_grou
 
     model, reference = make_models()
     x = torch.randn(4, 32)
-    compiled = torch.compile(DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner=skipping, check_plans=False))
+    compiled = torch.compile(DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner=skipping))
     out = step(compiled, x)
     assert_same_training_step(model, reference, out, step(reference, x))
     assert len(calls) == 1, calls  # the first piece only: no fallback compiled the whole graph
