@@ -574,7 +574,7 @@ def remember(path: Path, unit_bytes: Sequence[int], backward_ns: Sequence[int], 
               "latency_ns": cost["latency_ns"], "bytes_per_second": cost["bytes_per_second"]}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary = path.with_suffix(f".{socket.gethostname()}-{os.getpid()}.tmp")
         temporary.write_text(json.dumps(record), encoding="utf-8")
         temporary.replace(path)
     except OSError:  # a read-only home: the next run chooses afresh, which is all this costs
