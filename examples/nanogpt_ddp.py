@@ -4,6 +4,7 @@
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 examples/nanogpt_ddp.py --inner aot_eager --iters 4
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 examples/nanogpt_ddp.py --vocab-size 50304 \
         --n-layer 4 --n-embd 256 --block-size 128 --iters 12 --backend inductor   # torch's DDPOptimizer, to compare
+    ... --auto-buckets --iters 10   # goddp measures the steps and chooses DDP's buckets (bucket_cap_mb="auto")
     TORCH_LOGS=goddp ...   # also shows goddp's plan tables and the ranks' agreement
 
 It has the shape of the training scripts people copy (nanoGPT's train.py
@@ -126,6 +127,7 @@ class TrainConfig:
     compile: bool = True
     backend: str = "goddp"  # or "inductor": torch.compile's own, with torch's DDPOptimizer
     inner: str = "inductor"  # goddp's compiler for each piece
+    auto_buckets: bool = False  # goddp chooses DDP's buckets by measured cost (bucket_cap_mb="auto")
     seed: int = 1337
     out: str = ""  # save a checkpoint here at the end (rank 0), as train.py does
 
@@ -166,7 +168,8 @@ def train(train: TrainConfig, config: GPTConfig | None = None, process_group=Non
     torch.manual_seed(train.seed)  # the same initial weights on every rank
     model = GPT(config)
     if train.compile and train.backend == "goddp":
-        model = torch.compile(model, backend="goddp", options={"inner": train.inner})
+        options = {"inner": train.inner, **({"bucket_cap_mb": "auto"} if train.auto_buckets else {})}
+        model = torch.compile(model, backend="goddp", options=options)
     elif train.compile:
         model = torch.compile(model, backend=train.backend)
     model = DDP(model, process_group=process_group, bucket_cap_mb=train.bucket_cap_mb)
