@@ -29,9 +29,16 @@ of the graph's backward (a pre-hook on its outputs' autograd nodes) to the
 accumulation of the unit's last gradient (what DDP's reducer waits for: a
 post-accumulate-grad hook per parameter; a unit ready before the one
 before it counts as ready with it, as DDP launches in order), differenced,
-the median over the steps. Those durations include what overlapped
-communication costs the backward under the starting layout, so the model
-is given no slowdown.
+the median over the steps.
+
+The slowdown: communication slows the compute beside it (gloo's sends take
+the rank's cores; NCCL's kernels share the GPU's memory bandwidth), so a
+layout that overlaps more also computes slower. The probe measures the
+factor (compute_slowdown) and the model applies it wherever its
+communication stream is busy. The measured durations already hold the
+starting layout's own overlap, so the model overstates the backward of
+the units the start overlapped (by at most the factor): a known bias,
+which docs/benchmarks.md measures.
 
 Where the ranks meet: each rank's first gated forward after that many
 synchronised backwards. Every rank is certain to reach it if training goes
@@ -45,10 +52,11 @@ backward). Every wait is bounded:
    whose units differ, or a rank that could not measure, keep the start on
    every rank;
 2. the probe: every rank, now known to be at this call with the same
-   units, times allreduces of three sizes on DDP's process group, and an
-   allreduce (MAX) of those times gives every rank the same numbers: the
-   slowest rank's, as the step waits for it too. A line of latency plus
-   bytes over bandwidth is fitted to them (goddp.tools.timing);
+   units, times allreduces of three sizes on DDP's process group and the
+   slowdown beside the largest, and an allreduce (MAX) of those figures
+   gives every rank the same numbers: the slowest rank's, as the step
+   waits for it too. A line of latency plus bytes over bandwidth is fitted
+   to the times (goddp.tools.timing);
 3. every rank runs the planner's timeline search (Note [Timeline] in
    planner/timeline.go) on those same numbers and proposes the runs it
    chose to the module's agreement (goddp.ranks.agreement.agree), which
@@ -117,6 +125,12 @@ CACHE_ENV = "GODDP_CACHE_DIR"
 PROBE_REPEATS = 3
 PROBE_MAX_BYTES = 32 * MIB
 PROBE_MIN_BYTES = 4096
+# The slowdown's work lasts half the largest probe's allreduce, at most
+# SLOWDOWN_MAX_S; an allreduce under SLOWDOWN_MIN_S is too short to slow
+# anything measurably; the model takes at most MAX_SLOWDOWN.
+SLOWDOWN_MAX_S = 0.1
+SLOWDOWN_MIN_S = 0.002
+MAX_SLOWDOWN = 8.0
 
 
 def unit_cap(total: int) -> int:
@@ -362,9 +376,10 @@ class AutoBuckets:
         )
         logger.info(
             "goddp: bucket_cap_mb='auto' measured %d steps (rank %d's backward: %.1f ms over %d units) and "
-            "allreduces of %s (slowest rank: %.3f ms + %.0f MB/s)%s",
+            "allreduces of %s (slowest rank: %.3f ms + %.0f MB/s, compute %.2fx slower beside them)%s",
             self.outcome["measured_steps"], first, sum(backward) / 1e6, len(backward),
             ", ".join(_size(b) for b, _ in cost["probe"]), cost["latency_ns"] / 1e6, cost["bytes_per_second"] / 1e6,
+            cost.get("slowdown_permille", 1000) / 1000,
             f"; the last run on rank {first}'s machine: {self.outcome['last_run']}" if "last_run" in self.outcome else "",
         )
         installed = self._install(ddp, starts, gain, start, chosen, kept)
@@ -487,8 +502,10 @@ def probe_buffers(ddp: Any, sizes: Sequence[int]) -> list[torch.Tensor]:
 
 def probe(ddp: Any, buffers: Sequence[torch.Tensor]) -> dict[str, Any]:
     """Times an allreduce of each buffer on ddp's process group (every rank
-    calls it at the same point), takes the slowest rank's time for each,
-    and fits the line through them (fit_allreduce)."""
+    calls it at the same point), and how much the largest slows compute
+    running beside it (compute_slowdown); takes the slowest rank's figures
+    (an allreduce MAX), and fits the line through the times
+    (fit_allreduce)."""
     group = ddp.process_group
     device = buffers[0].device
     times = []
@@ -502,15 +519,48 @@ def probe(ddp: Any, buffers: Sequence[torch.Tensor]) -> dict[str, Any]:
             _sync(device)
             runs.append(time.perf_counter() - t0)
         times.append(statistics.median(runs))
-    slowest = torch.tensor(times, dtype=torch.float64, device=device)
+    slowdown = compute_slowdown(buffers[-1], times[-1], group)
+    slowest = torch.tensor([*times, slowdown], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    points = [(t.numel() * 4, float(s)) for t, s in zip(buffers, slowest.tolist())]
+    *times, slowdown = slowest.tolist()
+    points = [(t.numel() * 4, float(s)) for t, s in zip(buffers, times)]
     for nbytes, seconds in points:
         if not math.isfinite(seconds) or seconds <= 0:
             raise MeasurementError(f"bucket_cap_mb='auto' timed an allreduce of {nbytes} bytes as {seconds!r} s")
     fit = fit_allreduce(points)
     return {"latency_ns": fit["latency_ns"], "bytes_per_second": fit["bytes_per_second"],
+            "slowdown_permille": round(1000 * min(MAX_SLOWDOWN, max(1.0, slowdown))),
             "probe": [[b, round(s * 1e9)] for b, s in points], "method": fit["method"]}
+
+
+def compute_slowdown(buffer: torch.Tensor, allreduce_s: float, group: Any) -> float:
+    """How many times longer a matrix product takes on this rank while an
+    allreduce of buffer (allreduce_s long) runs beside it: gloo's sends
+    take the rank's cores, NCCL's kernels the GPU's memory bandwidth (Note
+    [Buckets chosen by cost], "The slowdown"). One allreduce, on every rank;
+    1.0 where the allreduce is too short to time work beside it."""
+    device = buffer.device
+    a = torch.randn(256, 256, device=device)
+    out = torch.empty_like(a)
+
+    def work(n: int) -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            torch.mm(a, a, out=out)
+        _sync(device)
+        return time.perf_counter() - t0
+
+    one = max(work(1), work(1), 1e-7)
+    n = max(1, min(10_000, int(min(allreduce_s / 2, SLOWDOWN_MAX_S) / one)))
+    alone = work(n)
+    handle = dist.all_reduce(buffer, group=group, async_op=True)
+    beside = work(n)
+    handle.wait()
+    _sync(device)
+    if allreduce_s < SLOWDOWN_MIN_S or alone <= 0:
+        return 1.0
+    return beside / alone
 
 
 def _sync(device: torch.device) -> None:
@@ -526,7 +576,7 @@ def predict(backward_ns: Sequence[int], unit_bytes: Sequence[int], cost: dict[st
     request = {
         "backward_ns": list(backward_ns), "bytes": list(unit_bytes),
         "allreduce": {"latency_ns": cost["latency_ns"], "bytes_per_second": cost["bytes_per_second"]},
-        "launch_ns": 0, "slowdown_permille": 1000,
+        "launch_ns": 0, "slowdown_permille": cost.get("slowdown_permille", 1000),
     }
     if starts is not None:
         request["starts"] = list(starts)

@@ -268,3 +268,26 @@ def test_the_outcome_is_a_structured_trace_artifact(dist_group, monkeypatch):
     autos = [payload for name, payload in written if name == structured.AUTO_BUCKETS]
     assert [a["state"] for a in autos] == ["measuring", "decided"]
     assert autos[-1] == _record()["auto_buckets"]
+
+
+def test_the_slowdown_is_applied_where_the_stream_is_busy():
+    """The same measurements with a slowdown predict a longer step for
+    buckets that overlap the backward, and none for one bucket."""
+    cost = {"latency_ns": 0, "bytes_per_second": 10**8}
+    backward, sizes = [10_000_000] * 4, [1_000_000] * 4
+    plain = auto_mod.predict(backward, sizes, cost, [1, 2, 3])
+    slowed = auto_mod.predict(backward, sizes, {**cost, "slowdown_permille": 2000}, [1, 2, 3])
+    assert slowed["backward_ns"] > plain["backward_ns"] == sum(backward)
+    one = [auto_mod.predict(backward, sizes, {**cost, "slowdown_permille": sd}, []) for sd in (1000, 2000)]
+    assert one[0]["step_ns"] == one[1]["step_ns"]
+
+
+def test_the_probe_times_allreduces_and_the_slowdown_on_one_rank(dist_group):
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Layers())
+    buffers = auto_mod.probe_buffers(ddp, [MIB] * 8)
+    assert [b.numel() * 4 for b in buffers] == [MIB, round((MIB * 8 * MIB) ** 0.5) // 4 * 4, 8 * MIB]
+    cost = auto_mod.probe(ddp, buffers)
+    assert [b for b, _ in cost["probe"]] == [b.numel() * 4 for b in buffers]
+    assert all(ns > 0 for _, ns in cost["probe"]) and cost["bytes_per_second"] >= 1
+    assert 1000 <= cost["slowdown_permille"] <= 1000 * auto_mod.MAX_SLOWDOWN

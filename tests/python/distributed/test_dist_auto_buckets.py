@@ -124,6 +124,7 @@ def test_auto_measures_and_every_rank_ends_with_the_same_buckets(group):
     assert all(ns > 0 for ns in outcome["backward_ns"])
     assert sum(outcome["unit_bytes"]) == sum(p.numel() * p.element_size() for p in ddp.parameters())
     assert len(outcome["allreduce"]["probe"]) == 3 and outcome["allreduce"]["bytes_per_second"] > 0
+    assert 1000 <= outcome["allreduce"]["slowdown_permille"] <= 1000 * auto_mod.MAX_SLOWDOWN
     want_caps = outcome["chosen"]["caps"] if outcome["installed"] else outcome["start"]["caps"]
     assert _rebuilt_sizes(ddp) == want_caps
     # each rank timed its own probe; the MAX allreduce gave every rank the slowest's
