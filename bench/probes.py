@@ -170,6 +170,13 @@ def summarize_goddp_plan(plan: dict) -> dict:
     }
 
 
+def summarize_auto_buckets(record: dict) -> dict:
+    """A plan record's auto_buckets (goddp.last_plans) without the
+    agreement round's details: what bucket_cap_mb="auto" measured, chose
+    and installed."""
+    return _jsonable({k: v for k, v in record.items() if k != "agreement"})
+
+
 def _jsonable(v):
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}

@@ -55,11 +55,13 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
     common = {k: m[k] for k in ("rounds", "steps_per_round", "warmup", "profile_steps", "trace_steps",
                                 "link_sizes_mib", "link_reps", "interference_compute_s")}
 
-    def job(name, model, inner, overrides=None, job_rate=rate, var=None, cap=None, size=None, opt_in=False):
-        default = [v for v in variants.ALL if model == "gpt" or v not in variants.NEEDS_BLOCKS]
+    def job(name, model, inner, overrides=None, job_rate=rate, var=None, cap=None, size=None, opt_in=False,
+            **more):
+        default = [v for v in variants.ALL if (model == "gpt" or v not in variants.NEEDS_BLOCKS)
+                   and v not in variants.OPT_IN]
         return dict(name=name, model=model, size=size or m["size"], overrides=overrides or {},
                     inner=inner, rate=job_rate, variants=var or default,
-                    bucket_cap_mb=cap, timeout_s=7200, opt_in=opt_in, **common)
+                    bucket_cap_mb=cap, timeout_s=7200, opt_in=opt_in, **{**common, **more})
 
     jobs = []
     if mode == "tiny":
@@ -84,6 +86,20 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
                         opt_in=True))
         jobs.append(job("gpt-8l-ind-ckpt", "gpt", "inductor", {"n_layer": 8, "checkpoint": "block"},
                         var=ckpt_variants, opt_in=True))
+        # bucket_cap_mb="auto" against fixed caps and torch's DDPOptimizer
+        # (issue 36; docs/benchmarks.md): the issue's MLP (8x1024^2, batch
+        # 2048, 32 MiB of gradients) on three links, the GPT at 250 Mbit/s.
+        # The warm-up runs past auto's deciding call; the *_predicted
+        # variants trace each step for the timeline model's prediction.
+        # Opt-in, like the above.
+        auto_warmup = variants.AUTO_DECIDES + 2
+        predicted = ["goddp_auto_predicted", "goddp_cap25_predicted"]
+        for r, extra in (("250mbit", predicted), ("100mbit", []), ("1gbit", predicted)):
+            jobs.append(job(f"mlp1k-auto-{r}", "mlp", "aot_eager", {"width": 1024, "depth": 8, "batch": 2048},
+                            job_rate=r, var=["compute_only", *variants.AUTO_VARIANTS, *extra], opt_in=True,
+                            warmup=auto_warmup, rounds=5))
+        jobs.append(job("gpt-auto-250mbit", "gpt", "aot_eager", job_rate="250mbit",
+                        var=["compute_only", *variants.AUTO_VARIANTS], opt_in=True, warmup=auto_warmup, rounds=4))
     else:
         for model in ("mlp", "gpt", "conv"):
             for inner in ("aot_eager", "inductor"):
@@ -217,7 +233,9 @@ def main(argv=None) -> int:
     ap.add_argument("--inners", nargs="*", default=["aot_eager", "inductor"])
     ap.add_argument("--jobs", nargs="*", help="run only these step jobs (names from --list)")
     ap.add_argument("--rounds", type=int, help="override the mode's rounds")
-    ap.add_argument("--variants", nargs="*", choices=variants.ALL, help="run only these variants")
+    ap.add_argument("--warmup", type=int, help="override the jobs' warm-up steps per variant")
+    ap.add_argument("--variants", nargs="*", choices=variants.ALL,
+                    help="run only these variants (opt-in ones, such as goddp_auto, in any job)")
     ap.add_argument("--no-link", action="store_true", help="development: ranks over loopback, unshaped")
     ap.add_argument("--out", type=Path, help="output directory (default bench/results/<time>-<mode>)")
     ap.add_argument("--list", action="store_true", help="print the jobs and exit")
@@ -240,9 +258,14 @@ def main(argv=None) -> int:
     if args.rounds:
         for j in jobs:
             j["rounds"] = args.rounds
+    if args.warmup:
+        for j in jobs:
+            j["warmup"] = args.warmup
     if args.variants:
         for j in jobs:
-            j["variants"] = [v for v in j["variants"] if v in args.variants]
+            # Opt-in variants (variants.OPT_IN) run where named, in any job.
+            j["variants"] = ([v for v in j["variants"] if v in args.variants]
+                             + [v for v in args.variants if v in variants.OPT_IN and v not in j["variants"]])
     if args.list:
         for j in jobs:
             print(f"{j['name']:24s} {j['model']}/{j['size']} {j['overrides']} inner={j['inner']} "

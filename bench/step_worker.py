@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch._dynamo
 import torch.distributed as dist
 
 from bench import link, models, probes, stats, variants
@@ -102,11 +103,34 @@ def measure_link(job: dict, rank: int) -> dict:
     return out
 
 
+def step_prediction(record: dict) -> dict:
+    """From a goddp.trace record of one step: the timeline model's
+    predicted exposed communication beside the measured one, the fitted
+    allreduce cost, and per bucket the predicted and measured completion
+    (Note [Trace prediction] in goddp.tracing.prediction)."""
+    pred = record.get("prediction") or {}
+    if "buckets" not in pred:
+        return {"unavailable": pred.get("unavailable", "no prediction")}
+    keep = ("exposed_s", "measured_exposed_s", "exposed_error_s", "backward_s", "step_s")
+    return {**{k: pred.get(k) for k in keep},
+            "fit": {k: pred["fit"].get(k) for k in ("latency_ns", "bytes_per_second", "method", "note")},
+            "left_out": len(pred.get("left_out") or []),
+            "buckets": [{k: b.get(k) for k in ("bytes", "launch_s", "predicted_start_s", "done_s",
+                                                "predicted_done_s", "done_error_s")} for b in pred["buckets"]],
+            "caps": [{k: c.get(k) for k in ("key", "bucket_bytes", "exposed_s", "step_s")} for c in pred["caps"]],
+            "measured": {k: (record.get("step_stats") or [{}])[0].get(k)
+                         for k in ("exposed_s", "backward_s", "last_done_s", "overlapped")}}
+
+
 def run(job: dict, out_dir: Path) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     name = job["name"]
     device = link.current_device() if job.get("link") else None
     torch.set_num_threads(1)
+    # Every compiled variant compiles the one forward code object with its
+    # own backend object; more than Dynamo's default of 8 (the auto jobs)
+    # would leave the later ones running eagerly.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(job["variants"]))
 
     workload = models.build(job["model"], job["size"], seed=0, **job.get("overrides", {}))
     result: dict = {
@@ -203,11 +227,18 @@ def run(job: dict, out_dir: Path) -> dict:
         for v in order:
             before = link.qdisc_counters(device) if device else None
             for _ in range(per_round):
-                dist.barrier()
-                ru0 = resource.getrusage(resource.RUSAGE_SELF)
-                rec = v.step(workload)
-                ru1 = resource.getrusage(resource.RUSAGE_SELF)
+                # Entering and leaving goddp.trace are collective: outside
+                # the step's own clock, in the same order on every rank.
+                traced = (probes.goddp_module().trace(v.ddp) if v.spec.traced_each_step
+                          else contextlib.nullcontext())
+                with traced as tr:
+                    dist.barrier()
+                    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+                    rec = v.step(workload)
+                    ru1 = resource.getrusage(resource.RUSAGE_SELF)
                 rec.update(round=r, user=ru1.ru_utime - ru0.ru_utime, sys=ru1.ru_stime - ru0.ru_stime)
+                if tr is not None:
+                    rec["prediction"] = step_prediction(tr.to_dict())
                 steps[v.name].append(rec)
             if before is not None:
                 after = link.qdisc_counters(device)

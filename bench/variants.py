@@ -38,6 +38,11 @@ class VariantSpec:
     # Timed inside goddp.trace (entered after warm-up, left after the
     # rounds): its ratio to the same variant untraced is the trace's overhead.
     traced: bool = False
+    # Each timed step inside its own goddp.trace (entered before the step's
+    # barrier): the trace's prediction of that step (its timeline model fed
+    # with that step's launches and allreduces) is kept beside the measured
+    # exposed communication, per step.
+    traced_each_step: bool = False
     goddp_options: tuple = ()  # extra goddp options as (key, value) pairs
 
 
@@ -54,9 +59,30 @@ SPECS = {s.name: s for s in (
                 goddp_options=(("block_cuts", False),)),
     VariantSpec("goddp_compile_edges", "goddp ddp mode, edges compiled", "goddp", goddp_mode="ddp",
                 goddp_options=(("edges", "compile"),)),
+    # bucket_cap_mb="auto" against fixed caps (docs/auto-buckets.md): a job
+    # running these needs a warm-up past AUTO_DECIDES training calls.
+    VariantSpec("goddp_auto", 'goddp bucket_cap_mb="auto"', "goddp", goddp_mode="ddp",
+                goddp_options=(("bucket_cap_mb", "auto"),)),
+    *(VariantSpec(f"goddp_cap{c}", f"goddp bucket_cap_mb={c}", "goddp", goddp_mode="ddp",
+                  goddp_options=(("bucket_cap_mb", c),)) for c in (1, 4, 16, 25, 64)),
+    VariantSpec("goddp_auto_predicted", 'goddp bucket_cap_mb="auto", each step traced', "goddp",
+                goddp_mode="ddp", traced_each_step=True, goddp_options=(("bucket_cap_mb", "auto"),)),
+    VariantSpec("goddp_cap25_predicted", "goddp bucket_cap_mb=25, each step traced", "goddp",
+                goddp_mode="ddp", traced_each_step=True, goddp_options=(("bucket_cap_mb", 25),)),
 )}
+# bucket_cap_mb="auto" decides at this training step, the forward after
+# its warm-up and measured synchronised backwards (goddp.ranks.auto); the
+# warm-up of a job with an auto variant runs past it, and a step more on
+# the installed buckets.
+AUTO_DECIDES = 6
+AUTO_VARIANTS = ["goddp_auto", "goddp_cap1", "goddp_cap4", "goddp_cap16", "goddp_cap25", "goddp_cap64",
+                 "torch_ddpopt"]
+FIXED_CAPS = {f"goddp_cap{c}": c for c in (1, 4, 16, 25, 64)}
+# Variants that run only where a job or --variants names them.
+OPT_IN = ("goddp_auto", *FIXED_CAPS, "goddp_auto_predicted", "goddp_cap25_predicted")
 # Each traced variant is compared with this untraced twin.
-TRACED_TWIN = {"goddp_ddp_traced": "goddp_ddp"}
+TRACED_TWIN = {"goddp_ddp_traced": "goddp_ddp", "goddp_auto_predicted": "goddp_auto",
+               "goddp_cap25_predicted": "goddp_cap25"}
 ALL = list(SPECS)
 BASELINE = "torch_ddpopt"
 # Variants that apply only to models built from repeated blocks of our own.
@@ -181,6 +207,9 @@ def warm_up(variant: Variant, workload, steps: int) -> dict:
         plans = probes.goddp_plans()[plans_before:]
         info["goddp_plans"] = [probes.summarize_goddp_plan(p) for p in plans]
         info["goddp_fallbacks"] = [p["fallback"] for p in plans if p.get("fallback")]
+        auto = [p["auto_buckets"] for p in plans if p.get("auto_buckets")]
+        if auto:
+            info["auto_buckets"] = probes.summarize_auto_buckets(auto[-1])
     variant.info.update(info)
     return info
 
