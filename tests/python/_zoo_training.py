@@ -10,12 +10,14 @@ import torch.distributed as dist
 from _dist_util import rank
 
 
-def train(entry, ddp, forward, steps, first=0, evaluate_first=False, optimizer=None, barrier_group=None):
+def train(entry, ddp, forward, steps, first=0, evaluate_first=False, optimizer=None, barrier_group=None, inputs_for=None):
     """SGD with momentum (a fresh one unless given); (losses, gradients
     after each backward). With evaluate_first, rank 0 alone first evaluates
     a batch of another size. barrier_group: a barrier before the gradients
     are read (gloo's waits for the work before it), for an allreduce DDP
-    itself never waits on (delay_all_reduce_named_params)."""
+    itself never waits on (delay_all_reduce_named_params). inputs_for(step):
+    the step's inputs, instead of the entry's for this rank and step (a
+    case's own doings before a step go there too)."""
     if evaluate_first and rank() == 0:
         ddp.eval()
         with torch.no_grad():
@@ -25,7 +27,8 @@ def train(entry, ddp, forward, steps, first=0, evaluate_first=False, optimizer=N
     losses, grads = [], []
     for step in range(first, first + steps):
         optimizer.zero_grad(set_to_none=True)
-        loss = entry.loss(forward(*entry.make_inputs(100 * rank() + step)))
+        inputs = inputs_for(step) if inputs_for is not None else entry.make_inputs(100 * rank() + step)
+        loss = entry.loss(forward(*inputs))
         loss.backward()
         if barrier_group is not None:
             dist.barrier(barrier_group)

@@ -207,28 +207,24 @@ def test_a_rank_that_comes_after_the_bound_keeps_the_start_on_every_rank(group, 
     want = train(ENTRY, eager, eager, STEPS)
     ddp = _ddp(group)
     compiled = torch.compile(ddp, backend="goddp", options=AUTO)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    losses, grads = [], []
     deciding = auto_mod.WARMUP + auto_mod.MEASURED  # the step index of the deciding forward
+
+    def inputs_for(step):
+        if step == 1:  # the first agreement waited as usual; the deciding round waits 1.5 s
+            monkeypatch.setenv("GODDP_PLAN_CHECK_TIMEOUT", "1.5")
+        if step == deciding and rank() == 1:
+            time.sleep(3)
+        return ENTRY.make_inputs(100 * rank() + step)
+
     with caplog.at_level(logging.WARNING, logger="goddp"):
-        for step in range(STEPS):
-            if step == 1:  # the first agreement waited as usual; the deciding round waits 1.5 s
-                monkeypatch.setenv("GODDP_PLAN_CHECK_TIMEOUT", "1.5")
-            if step == deciding and rank() == 1:
-                time.sleep(3)
-            optimizer.zero_grad(set_to_none=True)
-            loss = ENTRY.loss(compiled(*ENTRY.make_inputs(100 * rank() + step)))
-            loss.backward()
-            grads.append([p.grad.clone() for p in ddp.parameters()])
-            optimizer.step()
-            losses.append(loss.detach().clone())
+        got = train(ENTRY, ddp, compiled, STEPS, inputs_for=inputs_for)
     outcome = _outcome()
     assert outcome["installed"] is False and "did not all reach" in outcome["reason"], outcome
     assert any("bucket_cap_mb='auto' decision" in r.getMessage() and "keeps the buckets it started with" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert _rebuilt_sizes(ddp) == outcome["start"]["caps"]
     _same_on_every_rank(outcome["reason"])
-    _assert_trains_as_eager((losses, grads), want)
+    _assert_trains_as_eager(got, want)
 
 
 @needs_two_ranks
@@ -268,20 +264,16 @@ def test_a_forward_one_rank_alone_runs_moves_no_count(group, monkeypatch):
     want = train(ENTRY, eager, eager, STEPS)
     ddp = _ddp(group)
     compiled = torch.compile(ddp, backend="goddp", options=AUTO)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    losses, grads = [], []
-    for step in range(STEPS):
+
+    def inputs_for(step):
         if step == 3 and rank() == 0:
             compiled(*ENTRY.make_inputs(999))  # no backward follows
         inputs = ENTRY.make_inputs(100 * rank() + step)
         if step == 4 and rank() == 1:
             inputs = tuple(x[:1] for x in inputs)  # another batch size: Dynamo compiles again
-        optimizer.zero_grad(set_to_none=True)
-        loss = ENTRY.loss(compiled(*inputs))
-        loss.backward()
-        grads.append([p.grad.clone() for p in ddp.parameters()])
-        optimizer.step()
-        losses.append(loss.detach().clone())
+        return inputs
+
+    losses, _ = train(ENTRY, ddp, compiled, STEPS, inputs_for=inputs_for)
     outcome = _outcome()
     assert outcome["installed"] is True, outcome
     _same_on_every_rank((outcome["chosen"]["caps"], _rebuilt_sizes(ddp)))
