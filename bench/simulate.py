@@ -2,7 +2,7 @@
 planner's timeline model (planner/timeline.go, Note [Timeline]) fed with a
 GPT's shapes and a hardware profile. A simulation, not a measurement.
 
-    .venv/bin/python -m bench.simulate [--slowdown 1.0] [--markdown]
+    .venv/bin/python -m bench.simulate [--slowdown 1.0] [--markdown] [--profile FILE.json]
 
 For GPT-2 small and a 1B-parameter GPT, on an H100 node over NVLink (8
 ranks) and a 400 Gbit/s InfiniBand cluster (8, 64, 512 ranks), it predicts
@@ -37,7 +37,9 @@ hierarchy of a real cluster.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import json
+import math
+from dataclasses import dataclass, fields
 
 from goddp import measure
 
@@ -86,6 +88,40 @@ PROFILES = (
     Profile("400 Gbit/s IB", 64, 50e9, 5e-6, H100_FLOPS),
     Profile("400 Gbit/s IB", 512, 50e9, 5e-6, H100_FLOPS),
 )
+
+
+def load_profiles(path: str) -> tuple[Profile, ...]:
+    """Profiles from a JSON file: a list of objects with Profile's fields
+    (launch_s optional). ValueError naming the file, the entry and what is
+    wrong: a missing or unknown field, a value of the wrong kind."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"bench.simulate: cannot read the profile file {path}: {exc}") from exc
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"bench.simulate: {path} must hold a non-empty JSON list of profiles")
+    names = [f.name for f in fields(Profile)]
+    required = [f.name for f in fields(Profile) if f.name != "launch_s"]
+    out = []
+    for i, entry in enumerate(raw):
+        where = f"bench.simulate: {path}, profile {i}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: must be an object with the fields {', '.join(names)}")
+        missing = [k for k in required if k not in entry]
+        unknown = sorted(set(entry) - set(names))
+        if missing or unknown:
+            raise ValueError(f"{where}: missing {missing}, unknown {unknown}; the fields are {', '.join(names)} "
+                             "(launch_s optional)")
+        if not isinstance(entry["name"], str) or not isinstance(entry["ranks"], int) or entry["ranks"] < 2:
+            raise ValueError(f"{where}: name must be a string and ranks an int of at least 2")
+        for k in ("link_bytes_per_s", "hop_latency_s", "flops_per_s", "launch_s"):
+            v = entry.get(k, 0.0 if k == "launch_s" else None)
+            positive = k in ("link_bytes_per_s", "flops_per_s")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+                raise ValueError(f"{where}: {k} must be a finite number {'above' if positive else 'of at least'} 0, got {v!r}")
+        out.append(Profile(**entry))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -248,14 +284,19 @@ def main(argv=None) -> int:
     ap.add_argument("--slowdown", type=float, default=1.0,
                     help="how much longer compute takes while a transfer runs (1.0: not at all)")
     ap.add_argument("--markdown", action="store_true", help="print the tables as docs/benchmarks.md has them")
+    ap.add_argument("--profile", help="a JSON list of profiles (Profile's fields) instead of the built-in ones")
     args = ap.parse_args(argv)
+    try:
+        profiles = load_profiles(args.profile) if args.profile else PROFILES
+    except ValueError as exc:
+        ap.error(str(exc))
     for m in MODELS:
         params = sum(b for n in nodes(m) for _, b in n.params) // GRAD_BYTES
         print(f"\n{m.name}: {params / 1e6:.0f}M parameters, {m.tokens} tokens a rank, "
               f"{args.slowdown:g}x compute while a transfer runs")
         head = ["profile", "ranks", "backward alone (ms)"] + list(STRATEGIES)
         rows = []
-        for p in PROFILES:
+        for p in profiles:
             res = simulate(m, p, args.slowdown)
             cells = [cell(r, args.slowdown) for r in res.values()]
             rows.append([p.name, str(p.ranks), f"{res['unsplit']['backward_ns'] / 1e6:.1f}"] + cells)

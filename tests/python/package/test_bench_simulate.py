@@ -3,6 +3,8 @@ timeline (goddp_timeline)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench import simulate
@@ -53,3 +55,32 @@ def test_the_timeline_choice_is_never_predicted_slower(model, slowdown):
     total = sum(blocks[1])
     for name, r in res.items():
         assert sum(b["bytes"] for b in r["buckets"]) == total, name
+
+
+def test_a_profile_file_is_read_and_checked_at_the_door(tmp_path, capsys):
+    good = {"name": "mine", "ranks": 16, "link_bytes_per_s": 25e9, "hop_latency_s": 3e-6, "flops_per_s": 1e14}
+    path = tmp_path / "profiles.json"
+    path.write_text(json.dumps([good, {**good, "launch_s": 5e-6}]))
+    first, second = simulate.load_profiles(str(path))
+    assert first == simulate.Profile("mine", 16, 25e9, 3e-6, 1e14) and second.launch_s == 5e-6
+    bad = [
+        ([{k: v for k, v in good.items() if k != "flops_per_s"}], r"profile 0: missing \['flops_per_s'\], unknown \[\]"),
+        ([good, {**good, "bandwidth": 1}], r"profile 1: missing \[\], unknown \['bandwidth'\]"),
+        ([{**good, "ranks": 1}], "ranks an int of at least 2"),
+        ([{**good, "link_bytes_per_s": 0}], "link_bytes_per_s must be a finite number above 0"),
+        ([{**good, "hop_latency_s": -1}], "hop_latency_s must be a finite number of at least 0"),
+        ([{**good, "flops_per_s": "fast"}], "flops_per_s must be a finite number above 0"),
+        ([], "non-empty JSON list"),
+        ([3], "must be an object with the fields name, ranks"),
+    ]
+    for profiles, words in bad:
+        path.write_text(json.dumps(profiles))
+        with pytest.raises(ValueError, match=words):
+            simulate.load_profiles(str(path))
+    path.write_text("{")
+    with pytest.raises(ValueError, match="cannot read the profile file"):
+        simulate.load_profiles(str(path))
+    path.write_text(json.dumps([{k: v for k, v in good.items() if k != "ranks"}]))
+    with pytest.raises(SystemExit):
+        simulate.main(["--profile", str(path)])
+    assert "missing ['ranks']" in capsys.readouterr().err
