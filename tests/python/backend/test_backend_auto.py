@@ -5,6 +5,7 @@ goddp.ranks.auto). test_dist_auto_buckets runs the choice on two ranks."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 
@@ -291,3 +292,26 @@ def test_the_probe_times_allreduces_and_the_slowdown_on_one_rank(dist_group):
     assert [b for b, _ in cost["probe"]] == [b.numel() * 4 for b in buffers]
     assert all(ns > 0 for _, ns in cost["probe"]) and cost["bytes_per_second"] >= 1
     assert 1000 <= cost["slowdown_permille"] <= 1000 * auto_mod.MAX_SLOWDOWN
+
+
+def test_every_rank_but_the_first_says_the_same_words(dist_group):
+    """Store traffic per rank stays flat in the group's size: the deciding
+    round reads only statements that differ from the first one arriving
+    (Note [A round that does not grow with the group]), and every rank but
+    the group's first states the same text; the verdict reads the first
+    rank's numbers whatever the others measured."""
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Layers())
+    units = [(k,) for k in range(8)]
+    autos = [auto_mod.AutoBuckets(units, [MIB] * 8, [1], lambda outcome, caps=None: None) for _ in range(3)]
+    for auto, ns in zip(autos, (1_000_000, 2_000_000, 3_000_000)):
+        auto.durations = [[ns] * 8]
+    cache = auto_mod.cache_dir() / "none.json"
+    said = [json.dumps(a.statement(ddp, leader=i == 0, cache=cache), sort_keys=True) for i, a in enumerate(autos)]
+    assert said[1] == said[2] != said[0]
+    decided = auto_mod.verdict({r: s for r, s in enumerate(said)}, 0)
+    assert decided == {"backward_ns": [1_000_000] * 8, "last": None}
+    other = auto_mod.AutoBuckets(units, [MIB] * 8, [2], lambda outcome, caps=None: None)
+    other.durations = [[1] * 8]
+    apart = json.dumps(other.statement(ddp, leader=False, cache=cache), sort_keys=True)
+    assert auto_mod.verdict({0: said[0], 1: apart}, 0) == {"keep": "rank 1's units or starting buckets differ from rank 0's"}
