@@ -576,7 +576,9 @@ class _DDPGraphCompile:
             )
         if planned.not_aligned is not None or planned.replan is None:
             return None, f"DDP's buckets are not goddp's: {planned.not_aligned}"
-        finest = planned.replan(planned.unit_caps)
+        # Cut into units already (auto_units), its plan is the finest; cut at
+        # blocks, planned with one-byte caps every piece closes a bucket.
+        finest = planned.plan if planned.unit_caps != (1,) else planned.replan((1,))
         if finest.node_pieces != planned.plan.node_pieces or finest.align_reason != REASON_ALIGNED:
             return None, "its pieces move with the cap (planned so that every piece closes a bucket, it is cut elsewhere)"
         layout = self.layout(finest, finest.ddp_caps, "ready")
