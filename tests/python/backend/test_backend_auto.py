@@ -24,12 +24,10 @@ STEPS = auto_mod.WARMUP + auto_mod.MEASURED + 3  # decides at the forward after 
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch, tmp_path):
+def _own_cache(monkeypatch, tmp_path):
+    """What rank 0 remembers stays in the test (conftest gives each test a
+    fresh Dynamo and no plans)."""
     monkeypatch.setenv(auto_mod.CACHE_ENV, str(tmp_path))
-    torch._dynamo.reset()
-    goddp.clear_plans()
-    yield
-    torch._dynamo.reset()
 
 
 # --------------------------------------------------------------------------

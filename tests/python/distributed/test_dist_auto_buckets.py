@@ -48,12 +48,10 @@ def group(dist_group):
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch, tmp_path):
-    monkeypatch.setenv(auto_mod.CACHE_ENV, str(tmp_path))  # what rank 0 remembers stays in the test
-    torch._dynamo.reset()
-    goddp.clear_plans()
-    yield
-    torch._dynamo.reset()
+def _own_cache(monkeypatch, tmp_path):
+    """What rank 0 remembers stays in the test (conftest gives each test a
+    fresh Dynamo and no plans)."""
+    monkeypatch.setenv(auto_mod.CACHE_ENV, str(tmp_path))
 
 
 def _ddp(group, entry=ENTRY, **kwargs):
