@@ -111,7 +111,9 @@ enum goddp_alignment {
     GODDP_ALIGN_NONE = 0,                /* the buckets DDP is predicted to build */
     GODDP_ALIGN_READY = 1,               /* one per piece; ddp_caps align DDP's rebuild */
     GODDP_ALIGN_DECLARATION = 2,         /* one per piece; ddp_caps align DDP's declaration-order buckets */
-    GODDP_ALIGN_DECLARATION_MERGED = 3   /* the same after merging pieces the declaration order interleaves */
+    GODDP_ALIGN_DECLARATION_MERGED = 3,  /* the same after merging pieces the declaration order interleaves */
+    GODDP_ALIGN_READY_GROUPS = 4         /* as READY, one bucket per (dtype, device) group and unit run; merged_cuts
+                                          * unit boundaries close no bucket (planner/keys.go) */
 };
 
 /* Whether DDP's buckets are set to the pieces, and if not why
@@ -134,7 +136,7 @@ enum goddp_align_reason {
     GODDP_REASON_MIXED_PRECISION = 9,    /* GODDP_DDP_MIXED_PRECISION */
     GODDP_REASON_BUILTIN_COMM_HOOK = 10, /* GODDP_DDP_BUILTIN_COMM_HOOK */
     GODDP_REASON_DELAYED_ALLREDUCE = 11, /* no longer given: those parameters are DDP's ignored ones */
-    GODDP_REASON_PARAM_GROUPS = 12       /* GODDP_DDP_SEVERAL_PARAM_GROUPS */
+    GODDP_REASON_PARAM_GROUPS = 12       /* GODDP_DDP_SEVERAL_PARAM_GROUPS, in declaration order or a split forward */
 };
 
 /* Which edge pieces (outside the repeated blocks) run eagerly
@@ -165,7 +167,8 @@ enum goddp_edges {
 #define GODDP_DDP_MIXED_PRECISION 0x20u /* DDP mixed precision is on */
 #define GODDP_DDP_BUILTIN_COMM_HOOK 0x40u /* a built-in (C++) comm hook goddp cannot identify is registered */
 #define GODDP_DDP_DELAYS_ALLREDUCE 0x80u /* delay_all_reduce_named_params is set (refuses nothing) */
-#define GODDP_DDP_SEVERAL_PARAM_GROUPS 0x100u /* DDP's parameters span several (dtype, device) groups */
+#define GODDP_DDP_SEVERAL_PARAM_GROUPS 0x100u /* DDP's parameters span several (dtype, device) groups: refuses
+                                               * under GODDP_ORDER_DECLARATION and for a graph holding part of them */
 
 typedef enum goddp_status {
     GODDP_OK = 0,
@@ -373,10 +376,12 @@ typedef struct goddp_plan {
     int32_t alignment;
     /* With alignment: the per-bucket caps to give DDP, in the order DDP
      * walks them (DDP order for GODDP_ALIGN_READY, forward-first piece
-     * first for the declaration cases). */
+     * first for the declaration cases; for GODDP_ALIGN_READY_GROUPS cap j
+     * is every group's j-th bucket's). */
     int64_t num_ddp_caps;
     int64_t *ddp_caps;                  /* [num_ddp_caps] */
-    int64_t merged_cuts;                /* cuts GODDP_ALIGN_DECLARATION_MERGED dropped */
+    int64_t merged_cuts;                /* cuts GODDP_ALIGN_DECLARATION_MERGED dropped, or unit
+                                         * boundaries GODDP_ALIGN_READY_GROUPS closes no bucket at */
 
     /* ABI 6: the decisions (planner/decide.go, Note [One call]).
      * The settings the plan stands for, under the config's names: the

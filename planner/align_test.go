@@ -127,10 +127,11 @@ func TestAlignedNoCountedParameters(t *testing.T) {
 	}
 }
 
-// TestAlignedMixedKeysWouldNotAlign shows why AlignBuckets refuses several
-// (dtype, device) keys: with per-piece byte totals as caps, DDP's per-key
-// cap iterators build buckets that do not follow the pieces.
-func TestAlignedMixedKeysWouldNotAlign(t *testing.T) {
+// TestAlignedMixedKeysNeedTheirOwnCaps shows why several (dtype, device)
+// keys need caps of their own (Note [Several dtype groups]): with per-piece
+// byte totals as caps, DDP's per-key cap iterators build buckets that do
+// not follow the pieces; the plan's per-group caps do.
+func TestAlignedMixedKeysNeedTheirOwnCaps(t *testing.T) {
 	g := mixedDTypeModel().graph()
 	cfg := ddpCfg(3000, 1000)
 	pl, err := Build(g, cfg)
@@ -158,8 +159,12 @@ func TestAlignedMixedKeysWouldNotAlign(t *testing.T) {
 	if aligned {
 		t.Fatalf("DDP's buckets %v follow the pieces with caps %v; the key check would be needless", got, caps)
 	}
-	if _, err := Build(g, alignedCfg(cfg)); err == nil {
-		t.Fatal("AlignBuckets accepted two dtypes")
+	split, err := Build(g, alignedCfg(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range checkSeveralKeys(g, split, rand.New(rand.NewPCG(1, 2))) {
+		t.Error(v)
 	}
 }
 

@@ -64,11 +64,6 @@ type blockPlan struct {
 func planBlocks(g *Graph, cfg *Config, lastUser []int32, runs []int) (*Plan, error) {
 	// The predicted DDP buckets; planDDP also checks that byte sums cannot
 	// overflow.
-	if cfg.AlignBuckets {
-		if err := checkSingleKey(g); err != nil {
-			return nil, err
-		}
-	}
 	predictCfg := *cfg
 	predictCfg.MaxPieces = 0
 	predictCfg.AlignBuckets = false

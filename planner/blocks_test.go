@@ -416,6 +416,9 @@ func countBlockRuns(g *Graph) int {
 func checkBlocks(g *Graph, cfg Config, pl *Plan) []string {
 	var bad []string
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	if cfg.AlignBuckets && countedKeys(g) > 1 {
+		return checkSeveralKeys(g, pl, rand.New(rand.NewPCG(pl.Fingerprint, 4)))
+	}
 	cuts := referenceBlockCuts(g)
 	var got []int
 	for i := 1; i < len(g.Ops); i++ {

@@ -63,7 +63,7 @@ type ddpWalk struct {
 // assignment, and cuts the graph just before the node at which each bucket
 // closes, moving a cut earlier when the piece it would end has no output.
 func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
-	if cfg.AlignBuckets {
+	if cfg.AlignBuckets && cfg.BucketOrder == OrderDeclaration {
 		if err := checkSingleKey(g); err != nil {
 			return nil, err
 		}

@@ -220,6 +220,9 @@ func (d *decider) plan() error {
 	if planned, covered, err := d.covers(); err != nil {
 		return err
 	} else if !covered {
+		if d.partOnly && s.DDP.SeveralParamGroups {
+			return d.build(s.resolve(false), ReasonParamGroups)
+		}
 		if d.partOnly && d.out.Config.BucketOrder == OrderReady && len(d.out.Plan.Buckets) > 0 {
 			d.out.Config.AlignBuckets = false
 			d.out.AlignReason, d.out.AlignedParams = ReasonPartOfForward, planned

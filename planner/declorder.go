@@ -68,6 +68,11 @@ const (
 	// whose parameters the declaration order interleaves
 	// (Plan.MergedCuts says how many cuts that dropped).
 	AlignDeclarationMerged Alignment = 3
+	// AlignReadyGroups: as AlignReady with parameters of several (dtype,
+	// device) groups: one bucket per unit run and group, Plan.DDPCaps fit
+	// every group, Plan.MergedCuts unit boundaries close no bucket (Note
+	// [Several dtype groups], keys.go).
+	AlignReadyGroups Alignment = 4
 )
 
 // String names the alignment the way plan records and logs do.
@@ -81,6 +86,8 @@ func (a Alignment) String() string {
 		return "declaration-order caps"
 	case AlignDeclarationMerged:
 		return "declaration-order caps, pieces merged"
+	case AlignReadyGroups:
+		return "ready-order caps per dtype group"
 	}
 	return "unknown"
 }

@@ -238,7 +238,7 @@ func checkAlignRefusal(t *testing.T, g *Graph, cfg Config, perr *Error) {
 			keys[bucketKey{p.DType, p.Device}] = true
 		}
 	}
-	if len(keys) < 2 || !strings.Contains(perr.Msg, "align_buckets needs all counted parameters to share one dtype and device") {
+	if len(keys) < 2 || cfg.BucketOrder != OrderDeclaration || !strings.Contains(perr.Msg, "align_buckets needs all counted parameters to share one dtype and device") {
 		t.Fatalf("AlignBuckets refused (%q) with %d (dtype, device) keys among counted parameters", perr.Msg, len(keys))
 	}
 }

@@ -494,8 +494,11 @@ func checkAligned(g *Graph, cfg Config, pl *Plan) []string {
 			keys[bucketKey{p.DType, p.Device}] = true
 		}
 	}
-	if len(keys) > 1 {
-		fail("aligned: accepted counted parameters of %d (dtype, device) keys", len(keys))
+	if countedKeys(g) > 1 {
+		if cfg.BucketOrder == OrderDeclaration {
+			fail("aligned: declaration order accepted counted parameters of %d (dtype, device) keys", len(keys))
+		}
+		return append(bad, checkSeveralKeys(g, pl, rand.New(rand.NewPCG(pl.Fingerprint, 3)))...)
 	}
 	plain := cfg
 	plain.AlignBuckets = false

@@ -98,6 +98,9 @@ func Build(g *Graph, cfg Config) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	if pl.Alignment == AlignReady {
+		alignKeys(g, pl)
+	}
 	pl.PieceInputs, pl.PieceOutputs = crossings(g, pl.NodePiece, pl.NumPieces)
 	pl.Fingerprint = fingerprint(g, &cfg, pl)
 	return pl, nil

@@ -8,16 +8,16 @@ package planner
 // per-bucket caps and rebuilding its reducer. That is refused, in this fixed
 // order (the first that applies is the reason), when: the torch keeps no
 // per-bucket caps; DDP runs its Python reducer (no per-bucket caps there
-// either); DDP mixed precision is on; a built-in comm hook is registered
+// either); DDP mixed precision is on; or a built-in comm hook is registered
 // that the caller cannot identify (DDP keeps no record of it but a name in
-// its logging data; a known one is registered again on the rebuilt reducer);
-// or DDP's parameters span several (dtype, device) groups (DDP buckets each
-// group apart, walking the same cap list anew for each: bucket j of every
-// group closes against cap j, so one list fits every group only where their
-// j-th buckets hold the same bytes, within a parameter; see docs/limits.md).
+// its logging data; a known one is registered again on the rebuilt reducer).
 // DDP's buckets are then its own and the plan is the unaligned one. The
 // caller's own refusals (a stand-in DDP, a DDP it could not inspect) come
-// before any of these. static_graph refuses nothing: the caller sets it
+// before any of these. Parameters of several (dtype, device) groups are
+// aligned in ready order (Note [Several dtype groups], keys.go) and refused
+// (ReasonParamGroups, after the others) where DDP fills its buckets in
+// declaration order or the forward is split over several graphs
+// (CombineForward and declarationAlign walk one group). static_graph refuses nothing: the caller sets it
 // again on the reducer it rebuilds, which then records its first iteration
 // afresh and rebuilds its buckets to the caps (Note [Static graph across a
 // rebuild] in python/goddp/ddp/private.py). Nor does
@@ -38,7 +38,7 @@ func (d *DDPSettings) refusal() AlignReason {
 		return ReasonMixedPrecision
 	case d.BuiltinCommHook:
 		return ReasonBuiltinCommHook
-	case d.SeveralParamGroups:
+	case d.SeveralParamGroups && d.bucketOrder() == OrderDeclaration:
 		return ReasonParamGroups
 	}
 	return ReasonAligned

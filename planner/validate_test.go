@@ -41,18 +41,6 @@ func TestBuildRejectsBadInput(t *testing.T) {
 		{name: "torch with max pieces", cfg: func(c *Config) { c.Mode = ModeTorch; c.MaxPieces = 2 }, code: ErrInvalidConfig, message: "ModeTorch"},
 		{name: "torch with per-bucket caps", cfg: func(c *Config) { c.Mode = ModeTorch; c.BucketCapsBytes = []int64{10} }, code: ErrInvalidConfig, message: "ModeTorch"},
 		{name: "torch with align buckets", cfg: func(c *Config) { c.Mode = ModeTorch; c.AlignBuckets = true }, code: ErrInvalidConfig, message: "AlignBuckets is not supported in ModeTorch"},
-		{name: "align buckets with two dtypes", graph: func(g *Graph) *Graph {
-			// A second counted parameter of another dtype, used by no node:
-			// DDP buckets it all the same.
-			g.Params = append(g.Params, Param{Name: "head.weight", Bytes: 10, StorageBytes: 10, DType: 5, RequiresGrad: true})
-			return g
-		}, cfg: func(c *Config) { c.AlignBuckets = true }, code: ErrInvalidConfig,
-			message: `align_buckets needs all counted parameters to share one dtype and device; found dtype 0 device 0 (parameter 0, "fc.weight") and dtype 5 device 0 (parameter 1, "head.weight")`},
-		{name: "align buckets with two devices", graph: func(g *Graph) *Graph {
-			g.Params = append(g.Params, Param{Name: "head.weight", Bytes: 10, StorageBytes: 10, Device: 1, RequiresGrad: true})
-			return g
-		}, cfg: func(c *Config) { c.AlignBuckets = true }, code: ErrInvalidConfig, message: "device 1"},
-
 		// Graph shape.
 		{name: "nil graph", graph: func(*Graph) *Graph { return nil }, code: ErrInvalidGraph, message: "nil"},
 		{name: "empty graph", graph: func(*Graph) *Graph { return &Graph{} }, code: ErrInvalidGraph, message: "no nodes"},

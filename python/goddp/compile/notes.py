@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from goddp.native.plan import READY_GROUPS
+
 
 @dataclasses.dataclass(frozen=True)
 class PlanFacts:
@@ -85,6 +87,17 @@ def plan_notes(facts: PlanFacts) -> list[PlanNote]:
             text += (
                 f"; no bucket could start at {facts.merged_cuts} of the cuts, so those pieces were merged "
                 f"({facts.num_pieces} pieces remain)"
+            )
+        notes.append(PlanNote(text, once=True))
+    if facts.aligned and facts.alignment == READY_GROUPS:
+        text = (
+            "goddp: the parameters span several (dtype, device) groups, which DDP buckets apart against "
+            "the same caps, so goddp gives every group's j-th bucket cap j (planner/keys.go)"
+        )
+        if facts.merged_cuts:
+            text += (
+                f"; not every group's bucket could close at {facts.merged_cuts} of the cuts, so no bucket closes "
+                "there (the pieces stay)"
             )
         notes.append(PlanNote(text, once=True))
     return notes

@@ -58,7 +58,7 @@ from goddp.graph.export import ExportedGraph, body_parameters, export_graph, wit
 from goddp.graph.frames import frame_info
 from goddp.graph.stitch import StitchedPieces
 from goddp.native.extension import REASON_ALIGNED, REASON_PART_OF_FORWARD
-from goddp.native.plan import AlignmentFacts, GraphPlan, PlanRequest, PlanSettings
+from goddp.native.plan import READY_GROUPS, AlignmentFacts, GraphPlan, PlanRequest, PlanSettings
 from goddp.options import Options
 from goddp.ranks.auto import AutoBuckets, ddp_runs, unit_cap
 from goddp.ranks.agreement import GatedCall, TrainingGate, gate_for_training, installed_layout
@@ -576,6 +576,11 @@ class _DDPGraphCompile:
             )
         if planned.not_aligned is not None or planned.replan is None:
             return None, f"DDP's buckets are not goddp's: {planned.not_aligned}"
+        if planned.plan.alignment == READY_GROUPS:
+            return None, (
+                "its parameters span several (dtype, device) groups, which DDP buckets apart against shared "
+                "caps, so a run of units is no bucket"
+            )
         # Cut into units already (auto_units), its plan is the finest; cut at
         # blocks, planned with one-byte caps every piece closes a bucket.
         finest = planned.plan if planned.unit_caps != (1,) else planned.replan((1,))

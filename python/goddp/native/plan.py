@@ -34,7 +34,9 @@ ALIGNMENT_NAMES = {
     _native.ALIGN_READY: "ready-order caps",
     _native.ALIGN_DECLARATION: "declaration-order caps",
     _native.ALIGN_DECLARATION_MERGED: "declaration-order caps, pieces merged",
+    _native.ALIGN_READY_GROUPS: "ready-order caps per dtype group",
 }
+READY_GROUPS = ALIGNMENT_NAMES[_native.ALIGN_READY_GROUPS]
 
 # enum goddp_align_reason: why DDP's buckets are not the pieces, as plan
 # records and logs say it (GraphPlan.not_aligned; the refusals are Note
@@ -50,8 +52,9 @@ _NOT_ALIGNED = {
     _native.REASON_BUILTIN_COMM_HOOK: "a built-in comm hook that goddp cannot identify is registered",
     _native.REASON_DELAYED_ALLREDUCE: "delay_all_reduce_named_params (a reason goddp no longer gives: the rest is aligned)",
     _native.REASON_PARAM_GROUPS: (
-        "parameters span several (dtype, device) groups; DDP buckets each group apart against the same caps "
-        "(bucket j of each group against cap j), which goddp does not plan"
+        "parameters span several (dtype, device) groups, and DDP fills its buckets in declaration order "
+        "(find_unused_parameters=True) or the forward is split over several graphs: goddp plans each group's "
+        "caps only for one graph in gradient-ready order"
     ),
 }
 
@@ -280,7 +283,9 @@ class GraphPlan:
         "ready-order caps" (for DDP's rebuild), "declaration-order caps"
         (for the buckets DDP keeps under find_unused_parameters=True), or
         "declaration-order caps, pieces merged" (merged_cuts cuts dropped
-        where no bucket could start).
+        where no bucket could start), or "ready-order caps per dtype group"
+        (a bucket per (dtype, device) group; merged_cuts piece boundaries
+        where not every group's bucket could close, which then close none).
     ddp_caps: when aligned, the per-bucket caps (bytes, each at least 1) to
         give DDP, in the order DDP walks them.
     not_aligned: why DDP's buckets are not the pieces, in goddp's words

@@ -1,21 +1,23 @@
-"""Parameters of several (dtype, device) groups: why goddp keeps DDP's
-buckets, and that such a model still trains as eager DDP does.
+"""Parameters of several (dtype, device) groups: DDP's buckets close at
+the cuts in every group, and such models train as eager DDP does.
 
 DDP buckets each (dtype, device) group apart, and walks the one list of
 per-bucket caps anew for each group: bucket j of every group is closed
 against cap j (``_compute_bucket_assignment_by_size`` in torch's
 reducer.cpp, which DDP's first bucketing and its rebuild both call). The
-first cases check that against the function itself
-(``dist._compute_bucket_assignment_by_size``), on random parameters, and
-show what it means for the bench's kind of model with one block in bf16:
-the bf16 block's one bucket and the float32 group's first bucket share
-cap 0, their byte totals differ by more than a parameter, so no caps close
-both at the cuts, and merging cuts changes neither total. goddp therefore
-refuses alignment there (REASON_PARAM_GROUPS, docs/limits.md). The
-two-rank case (pytest under torchrun, gloo, CPU; a plain pytest run
-launches this file under torchrun itself) trains that model with goddp:
-cut, DDP's buckets left alone with the reason, bitwise equal to eager DDP
-(aot_eager), also when rank 0 first evaluates another batch size.
+first case checks that rule, which the planner's Note [Several dtype
+groups] (planner/keys.go) plans by, against the function itself
+(``dist._compute_bucket_assignment_by_size``) on random parameters. The
+second shows what it means for the bench's kind of model with one block in
+bf16: no cap closes both the bf16 block's bucket and the float32 group's
+first one at a cut, so the plan leaves the bf16 bucket open (DDP launches
+it last, still holding that block's gradients alone). The two-rank cases
+(pytest under torchrun, gloo, CPU; a plain pytest run launches this file
+under torchrun itself) train models with a block, the first block or the
+head in bf16 or fp16: cut, DDP's rebuilt buckets equal to the plan's on
+both ranks, bitwise equal to eager DDP (aot_eager), also when rank 0 first
+evaluates another batch size; under find_unused_parameters=True the
+buckets stay DDP's, with the reason.
 """
 
 from __future__ import annotations
@@ -88,23 +90,27 @@ def test_ddp_walks_its_caps_anew_for_each_dtype_group():
         assert sorted(got[len(closed):]) == sorted(rest), what
 
 
-def _half_stack(seed: int = 0) -> nn.Module:
+def _half_stack(seed: int = 0, part=HALF, dtype=torch.bfloat16) -> nn.Module:
     torch.manual_seed(seed)
-    return HalfBlockStack()
+    return HalfBlockStack(part, dtype)
 
 
 class HalfBlockStack(nn.Module):
     """The bench's kind of model (TransformerStack: blocks and a head) with
-    block HALF in bf16: parameters of two dtypes."""
+    one part (a block's index, or "head") in another dtype: parameters of
+    two dtypes."""
 
-    def __init__(self) -> None:
+    def __init__(self, part=HALF, dtype=torch.bfloat16) -> None:
         super().__init__()
+        self.part, self.dtype = part, dtype
         self.stack = TransformerStack()
-        self.stack.blocks[HALF].to(torch.bfloat16)
+        (self.stack.head if part == "head" else self.stack.blocks[part]).to(dtype)
 
     def forward(self, x):
         for i, block in enumerate(self.stack.blocks):
-            x = block(x.to(torch.bfloat16)).float() if i == HALF else block(x)
+            x = block(x.to(self.dtype)).float() if i == self.part else block(x)
+        if self.part == "head":
+            return self.stack.head(x.to(self.dtype)).float()
         return self.stack.head(x)
 
 
@@ -114,7 +120,8 @@ def test_no_caps_close_both_groups_of_a_bf16_block_at_the_cuts():
     float32 group's first bucket (the head and the blocks after HALF, or
     more with cuts merged). A bucket closes at its piece's last gradient,
     whatever the order inside the piece, only if its cap lies in (total -
-    smallest gradient, total]: the bf16 interval meets no float32 one."""
+    smallest gradient, total]: the bf16 interval meets no float32 one, so
+    the plan leaves the bf16 bucket open (the two-rank cases below)."""
     model = _half_stack()
     blocks = model.stack.blocks
     ready = [list(model.stack.head.parameters())] + [list(blocks[i].parameters()) for i in reversed(range(len(blocks)))]
@@ -150,7 +157,9 @@ def test_no_caps_close_both_groups_of_a_bf16_block_at_the_cuts():
 
 
 # --------------------------------------------------------------------------
-# Two ranks: refused, and trains as eager DDP
+# Two ranks: aligned per group, and trains as eager DDP
+
+MODELS = {"bf16-block": (HALF, torch.bfloat16), "fp16-first-block": (0, torch.float16), "bf16-head": ("head", torch.bfloat16)}
 
 
 @pytest.fixture(scope="module")
@@ -163,10 +172,10 @@ def _fresh() -> None:
     goddp.clear_plans()
 
 
-def _train(group, compiled: bool, evaluate_first: bool):
+def _train(group, compiled: bool, evaluate_first: bool, model_kind="bf16-block", **ddp_kwargs):
     _fresh()
-    model = _half_stack()
-    ddp = DDP(model, process_group=group, bucket_cap_mb=CAP_MB)
+    model = _half_stack(0, *MODELS[model_kind])
+    ddp = DDP(model, process_group=group, bucket_cap_mb=CAP_MB, **ddp_kwargs)
     forward = torch.compile(ddp, backend="goddp", options=OPTIONS) if compiled else ddp
     if evaluate_first and rank() == 0:
         model.eval()
@@ -186,17 +195,14 @@ def _train(group, compiled: bool, evaluate_first: bool):
     return ddp, model, losses, grads
 
 
-@needs_two_ranks
-@pytest.mark.parametrize("evaluate_first", [False, True], ids=["same", "rank0-evaluates-first"])
-def test_a_bf16_block_is_cut_keeps_ddp_buckets_and_trains_as_eager_ddp(group, evaluate_first):
-    _, eager_model, eager_losses, eager_grads = _train(group, False, evaluate_first)
-    ddp, model, losses, grads = _train(group, True, evaluate_first)
-    plans = [p for p in goddp.last_plans() if p["plan_check"] is not None]
-    assert plans, goddp.last_plans()
-    plan = plans[0]
-    assert plan["fallback"] is None and plan["num_pieces"] > 1, plan
-    assert plan["ddp_buckets"]["aligned"] is False
-    assert plan["ddp_buckets"]["reason"].startswith("parameters span several (dtype, device) groups"), plan
+def _ddp_buckets(ddp, model) -> list[frozenset[str]]:
+    """DDP's buckets now, each as the set of its parameters' names."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [frozenset(names[id(p)] for p in b.parameters()) for b in ddp.reducer._get_zeros_like_grad_buckets()]
+
+
+def _assert_same_training(got, want) -> None:
+    (_, model, losses, grads), (_, eager_model, eager_losses, eager_grads) = got, want
     for step, (g, w) in enumerate(zip(losses, eager_losses)):
         assert torch.equal(g, w), f"loss, step {step}"
     for step, (g, w) in enumerate(zip(grads, eager_grads)):
@@ -204,6 +210,48 @@ def test_a_bf16_block_is_cut_keeps_ddp_buckets_and_trains_as_eager_ddp(group, ev
             assert a.dtype == b.dtype and torch.equal(a, b), f"step {step}, parameter {i}"
     for (name, w), g in zip(eager_model.state_dict().items(), model.state_dict().values()):
         assert torch.equal(g, w), f"{name} differs from eager DDP"
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("evaluate_first", [False, True], ids=["same", "rank0-evaluates-first"])
+@pytest.mark.parametrize("model_kind", list(MODELS))
+def test_two_dtypes_are_cut_aligned_per_group_and_train_as_eager_ddp(group, model_kind, evaluate_first):
+    want = _train(group, False, evaluate_first, model_kind)
+    got = _train(group, True, evaluate_first, model_kind)
+    ddp, model = got[0], got[1]
+    plans = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plans, goddp.last_plans()
+    plan = plans[0]
+    assert plan["fallback"] is None and plan["num_pieces"] > 2, plan
+    assert plan["ddp_buckets"] == {"aligned": True, "reason": None}, plan["ddp_buckets"]
+    assert plan["alignment"] == "ready-order caps per dtype group"
+    planned = sorted(sorted(b["param_names"]) for b in plan["buckets"])
+    # DDP rebuilt its buckets to the plan's caps: the same sets, in every
+    # group, on both ranks (the order among one piece's buckets is DDP's).
+    buckets = _ddp_buckets(ddp, model)
+    assert sorted(sorted(b) for b in buckets) == planned, (buckets, planned)
+    assert {next(iter(model.get_parameter(n) for n in b)).dtype for b in buckets} == {torch.float32, MODELS[model_kind][1]}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, sorted(sorted(b) for b in buckets))
+    assert all(b == everyone[0] for b in everyone), everyone
+    _assert_same_training(got, want)
+    _fresh()
+
+
+@needs_two_ranks
+def test_two_dtypes_under_find_unused_parameters_keep_ddps_buckets(group):
+    """DDP fills its buckets in declaration order there and never rebuilds:
+    goddp plans that order for one group only, so DDP keeps its own, with
+    the reason, and training is eager DDP's."""
+    want = _train(group, False, False, find_unused_parameters=True)
+    got = _train(group, True, False, find_unused_parameters=True)
+    plans = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plans, goddp.last_plans()
+    plan = plans[0]
+    assert plan["fallback"] is None and plan["num_pieces"] > 1, plan
+    assert plan["ddp_buckets"]["aligned"] is False
+    assert plan["ddp_buckets"]["reason"].startswith("parameters span several (dtype, device) groups"), plan
+    _assert_same_training(got, want)
     _fresh()
 
 

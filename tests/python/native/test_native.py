@@ -169,7 +169,7 @@ def test_constants_are_the_headers(ext):
     text = _native.declarations()
     defined = {m[0]: int(m[1].rstrip("u"), 0) for m in re.findall(r"#define GODDP_(\w+) (\w+)", text)}
     enumerated = {m[0]: int(m[1]) for m in re.findall(r"^\s*GODDP_(\w+) = (\d+)", text, re.M)}
-    assert len(defined) + len(enumerated) == 53
+    assert len(defined) + len(enumerated) == 54
     for name, value in {**defined, **enumerated}.items():
         assert getattr(_native, name) == value, name
     assert ext.abi_version() == _native.ABI_VERSION == defined["ABI_VERSION"]
@@ -561,8 +561,13 @@ def test_align_buckets_refusals(ext):
     assert info.value.code == _native.ERR_INVALID_CONFIG
     graph = chain_graph(2)
     graph["param_dtypes"][3] = 7  # layers.1.bias in another dtype
+    # In ready order each group gets its caps (planner/keys.go); in
+    # declaration order the planner walks one group only.
+    split = ext.plan_graph(graph, toy_config(align_buckets=True))
+    assert split["alignment"] == _native.ALIGN_READY_GROUPS
+    graph["param_ddp_positions"] = array("i", range(4))
     with pytest.raises(ext.PlannerError, match="align_buckets needs all counted parameters to share one dtype and device") as info:
-        ext.plan_graph(graph, toy_config(align_buckets=True))
+        ext.plan_graph(graph, toy_config(align_buckets=True, bucket_order=_native.ORDER_DECLARATION))
     assert info.value.code == _native.ERR_INVALID_CONFIG
     ext.plan_graph(graph, toy_config())  # fine without alignment
     with pytest.raises(TypeError, match=r"config\['align_buckets'\] must be an int"):

@@ -29,8 +29,9 @@ NOT_ALIGNED = {
     "REASON_BUILTIN_COMM_HOOK": "a built-in comm hook that goddp cannot identify is registered",
     "REASON_DELAYED_ALLREDUCE": "delay_all_reduce_named_params (a reason goddp no longer gives: the rest is aligned)",
     "REASON_PARAM_GROUPS": (
-        "parameters span several (dtype, device) groups; DDP buckets each group apart against the same caps "
-        "(bucket j of each group against cap j), which goddp does not plan"
+        "parameters span several (dtype, device) groups, and DDP fills its buckets in declaration order "
+        "(find_unused_parameters=True) or the forward is split over several graphs: goddp plans each group's "
+        "caps only for one graph in gradient-ready order"
     ),
 }
 REASONS = sorted((n for n in dir(_native) if n.startswith("REASON_")), key=lambda n: getattr(_native, n))
@@ -63,7 +64,8 @@ def test_an_unknown_reason_is_worded(code):
     "code, name",
     [(_native.ALIGN_NONE, "none"), (_native.ALIGN_READY, "ready-order caps"),
      (_native.ALIGN_DECLARATION, "declaration-order caps"),
-     (_native.ALIGN_DECLARATION_MERGED, "declaration-order caps, pieces merged")],
+     (_native.ALIGN_DECLARATION_MERGED, "declaration-order caps, pieces merged"),
+     (_native.ALIGN_READY_GROUPS, "ready-order caps per dtype group")],
 )
 def test_alignment_names(code, name):
     assert ALIGNMENT_NAMES[code] == name
