@@ -114,7 +114,7 @@ def test_pieces_follow_the_planner_exactly(dist_group, native_module):
     model = copy.deepcopy(base)
     captured: list[fx.GraphModule] = []
     recorder = RecordingCompiler("aot_eager")
-    configured = goddp.backend(inner=recorder, check_plans=False, mode="torch", bucket_cap_mb=0.004)
+    configured = goddp.backend(inner=recorder, mode="torch", bucket_cap_mb=0.004)
 
     def capture_then_goddp(gm, example_inputs, **kwargs):
         captured.append(gm)
@@ -186,7 +186,7 @@ def test_autocast_and_no_grad_regions_crossing_cuts(dist_group, native_module):
     # node with parameters close a bucket: cuts land inside both regions.
     split = torch.compile(
         DDP(split_model, bucket_cap_mb=0.001, find_unused_parameters=False),
-        backend=goddp.backend(inner=recorder, mode="torch", check_plans=False),
+        backend=goddp.backend(inner=recorder, mode="torch"),
     )
     out_split, c_split = split(x)
     (out_split.sum() + c_split.float().sum()).backward()
@@ -243,7 +243,7 @@ def test_output_structure_is_preserved(dist_group, native_module):
     model, reference = copy.deepcopy(base), copy.deepcopy(base)
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=0.0005),
-        backend=goddp.backend(inner="aot_eager", check_plans=False, mode="torch"),
+        backend=goddp.backend(inner="aot_eager", mode="torch"),
     )
     out, batch = compiled(x)
     ref, ref_batch = reference(x)
@@ -296,7 +296,7 @@ def test_ddp_optimizer_pieces_are_refused_with_the_fix_in_the_message(dist_group
     # DDPOptimizer needs caps of at least 1 MiB: layers of just over 1 MiB.
     model = seeded(MLP, 512, 3)
     compiled = torch.compile(
-        DDP(model, bucket_cap_mb=1), backend=goddp.backend(inner="aot_eager", check_plans=False)
+        DDP(model, bucket_cap_mb=1), backend=goddp.backend(inner="aot_eager")
     )
     with torch._dynamo.config.patch(optimize_ddp=True):
         with pytest.raises(Exception) as info:
@@ -354,7 +354,7 @@ def test_call_module_and_get_attr_graphs(dist_group, native_module):
     ddp = DDP(model, bucket_cap_mb=0.0002)
     recorder = RecordingCompiler("aot_eager")
     with ddp._inside_ddp_forward():
-        compiled = goddp.backend(inner=recorder, mode="torch", check_plans=False)(gm, [x])
+        compiled = goddp.backend(inner=recorder, mode="torch")(gm, [x])
     (record,) = goddp.last_plans()
     assert record["fallback"] is None
     assert record["num_pieces"] == len(recorder.graphs) >= 3
@@ -415,7 +415,7 @@ def test_non_contiguous_value_crossing_a_cut_under_inductor(dist_group, native_m
     recorder = StrideRecorder()
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=0.0001),
-        backend=goddp.backend(inner=recorder, mode="torch", check_plans=False),
+        backend=goddp.backend(inner=recorder, mode="torch"),
     )
     out = compiled(x)
     out.sum().backward()
@@ -447,7 +447,7 @@ def test_metadata_saying_no_grad_for_a_value_that_needs_it_fails_loudly(dist_gro
             node.meta["example_value"] = node.meta["example_value"].detach()
     ddp = DDP(model, bucket_cap_mb=0.0002)
     with ddp._inside_ddp_forward():
-        compiled = goddp.backend(inner="aot_eager", mode="torch", check_plans=False)(gm, [x])
+        compiled = goddp.backend(inner="aot_eager", mode="torch")(gm, [x])
     assert goddp.last_plans()[-1]["num_pieces"] >= 3
     with pytest.raises(RuntimeError, match="'fc2' passed between pieces requires grad"):
         compiled(x)
@@ -471,7 +471,7 @@ def test_dynamic_shapes_symbolic_sizes_cross_cuts(dist_group, native_module):
     recorder = RecordingCompiler("aot_eager")
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=0.001),
-        backend=goddp.backend(inner=recorder, mode="torch", check_plans=False),
+        backend=goddp.backend(inner=recorder, mode="torch"),
         dynamic=True,
     )
     for batch in (3, 5, 7):
@@ -519,7 +519,7 @@ def test_a_tuple_crossing_a_cut_falls_back_to_the_whole_graph(dist_group, native
     ddp = DDP(model, bucket_cap_mb=0.0001)
     with ddp._inside_ddp_forward():
         with pytest.warns(RuntimeWarning, match="'chunk' of type tuple would cross a cut"):
-            compiled = goddp.backend(inner="aot_eager", mode="torch", check_plans=False)(gm, [x])
+            compiled = goddp.backend(inner="aot_eager", mode="torch")(gm, [x])
     assert "'chunk' of type tuple" in goddp.last_plans()[-1]["fallback"]
     (out,) = compiled(x)
     out.sum().backward()
@@ -538,7 +538,7 @@ def test_max_pieces_caps_the_piece_count(dist_group, native_module, align_bucket
     # Each layer alone fills a bucket; max_pieces merges them into two pieces.
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=0.001),
-        backend=goddp.backend(inner=recorder, max_pieces=2, check_plans=False, align_buckets=align_buckets),
+        backend=goddp.backend(inner=recorder, max_pieces=2, align_buckets=align_buckets),
     )
     x = torch.randn(4, 32)
     out, ref = run_step(compiled, x), run_step(reference, x)
@@ -578,7 +578,7 @@ def test_in_place_ops_on_values_from_earlier_pieces(dist_group, native_module):
     recorder = RecordingCompiler("aot_eager")
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=0.0001),
-        backend=goddp.backend(inner=recorder, mode="torch", check_plans=False),
+        backend=goddp.backend(inner=recorder, mode="torch"),
     )
     x = torch.randn(3, 16)
     out, ref = run_step(compiled, x), run_step(reference, x)
@@ -621,7 +621,7 @@ def test_activation_checkpointing_bodies_travel_with_their_calls(dist_group, nat
     model, reference = copy.deepcopy(base), copy.deepcopy(base)
     recorder = RecordingCompiler("aot_eager")
     compiled = torch.compile(
-        DDP(model, bucket_cap_mb=0.0001), backend=goddp.backend(inner=recorder, check_plans=False)
+        DDP(model, bucket_cap_mb=0.0001), backend=goddp.backend(inner=recorder)
     )
     x = torch.randn(3, 16)
     out, ref = run_step(compiled, x), run_step(reference, x)

@@ -78,7 +78,7 @@ def test_planner_failure_warns_and_compiles_the_whole_graph(dist_group, native_m
     x = torch.randn(4, 32)
     recorder = FailingCompiler(fail_on=0)
     compiled = torch.compile(
-        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner=recorder, check_plans=False)
+        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner=recorder)
     )
     with caplog.at_level(logging.WARNING, logger="goddp"):
         with pytest.warns(RuntimeWarning, match="planning failed .*planner broke on purpose"):
@@ -100,7 +100,7 @@ def test_the_fallback_cause_is_logged_whole_with_its_traceback_at_debug(dist_gro
     monkeypatch.setattr(goddp.compile.pipeline, "call_planner", broken_planner)
     model, _ = make_models()
     compiled = torch.compile(
-        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner="aot_eager", check_plans=False)
+        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner="aot_eager")
     )
     with caplog.at_level(logging.DEBUG, logger="goddp"):
         with pytest.warns(RuntimeWarning, match="planning failed"):
@@ -121,7 +121,7 @@ def test_piece_compile_failure_warns_and_compiles_the_whole_graph(dist_group, na
     x = torch.randn(4, 32)
     failing = FailingCompiler(fail_on=2)  # the second piece
     compiled = torch.compile(
-        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner=failing, check_plans=False)
+        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner=failing)
     )
     with caplog.at_level(logging.WARNING, logger="goddp"):
         with pytest.warns(RuntimeWarning, match="compiling piece 1 of .* failed .*exploded on purpose"):
@@ -149,7 +149,7 @@ def test_strict_raises_on_planner_failure(dist_group, native_module, monkeypatch
     model, _ = make_models()
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=CAP_MB),
-        backend=goddp.backend(inner="aot_eager", strict=True, check_plans=False),
+        backend=goddp.backend(inner="aot_eager", strict=True),
     )
     with pytest.raises(Exception, match="planner broke on purpose"):
         compiled(torch.randn(4, 32))
@@ -160,7 +160,7 @@ def test_strict_raises_on_piece_compile_failure(dist_group, native_module):
     failing = FailingCompiler(fail_on=2)
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=CAP_MB),
-        backend=goddp.backend(inner=failing, strict=True, check_plans=False),
+        backend=goddp.backend(inner=failing, strict=True),
     )
     with pytest.raises(Exception, match="exploded on purpose"):
         compiled(torch.randn(4, 32))
@@ -174,7 +174,7 @@ def test_real_planner_error_for_bad_caps_falls_back(dist_group, native_module):
     x = torch.randn(4, 32)
     compiled = torch.compile(
         DDP(model, bucket_cap_mb=CAP_MB),
-        backend=goddp.backend(inner="aot_eager", first_bucket_cap_mb=1.0, check_plans=False),
+        backend=goddp.backend(inner="aot_eager", first_bucket_cap_mb=1.0),
     )
     with pytest.warns(RuntimeWarning, match="planning failed .*PlannerError"):
         out = step(compiled, x)
@@ -210,7 +210,7 @@ def test_every_stage_falls_back_naming_itself_and_the_cause(dist_group, native_m
     model, reference = make_models()
     x = torch.randn(4, 32)
     compiled = torch.compile(
-        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner="aot_eager", check_plans=False)
+        DDP(model, bucket_cap_mb=CAP_MB), backend=goddp.backend(inner="aot_eager")
     )
     words = STAGES[stage]
     with pytest.warns(RuntimeWarning, match=re.escape(f"{words} failed (ValueError: {stage} broke on purpose)")):
@@ -224,7 +224,7 @@ def test_every_stage_falls_back_naming_itself_and_the_cause(dist_group, native_m
     torch._dynamo.reset()
     strict = torch.compile(
         DDP(make_models()[0], bucket_cap_mb=CAP_MB),
-        backend=goddp.backend(inner="aot_eager", check_plans=False, strict=True),
+        backend=goddp.backend(inner="aot_eager", strict=True),
     )
     with pytest.raises(Exception, match=f"{stage} broke on purpose") as raised:
         step(strict, x)

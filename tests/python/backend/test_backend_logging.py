@@ -37,7 +37,7 @@ class Trio(nn.Module):
 def compile_trio(**options):
     torch.manual_seed(0)
     model = Trio()
-    opts = {"inner": "aot_eager", "check_plans": False, **options}
+    opts = {"inner": "aot_eager", **options}
     # 0.004 MiB: each Linear(32, 32) (4224 bytes) fills a bucket alone.
     return model, torch.compile(DDP(model, bucket_cap_mb=0.004), backend=goddp.backend(**opts))
 
@@ -155,7 +155,7 @@ _TORCH_LOGS_SCRIPT = textwrap.dedent(
     store = os.path.join(tempfile.mkdtemp(), "store")
     dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
     ddp = nn.parallel.DistributedDataParallel(Pair(), bucket_cap_mb=0.004)
-    compiled = torch.compile(ddp, backend="goddp", options={"inner": "eager", "check_plans": False})
+    compiled = torch.compile(ddp, backend="goddp", options={"inner": "eager"})
     compiled(torch.randn(2, 32)).sum().backward()
     dist.destroy_process_group()
     print("DONE")
@@ -201,7 +201,7 @@ def test_torch_logs_goddp_prints_the_plan_table():
 def test_find_unused_parameters_without_static_graph_is_explained(dist_group, native_module, caplog):
     torch.manual_seed(0)
     ddp = DDP(Trio(), bucket_cap_mb=0.004, find_unused_parameters=True)
-    compiled = torch.compile(ddp, backend=goddp.backend(inner="aot_eager", check_plans=False))
+    compiled = torch.compile(ddp, backend=goddp.backend(inner="aot_eager"))
     with caplog.at_level(logging.INFO, logger="goddp"):
         compiled(torch.randn(2, 32)).sum().backward()
     assert any("never rebuilds its buckets" in r.getMessage() for r in caplog.records)

@@ -46,7 +46,7 @@ def test_fork_dataloader_workers_train_with_goddp_after_go_started(dist_group, n
     base = Stack(16, 4)
     model, reference = copy.deepcopy(base), copy.deepcopy(base)
     compiled = torch.compile(
-        DDP(model, bucket_cap_mb=0.002), backend=goddp.backend(inner="aot_eager", check_plans=False)
+        DDP(model, bucket_cap_mb=0.002), backend=goddp.backend(inner="aot_eager")
     )
     data = TensorDataset(torch.randn(24, 16), torch.randn(24, 16))
     # Go is loaded before the workers fork (the first step plans).
