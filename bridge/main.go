@@ -29,7 +29,7 @@ import "github.com/goddp/goddp/planner"
 
 // abiVersion is the ABI this bridge implements. It must equal
 // GODDP_ABI_VERSION in csrc/goddp.h.
-const abiVersion = 13
+const abiVersion = 14
 
 // Compile-time checks that the header and the Go side agree. Converting a
 // negative constant to uint does not compile, so each pair of lines fails the

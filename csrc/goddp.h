@@ -67,7 +67,7 @@ extern "C" {
  * renumbered. A new function, enum value or flag bit leaves it alone.
  * Layout digests name the build (goddp_layout.build), so ranks of two
  * versions never agree on a layout. */
-#define GODDP_ABI_VERSION 13
+#define GODDP_ABI_VERSION 14
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -166,7 +166,7 @@ enum goddp_edges {
 #define GODDP_DDP_PYTHON_REDUCER 0x10u /* DDP runs its Python reducer (compiled autograd) */
 #define GODDP_DDP_MIXED_PRECISION 0x20u /* DDP mixed precision is on */
 #define GODDP_DDP_BUILTIN_COMM_HOOK 0x40u /* a built-in (C++) comm hook goddp cannot identify is registered */
-#define GODDP_DDP_DELAYS_ALLREDUCE 0x80u /* delay_all_reduce_named_params is set (refuses nothing) */
+/* 0x80u was delay_all_reduce_named_params, which refuses nothing (ABI 14 removed it). */
 #define GODDP_DDP_SEVERAL_PARAM_GROUPS 0x100u /* DDP's parameters span several (dtype, device) groups: refuses
                                                * under GODDP_ORDER_DECLARATION and for a graph holding part of them */
 

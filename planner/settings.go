@@ -48,7 +48,6 @@ type DDPSettings struct {
 	PythonReducer      bool // DDP runs its Python reducer
 	MixedPrecision     bool // DDP mixed precision is on
 	BuiltinCommHook    bool // a built-in (C++) comm hook the caller cannot identify is registered
-	DelaysAllReduce    bool // delay_all_reduce_named_params is set (refuses nothing now)
 	SeveralParamGroups bool // DDP's parameters span several (dtype, device) groups
 	// NumParams is the number of parameters DDP reduces, 0 when unknown.
 	// With it (and Graph's DDPPosition for every parameter), Decide checks

@@ -87,11 +87,6 @@ def uses_python_reducer(ddp: Any) -> bool:
     return bool(getattr(ddp, "_use_python_reducer", False))
 
 
-def delays_some_allreduces(ddp: Any) -> bool:
-    """delay_all_reduce_named_params is set: those parameters bypass DDP's buckets."""
-    return bool(getattr(ddp, "_delay_all_reduce_params", None))
-
-
 def delays_every_allreduce(ddp: Any) -> bool:
     return bool(getattr(ddp, "_delay_all_reduce_all_params", False))
 

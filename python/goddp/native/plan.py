@@ -88,7 +88,6 @@ class AlignmentFacts:
     python_reducer: bool = False
     mixed_precision: bool = False
     builtin_comm_hook: bool = False  # one goddp cannot identify (Note [Built-in comm hooks])
-    delays_allreduce: bool = False  # delay_all_reduce_named_params
     several_param_groups: bool = False  # (dtype, device) groups
 
     def flags(self) -> int:
@@ -98,7 +97,6 @@ class AlignmentFacts:
             (self.python_reducer, _native.DDP_PYTHON_REDUCER),
             (self.mixed_precision, _native.DDP_MIXED_PRECISION),
             (self.builtin_comm_hook, _native.DDP_BUILTIN_COMM_HOOK),
-            (self.delays_allreduce, _native.DDP_DELAYS_ALLREDUCE),
             (self.several_param_groups, _native.DDP_SEVERAL_PARAM_GROUPS),
         )
         return sum(bit for fact, bit in bits if fact)
