@@ -22,15 +22,18 @@ from torch import nn
 
 
 class MLPStack(nn.Module):
-    """`depth` square Linear layers of `width` with ReLU in between."""
+    """`depth` square Linear layers of `width` with ReLU in between; the
+    layers listed in `half` are kept in bf16 (parameters of two dtypes)."""
 
-    def __init__(self, width: int, depth: int) -> None:
+    def __init__(self, width: int, depth: int, half: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        for i in half:
+            self.layers[i].to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = torch.relu(layer(x))
+            x = torch.relu(layer(x.to(layer.weight.dtype))).float()
         return x
 
 
@@ -284,10 +287,11 @@ def build(name: str, size: str = "quick", seed: int = 0, **overrides) -> Workloa
     torch.manual_seed(seed)
     batch = params.pop("batch")
     if name == "mlp":
-        model = MLPStack(params["width"], params["depth"])
+        half = tuple(params.get("half", ()))
+        model = MLPStack(params["width"], params["depth"], half)
         inputs = (torch.randn(batch, params["width"], generator=gen),)
         loss = _mse_to_zero
-        desc = f"MLP {params['depth']}x{params['width']}^2, batch {batch}"
+        desc = f"MLP {params['depth']}x{params['width']}^2, batch {batch}" + (f", layers {list(half)} in bf16" if half else "")
     elif name == "gpt":
         model = GPTLike(**params)
         tokens = torch.randint(params["vocab"], (batch, params["ctx"] + 1), generator=gen)

@@ -100,6 +100,12 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
                             warmup=auto_warmup, rounds=5))
         jobs.append(job("gpt-auto-250mbit", "gpt", "aot_eager", job_rate="250mbit",
                         var=["compute_only", *variants.AUTO_VARIANTS], opt_in=True, warmup=auto_warmup, rounds=4))
+        # Two dtype groups (docs/limits.md): the MLP above with layers 1 and
+        # 4 in bf16, DDP's buckets aligned per group against DDP's own.
+        jobs.append(job("mlp1k-bf16-250mbit", "mlp", "aot_eager",
+                        {"width": 1024, "depth": 8, "batch": 2048, "half": [1, 4]}, job_rate="250mbit",
+                        var=["compute_only", "eager_ddp", "torch_ddpopt", "goddp_ddp", "goddp_unaligned"],
+                        opt_in=True, rounds=5))
     else:
         for model in ("mlp", "gpt", "conv"):
             for inner in ("aot_eager", "inductor"):

@@ -59,6 +59,10 @@ SPECS = {s.name: s for s in (
                 goddp_options=(("block_cuts", False),)),
     VariantSpec("goddp_compile_edges", "goddp ddp mode, edges compiled", "goddp", goddp_mode="ddp",
                 goddp_options=(("edges", "compile"),)),
+    # DDP's own buckets under goddp's cuts: what a model of several dtype
+    # groups got before their buckets were aligned (docs/limits.md).
+    VariantSpec("goddp_unaligned", "goddp ddp mode, DDP's own buckets", "goddp", goddp_mode="ddp",
+                goddp_options=(("align_buckets", False),)),
     # bucket_cap_mb="auto" against fixed caps (docs/auto-buckets.md): a job
     # running these needs a warm-up past AUTO_DECIDES training calls.
     VariantSpec("goddp_auto", 'goddp bucket_cap_mb="auto"', "goddp", goddp_mode="ddp",
@@ -79,7 +83,7 @@ AUTO_VARIANTS = ["goddp_auto", "goddp_cap1", "goddp_cap4", "goddp_cap16", "goddp
                  "torch_ddpopt"]
 FIXED_CAPS = {f"goddp_cap{c}": c for c in (1, 4, 16, 25, 64)}
 # Variants that run only where a job or --variants names them.
-OPT_IN = ("goddp_auto", *FIXED_CAPS, "goddp_auto_predicted", "goddp_cap25_predicted")
+OPT_IN = ("goddp_auto", *FIXED_CAPS, "goddp_auto_predicted", "goddp_cap25_predicted", "goddp_unaligned")
 # Each traced variant is compared with this untraced twin.
 TRACED_TWIN = {"goddp_ddp_traced": "goddp_ddp", "goddp_auto_predicted": "goddp_auto",
                "goddp_cap25_predicted": "goddp_cap25"}
