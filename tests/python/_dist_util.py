@@ -77,6 +77,18 @@ def report_and_leave(out: str | Path, rank: int, result: dict, before_leaving=la
     leave_without_finalizing(0)
 
 
+def fresh() -> None:
+    """Dynamo and goddp's plan records as at the start of a test (conftest
+    does this between tests): between the eager and the compiled run of
+    one test."""
+    import torch._dynamo
+
+    import goddp
+
+    torch._dynamo.reset()
+    goddp.clear_plans()
+
+
 def short_timeout_group(seconds: float = 60.0):
     """A new gloo group over all ranks whose collectives give up after
     `seconds` instead of the default 30 minutes, so a disagreement between

@@ -47,6 +47,7 @@ from _dist_util import (  # noqa: E402
     leave_without_finalizing,
     rank,
     rank_report_path,
+    short_timeout_group,
     under_torchrun,
 )
 
@@ -74,6 +75,13 @@ def dist_group():
     yield DistGroup(dist.get_rank(), dist.get_world_size())
     if created and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def group(dist_group):
+    """A group over every rank whose collectives give up after 120 s (a
+    file needing another bound defines its own)."""
+    return short_timeout_group(120)
 
 
 _session_status: int | None = None

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import goddp
 from goddp.measure import timeline
 from goddp.ranks import auto as auto_mod
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank
 from _zoo_training import assert_bitwise, train
 from checkpoint_models import build as build_checkpointed
 from checkpoint_models import lm_loss, make_tokens
@@ -40,11 +40,6 @@ DDP_CAP_MB = 25
 STEPS = auto_mod.WARMUP + auto_mod.MEASURED + 3  # decides at the forward after the measured backwards; DDP rebuilds at the next
 # A slow link: 20 MB/s, 1 ms latency, so splitting a 0.6 MiB bucket pays.
 SLOW_LINK = {"latency_ns": 1_000_000, "bytes_per_second": 20_000_000, "probe": [], "method": "test"}
-
-
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import goddp
 from goddp.ddp import refusals
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, fresh, needs_two_ranks
 from _zoo_training import assert_bitwise, train
 from models import ZOO
 
@@ -36,16 +36,6 @@ VIEWS = [False, True]
 VIEW_IDS = ["copy", "bucket_view"]
 OPTIONS = {"inner": "aot_eager", "strict": True, "log_plan": False}
 STEPS = 4
-
-
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
-
-
-def _fresh() -> None:
-    torch._dynamo.reset()
-    goddp.clear_plans()
 
 
 def _ddp(group, hook, compile_inside=False, **kwargs):
@@ -103,7 +93,7 @@ def _assert_aligned(ddp) -> dict:
 @pytest.mark.parametrize("as_view", VIEWS, ids=VIEW_IDS)
 @pytest.mark.parametrize("hook", HOOKS, ids=HOOK_IDS)
 def test_a_builtin_hook_is_registered_again_on_the_aligned_reducer(group, hook, as_view):
-    _fresh()
+    fresh()
     eager = _ddp(group, hook, gradient_as_bucket_view=as_view)
     want_losses, want_grads = _train(eager, eager)
     ddp = _ddp(group, hook, gradient_as_bucket_view=as_view)
@@ -118,14 +108,14 @@ def test_a_builtin_hook_is_registered_again_on_the_aligned_reducer(group, hook, 
         plain = _ddp(group, None, gradient_as_bucket_view=as_view)
         _, plain_grads = _train(plain, plain, steps=1)
         assert any(not torch.equal(a, b) for a, b in zip(plain_grads[0], want_grads[0]))
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
 @pytest.mark.parametrize("order", ["compile(DDP(m))", "DDP(compile(m))"])
 @pytest.mark.parametrize("hook", HOOKS, ids=HOOK_IDS)
 def test_rank0_evaluating_another_batch_size_first_still_aligns(group, hook, order):
-    _fresh()
+    fresh()
     eager = _ddp(group, hook)
     want_losses, want_grads = _train(eager, eager, evaluate_first=True)
     inside = order == "DDP(compile(m))"
@@ -136,13 +126,13 @@ def test_rank0_evaluating_another_batch_size_first_still_aligns(group, hook, ord
     assert_bitwise(losses, want_losses, "loss")
     assert_bitwise(grads, want_grads, "gradient")
     _assert_hook_on_reducer(ddp, hook)
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
 def test_a_builtin_hook_under_find_unused_parameters_aligns_in_declaration_order(group):
     hook = dist.BuiltinCommHookType.FP16_COMPRESS
-    _fresh()
+    fresh()
     eager = _ddp(group, hook, find_unused_parameters=True)
     want_losses, want_grads = _train(eager, eager)
     ddp = _ddp(group, hook, find_unused_parameters=True)
@@ -155,7 +145,7 @@ def test_a_builtin_hook_under_find_unused_parameters_aligns_in_declaration_order
     assert_bitwise(losses, want_losses, "loss")
     assert_bitwise(grads, want_grads, "gradient")
     _assert_hook_on_reducer(ddp, hook)
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -165,10 +155,10 @@ def test_a_builtin_hook_under_find_unused_parameters_aligns_in_declaration_order
 @needs_two_ranks
 @pytest.mark.parametrize("hook", HOOKS, ids=HOOK_IDS)
 def test_trace_times_a_builtin_hooks_buckets_and_changes_no_number(group, hook):
-    _fresh()
+    fresh()
     plain = _ddp(group, hook)
     _, want = _train(plain, _compiled(plain), steps=6)
-    _fresh()
+    fresh()
     ddp = _ddp(group, hook)
     compiled = _compiled(ddp)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -188,7 +178,7 @@ def test_trace_times_a_builtin_hooks_buckets_and_changes_no_number(group, hook):
         assert sorted((b["index"], b["bytes"], sorted(b["param_names"])) for b in step["buckets"]) == buckets
         assert all(b["done_s"] >= b["launch_s"] for b in step["buckets"])
     _assert_hook_on_reducer(ddp, hook)
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -206,7 +196,7 @@ def _unknown_builtin(group):
 
 def test_an_unknown_builtin_hook_keeps_ddp_buckets_and_trains_as_eager_ddp(dist_group):
     group = dist.group.WORLD
-    _fresh()
+    fresh()
     eager = _unknown_builtin(group)
     want_losses, want_grads = _train(eager, eager)
     ddp = _unknown_builtin(group)
@@ -219,7 +209,7 @@ def test_an_unknown_builtin_hook_keeps_ddp_buckets_and_trains_as_eager_ddp(dist_
     assert ddp.reducer is reducer  # never rebuilt: the hook stays
     assert_bitwise(losses, want_losses, "loss")
     assert_bitwise(grads, want_grads, "gradient")
-    _fresh()
+    fresh()
 
 
 def test_known_builtin_hooks_refuse_nothing(dist_group):

@@ -21,17 +21,12 @@ import torch
 import goddp
 from goddp import tracing
 from _fx_util import CountingCompiler
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank
 from checkpoint_models import build, build_one, lm_loss, make_tokens
 
 STEPS = 3
 CAP_MB = 0.05
 CASES = [("per_block", "transformer"), ("whole", "transformer"), ("wrapper", "residual"), ("halves", "residual")]
-
-
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
 
 
 def train(ddp, forward, steps=STEPS, first=0):

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import goddp
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, fresh, needs_two_ranks
 from _zoo_training import assert_bitwise, train
 from models import ZOO
 
@@ -42,16 +42,6 @@ CASES = {
     "scattered": (["blocks.2.mlp.up.weight", "blocks.2.mlp.up.bias", "blocks.1.norm2.weight", "head.bias"],
                   "blocks.0.qkv.weight"),
 }
-
-
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
-
-
-def _fresh() -> None:
-    torch._dynamo.reset()
-    goddp.clear_plans()
 
 
 def _ddp(group, case, compile_inside=False):
@@ -108,7 +98,7 @@ def _assert_aligned(ddp, case, compile_inside=False) -> dict:
 @needs_two_ranks
 @pytest.mark.parametrize("case", list(CASES))
 def test_delayed_parameters_are_left_to_ddp_and_the_rest_aligns(group, case):
-    _fresh()
+    fresh()
     eager = _ddp(group, case)
     want_losses, want_grads = _train(eager, eager, group)
     ddp = _ddp(group, case)
@@ -125,14 +115,14 @@ def test_delayed_parameters_are_left_to_ddp_and_the_rest_aligns(group, case):
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, delayed)
     assert all(torch.equal(a, b) for other in gathered for a, b in zip(other, delayed))
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
 @pytest.mark.parametrize("order", ["compile(DDP(m))", "DDP(compile(m))"])
 def test_rank0_evaluating_another_batch_size_first_still_aligns(group, order):
     case = "in_a_block"
-    _fresh()
+    fresh()
     eager = _ddp(group, case)
     want_losses, want_grads = _train(eager, eager, group, evaluate_first=True)
     inside = order == "DDP(compile(m))"
@@ -142,16 +132,16 @@ def test_rank0_evaluating_another_batch_size_first_still_aligns(group, order):
     assert plan["plan_check"]["size"] == 2
     assert_bitwise(losses, want_losses, "loss")
     assert_bitwise(grads, want_grads, "gradient")
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
 def test_trace_times_the_buckets_of_the_parameters_ddp_reduces_in_backward(group):
     case = "scattered"
-    _fresh()
+    fresh()
     plain = _ddp(group, case)
     _, want = _train(plain, _compiled(plain), group, steps=STEPS + 2)
-    _fresh()
+    fresh()
     ddp = _ddp(group, case)
     compiled = _compiled(ddp)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -165,7 +155,7 @@ def test_trace_times_the_buckets_of_the_parameters_ddp_reduces_in_backward(group
     assert len(steps) == 2
     for step in steps:
         assert sorted((b["index"], b["bytes"], sorted(b["param_names"])) for b in step["buckets"]) == buckets
-    _fresh()
+    fresh()
 
 
 @pytest.mark.single_process

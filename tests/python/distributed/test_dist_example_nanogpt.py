@@ -22,15 +22,10 @@ import pytest
 import torch
 
 import goddp
-from _dist_util import REPO_ROOT, assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import REPO_ROOT, assert_file_passes_under_torchrun, needs_two_ranks, rank
 from goddp.ddp.state import state_of
 
 EXAMPLE = REPO_ROOT / "examples" / "nanogpt_ddp.py"
-
-
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
 
 
 def _example():

@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from goddp.ddp.state import state_of
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, fresh, needs_two_ranks, rank, short_timeout_group
 
 WIDTH = 48
 CAP_MB = 0.02
@@ -74,16 +74,11 @@ class Stack(nn.Module):
         return x
 
 
-def _fresh() -> None:
-    torch._dynamo.reset()
-    goddp.clear_plans()
-
-
 def _train_both(group, order: str, break_at, late_from=None, steps: int = STEPS):
     """goddp and eager DDP from the same weights on the same per-rank data;
     returns the goddp DDP module and its reducer after each step, having
     checked losses and weights bitwise equal at every step."""
-    _fresh()
+    fresh()
     torch.manual_seed(0)
     base = Stack(break_at=break_at)
     model, reference = copy.deepcopy(base), copy.deepcopy(base)
@@ -153,7 +148,7 @@ def test_a_break_in_the_middle_aligns_on_both_ranks(group, order):
     assert len(set(map(tuple, _gather(caps, group)))) == 1
     # The reducer was rebuilt once, at step 2's call, before its allreduces.
     assert reducers[0] != reducers[1] and reducers[1:] == [reducers[1]] * (STEPS - 1)
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
@@ -168,7 +163,7 @@ def test_a_branch_first_taken_at_step_3_keeps_ddp_buckets(group):
     # in goddp.ranks.layout).
     late = [p for p in goddp.last_plans() if p["forward"] is None and p["plan_check"] is not None]
     assert late and all(p["ddp_buckets"] == {"aligned": True, "reason": None} for p in late)
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
@@ -181,7 +176,7 @@ def test_a_branch_taken_at_step_3_on_one_rank_only_waits_for_nobody(group):
     assert _rebuilt_sizes(ddp) == together[0]["plan_check"]["caps"]
     late = [p for p in goddp.last_plans() if p["forward"] is None and p["plan_check"] is not None]
     assert bool(late) == (rank() == 1)
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
@@ -197,7 +192,7 @@ def test_ranks_that_break_at_different_places_do_not_align_and_do_not_stall(grou
     assert len(set(reasons)) == 1 and "differ" in reasons[0], reasons
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "goddp"]
     assert any("differ" in w for w in warnings), warnings
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
@@ -211,7 +206,7 @@ def test_one_rank_breaks_and_the_other_does_not(group):
     assert outcomes[0] == outcomes[1], outcomes
     if final["aligned"]:
         assert _rebuilt_sizes(ddp) == final["caps"]
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -274,7 +269,7 @@ def test_a_later_graph_follows_the_installed_buckets(group, caplog, name, order)
         again = [p for p in later if p["caps"]["bucket_caps_bytes"]]
         assert again and all(p["num_pieces"] == len(p["caps"]["bucket_caps_bytes"]) for p in again)
         assert "planned with the caps of DDP's installed buckets" in caplog.text
-    _fresh()
+    fresh()
 
 
 

@@ -27,7 +27,7 @@ from torch.distributed.algorithms.join import Join
 
 import goddp
 from goddp.ddp import private
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, fresh, needs_two_ranks, rank, short_timeout_group
 from models import ZOO
 
 ENTRY = ZOO["blocks"]
@@ -39,11 +39,6 @@ CHECK = "_check_global_requires_backward_grad_sync"
 @pytest.fixture(scope="module")
 def group(dist_group):
     return short_timeout_group(GROUP_TIMEOUT_S)
-
-
-def _fresh() -> None:
-    torch._dynamo.reset()
-    goddp.clear_plans()
 
 
 def _ddp(group, **kwargs):
@@ -135,7 +130,7 @@ def test_the_whole_loop_inside_join_aligns_and_trains_as_eager_ddp(group, divide
     """Rank r has 5 - r batches (rank 1 and up join before the last step;
     with 4 ranks rank 3 joins at the step where DDP rebuilds its buckets to
     goddp's caps, and rebuilds in its shadow alike)."""
-    _fresh()
+    fresh()
     batches = _batches(5 - rank())
     eager = _ddp(group)
     want = _train(eager, eager, batches, divide_by_initial_world_size=divide_by_initial_world_size)
@@ -144,12 +139,12 @@ def test_the_whole_loop_inside_join_aligns_and_trains_as_eager_ddp(group, divide
     _assert_aligned(ddp)
     assert _ddp_bucket_sizes(ddp) != _ddp_bucket_sizes(eager), "the case must move DDP's buckets"
     _assert_same(got, want)
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
 def test_join_with_find_unused_parameters_aligns_in_declaration_order(group):
-    _fresh()
+    fresh()
     batches = _batches(5 - rank())
     eager = _ddp(group, find_unused_parameters=True)
     want = _train(eager, eager, batches)
@@ -158,7 +153,7 @@ def test_join_with_find_unused_parameters_aligns_in_declaration_order(group):
     assert _decided_plan()["alignment"].startswith("declaration-order caps")
     _assert_aligned(ddp, declaration=True)
     _assert_same(got, want)
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -172,7 +167,7 @@ def test_a_rank_that_joins_before_the_ranks_meet_makes_nobody_wait(group, last_r
     (goddp never sees the module there inside Join): no training call inside
     Join is one every rank runs, so no rank waits and DDP's buckets stay;
     after Join every rank runs each step and the ranks align."""
-    _fresh()
+    fresh()
     last = rank() == dist.get_world_size() - 1
     inside = _batches(last_rank_batches if last else 4)
     after = _batches(3, first=10)
@@ -192,7 +187,7 @@ def test_a_rank_that_joins_before_the_ranks_meet_makes_nobody_wait(group, last_r
     got_after = _train(ddp, compiled, after, join=False)
     _assert_aligned(ddp)
     _assert_same(got_after, want_after)
-    _fresh()
+    fresh()
 
 
 @pytest.mark.single_process

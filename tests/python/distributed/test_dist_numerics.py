@@ -23,7 +23,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import goddp
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank
 from models import ZOO
 
 STEPS = 4
@@ -33,11 +33,6 @@ LR, MOMENTUM = 0.05, 0.9
 # aot_eager; Inductor on a few (its CPU compiles are slow).
 CASES = [(name, mode, "aot_eager") for name in ("mlp", "transformer", "tied", "conv_bn", "blocks") for mode in ("ddp", "torch")]
 CASES += [("mlp", "ddp", "inductor"), ("transformer", "torch", "inductor"), ("blocks", "ddp", "inductor")]
-
-
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
 
 
 def train(ddp_model, entry, forward, steps=STEPS):

@@ -32,17 +32,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
 from goddp.ddp.state import state_of
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, fresh, needs_two_ranks, rank
 
 ORDERS = ["compile(DDP(m))", "DDP(compile(m))"]
 OPTIONS = {"inner": "aot_eager", "log_plan": False}
 CAP_MB = 0.02
 STEPS = 3
-
-
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
 
 
 class Tower(nn.Module):
@@ -128,17 +123,12 @@ def _gather(value, group):
     return values
 
 
-def _fresh() -> None:
-    torch._dynamo.reset()
-    goddp.clear_plans()
-
-
 # --------------------------------------------------------------------------
 # Rank 0 alone evaluates, with another batch size, before the first step.
 
 
 def _eval_then_train(group, order):
-    _fresh()
+    fresh()
     model = _build(0, fan_in=32, width=64, fan_out=8)
     ddp, forward = _wrap(model, group, order)
     evaluations = []
@@ -174,7 +164,7 @@ def test_rank0_evaluates_another_batch_size_before_the_first_step(group, order):
     assert caps[0] == caps[1], caps
     sizes = _gather(_ddp_bucket_sizes(ddp), group)
     assert all(s == sizes[0] for s in sizes), sizes  # the same buckets on every rank
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -183,7 +173,7 @@ def test_rank0_evaluates_another_batch_size_before_the_first_step(group, order):
 
 def _gan(group, order, shared_fake: bool):
     """Returns (G's ddp, D's ddp, G, D, G's losses, D's losses)."""
-    _fresh()
+    fresh()
     g_model = _build(1, fan_in=8, width=64, fan_out=16, tag="g")
     d_model = _build(2, fan_in=16, width=64, fan_out=1, tag="d")
     g_ddp, g = _wrap(g_model, group, order)
@@ -222,7 +212,7 @@ def test_a_gan_aligns_both_modules(group, order, shared_fake):
     _assert_aligned(got[1], "d")
     sizes = _gather((_ddp_bucket_sizes(got[0]), _ddp_bucket_sizes(got[1])), group)
     assert sizes[0] == sizes[1], sizes
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -230,7 +220,7 @@ def test_a_gan_aligns_both_modules(group, order, shared_fake):
 
 
 def _ensemble(group, order):
-    _fresh()
+    fresh()
     models = [_build(3 + i, fan_in=32, width=64, fan_out=8, tag=tag) for i, tag in enumerate("ab")]
     wrapped = [_wrap(m, group, order) for m in models]
     optimizer = torch.optim.SGD([p for m in models for p in m.parameters()], lr=0.05)
@@ -255,7 +245,7 @@ def test_two_compiled_ddp_modules_of_the_same_shapes_align(group, order):
         _assert_same_weights(got, want)
     for ddp, tag in zip(ddps, "ab"):
         _assert_aligned(ddp, tag)
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -264,7 +254,7 @@ def test_two_compiled_ddp_modules_of_the_same_shapes_align(group, order):
 
 
 def _eager_first(group, order):
-    _fresh()
+    fresh()
     model = _build(5, fan_in=32, width=64, fan_out=8)
     ddp, forward = _wrap(model, group, order)
     eager_forward = ddp if order != "DDP(compile(m))" else None
@@ -294,7 +284,7 @@ def test_a_module_trained_eagerly_first_aligns_on_every_rank(group, order):
     _assert_same(losses, eager_losses, "loss")
     _assert_same_weights(model, eager_model)
     _assert_aligned(ddp, "t")
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -319,7 +309,7 @@ def test_an_install_that_fails_on_one_rank_puts_ddp_buckets_back_everywhere(grou
         return rebuild(ddp, config=config, **kwargs)
 
     def run(order):
-        _fresh()
+        fresh()
         model = _build(5, fan_in=32, width=64, fan_out=8)
         ddp, forward = _wrap(model, group, order)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -349,7 +339,7 @@ def test_an_install_that_fails_on_one_rank_puts_ddp_buckets_back_everywhere(grou
     sizes = _gather(_ddp_bucket_sizes(ddp), group)
     assert all(s == sizes[0] for s in sizes), sizes  # the same buckets on every rank
     assert any("the ranks agreed, but rank 1" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -371,7 +361,7 @@ class Reversible(nn.Module):
 
 
 def _reversible(group, order, mode="ddp"):
-    _fresh()
+    fresh()
     torch.manual_seed(0)
     model = Reversible(reverse=rank() == 1)
     if order is None:
@@ -419,7 +409,7 @@ def test_layouts_that_differ_keep_ddp_buckets_and_warn_on_every_rank(group, capl
         assert "bucket 0: rank 1 holds [t_layers." in differ[0] and "where rank 0 holds [t_layers." in differ[0], differ[0]
     else:  # torch mode never sets DDP's buckets: different cuts are no difference
         assert reason.startswith("off ("), reason
-    _fresh()
+    fresh()
 
 
 @pytest.mark.single_process

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import goddp
 from goddp.ddp import refusals
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, fresh, needs_two_ranks, rank
 from checkpoint_models import build as build_checkpointed
 from checkpoint_models import lm_loss, make_tokens
 from _zoo_training import assert_bitwise, train
@@ -34,16 +34,6 @@ from models import ZOO
 ENTRY = ZOO["blocks"]
 OPTIONS = {"inner": "aot_eager", "strict": True, "log_plan": False}
 STEPS = 4  # static graph rebuilds DDP's buckets after its second iteration
-
-
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
-
-
-def _fresh() -> None:
-    torch._dynamo.reset()
-    goddp.clear_plans()
 
 
 def _ddp(group, compile_inside=False, **kwargs):
@@ -100,7 +90,7 @@ def _assert_static(ddp) -> None:
 @needs_two_ranks
 @pytest.mark.parametrize("as_view", [False, True], ids=["copy", "bucket_view"])
 def test_static_graph_aligns_and_trains_as_eager_ddp(group, as_view):
-    _fresh()
+    fresh()
     eager = _ddp(group, gradient_as_bucket_view=as_view)
     want_losses, want_grads = _train(eager, eager)
     ddp = _ddp(group, gradient_as_bucket_view=as_view)
@@ -112,13 +102,13 @@ def test_static_graph_aligns_and_trains_as_eager_ddp(group, as_view):
     assert_bitwise(losses, want_losses, "loss")
     assert_bitwise(grads, want_grads, "gradient")
     _assert_static(ddp)
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
 @pytest.mark.parametrize("order", ["compile(DDP(m))", "DDP(compile(m))"])
 def test_rank0_evaluating_another_batch_size_first_still_aligns(group, order):
-    _fresh()
+    fresh()
     eager = _ddp(group)
     want_losses, want_grads = _train(eager, eager, evaluate_first=True)
     inside = order == "DDP(compile(m))"
@@ -129,7 +119,7 @@ def test_rank0_evaluating_another_batch_size_first_still_aligns(group, order):
     assert_bitwise(losses, want_losses, "loss")
     assert_bitwise(grads, want_grads, "gradient")
     _assert_static(ddp)
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
@@ -138,7 +128,7 @@ def test_a_module_that_trained_eagerly_first_records_again_and_aligns(group):
     buckets), then compiled: the fresh reducer records a first iteration
     again, its delayed allreduce reduces that step, and it rebuilds to the
     caps."""
-    _fresh()
+    fresh()
     eager = _ddp(group)
     optimizer = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
     want_losses, want_grads = _train(eager, eager, steps=2 + STEPS, optimizer=optimizer)
@@ -150,7 +140,7 @@ def test_a_module_that_trained_eagerly_first_records_again_and_aligns(group):
     assert_bitwise(losses + more[0], want_losses, "loss")
     assert_bitwise(grads + more[1], want_grads, "gradient")
     _assert_static(ddp)
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -176,7 +166,7 @@ def test_static_graph_with_per_block_checkpoints_trains_as_eager_ddp(group):
             losses.append(loss.detach().clone())
         return losses, grads
 
-    _fresh()
+    fresh()
     eager = wrap()
     want_losses, want_grads = train(eager, eager)
     ddp = wrap()
@@ -186,7 +176,7 @@ def test_static_graph_with_per_block_checkpoints_trains_as_eager_ddp(group):
     assert_bitwise(losses, want_losses, "loss")
     assert_bitwise(grads, want_grads, "gradient")
     _assert_static(ddp)
-    _fresh()
+    fresh()
 
 
 # --------------------------------------------------------------------------
@@ -204,10 +194,10 @@ def test_trace_times_a_static_graph_modules_buckets_and_changes_no_number(group,
             ddp.register_comm_hook(group, allreduce_hook)
         return ddp
 
-    _fresh()
+    fresh()
     plain = make()
     _, want = _train(plain, _compiled(plain), steps=STEPS + 4)
-    _fresh()
+    fresh()
     ddp = make()
     assert refusals.trace_refusal(ddp) is None
     compiled = _compiled(ddp)
@@ -234,7 +224,7 @@ def test_trace_times_a_static_graph_modules_buckets_and_changes_no_number(group,
             assert sorted(seen) == buckets
     _assert_aligned(ddp, rebuilt=False)  # the reducer after the trace keeps the aligned buckets
     _assert_static(ddp)
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
@@ -249,10 +239,10 @@ def test_leaving_a_static_graph_trace_between_forward_and_backward_is_refused(gr
         ddp.register_comm_hook(group, allreduce_hook)
         return ddp
 
-    _fresh()
+    fresh()
     plain = make()
     _, want = _train(plain, _compiled(plain), steps=6)
-    _fresh()
+    fresh()
     ddp = make()
     compiled = _compiled(ddp)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -268,7 +258,7 @@ def test_leaving_a_static_graph_trace_between_forward_and_backward_is_refused(gr
     assert_bitwise(got, want, "gradient")
     assert ddp._comm_hooks[0][0].__name__ == "goddp_trace_hook"
     _assert_static(ddp)
-    _fresh()
+    fresh()
 
 
 @pytest.mark.single_process

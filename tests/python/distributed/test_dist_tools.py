@@ -38,7 +38,6 @@ from _dist_util import (
     assert_file_passes_under_torchrun,
     needs_two_ranks,
     rank,
-    short_timeout_group,
     under_torchrun,
     worker_result_path,
 )
@@ -96,11 +95,6 @@ class FailsFirst:
         if self.calls == 1:
             raise RuntimeError("inner compiler failed on purpose")
         return lookup_backend("aot_eager")(gm, example_inputs)
-
-
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
 
 
 @contextlib.contextmanager

@@ -23,11 +23,6 @@ from models import ZOO
 ENTRY = ZOO["mlp"]
 
 
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
-
-
 def make_ddp(group, **kwargs):
     kwargs.setdefault("bucket_cap_mb", ENTRY.ddp_cap_mb)
     return ENTRY.wrap(ENTRY.build(seed=0), process_group=group, **kwargs)
