@@ -1,7 +1,7 @@
 package planner
 
 import (
-	"math"
+	"cmp"
 	"slices"
 )
 
@@ -14,170 +14,206 @@ import (
 // aligned plan's buckets (one per unit: a piece, or a run of block pieces,
 // in DDP order) hold every group; alignKeys splits them by group.
 //
-// A group's run of consecutive units closes where its last unit ends,
-// whatever order that unit's gradients arrive in, exactly when its cap lies
-// in (S - m, S]: S the run's bytes, m the smallest gradient of its last
-// unit. A group's last run may also stay open (any cap above S - m): DDP
-// then lists that bucket after every closed one, still holding those units'
-// gradients alone, and launches it at the end of backward. So a cap list
-// fits when, for every j, the intervals of the groups' j-th runs meet.
+// A group's bucket that starts at one of its units closes where a later
+// unit of it ends, whatever order that unit's gradients arrive in, exactly
+// when the cap lies in (S - m, S]: S the group's bytes from the start
+// through that unit, m that unit's smallest (positive) gradient of the
+// group. A cap above all the group's remaining bytes leaves the bucket
+// open: DDP lists it after every closed one and launches it at the end of
+// backward, and the group has no bucket after it.
 //
-// alignKeys walks the units in DDP order and gives each group's runs their
-// index j. A unit joins the next one (their boundary then closes no
-// bucket: a merged cut) where its intervals would leave some j empty, and
-// where the last units cannot be met even merged, the run before them
-// joins as well. All units as one run always fit (every group then has one
-// last run), so the walk ends. The caps are the intersections' upper ends,
-// or, where every run of a j is its group's last, the largest of them. The
-// pieces stay as they are: a merged cut only stops closing a bucket.
-// Plan.MergedCuts counts them. Each bucket names the piece whose backward
-// completes it; DDP's closed buckets of one unit run come in the order
-// their last gradients arrive, which the plan cannot know, so it lists
-// them by key. As with one group, a zero-byte gradient that arrives after
-// its bucket's bytes reached the cap joins a later bucket.
+// So each cap is chosen in turn, for the groups' j-th buckets at once: the
+// smallest cap that, for every group still bucketing, lies in one of those
+// intervals or above its remaining bytes. One always exists (above every
+// group's remaining bytes), and the smallest closes each group's bucket at
+// its earliest unit end that the others allow; the cap given is the
+// largest with the same closings, the least of those buckets' bytes. With fp32 norms beside
+// bf16 weights in every block, the norms' bytes stay under the first
+// block's bf16 interval: the norms' one bucket stays open and the weights
+// close a bucket per block. With a block in bf16 among fp32 ones, the bf16
+// bucket stays open where the fp32 group's first bucket is larger.
+//
+// Each group's buckets are runs of its units; the pieces stay as they are.
+// Plan.MergedCuts counts the unit ends, but the last, at which no bucket
+// closes. Each bucket names the piece whose backward completes it; the
+// closed ones are listed by their last unit (DDP order) and then key, the
+// open ones last: DDP lists the closed buckets of one unit in the order
+// their last gradients arrive, which the plan cannot know. As with one
+// group, a zero-byte gradient that arrives after its bucket's bytes reached
+// the cap joins a later bucket.
 
-// keyRun is one group's share of a run of units.
-type keyRun struct {
+// groupUnit is one group's share of one unit.
+type groupUnit struct {
+	unit   int
 	params []int32 // gradient-ready order
 	bytes  int64
-	last   int64 // the smallest positive gradient in its last unit
+	least  int64 // its smallest positive gradient, 0 if none
 }
 
-// keySplit holds the state of one alignKeys call.
-type keySplit struct {
-	g     *Graph
-	units []Bucket // the aligned plan's buckets, DDP order
-	keyOf []int    // per parameter: its key's index
-	keys  int      // number of keys
-	final []int    // per key: the last unit holding it
+// closing is where a group's bucket, started at a given unit of it, may
+// close: cap in (lo, hi] closes it at the end of its unit end.
+type closing struct {
+	lo, hi int64
+	end    int // index into the group's units
+}
+
+// keyedBucket is one group's bucket: its units [from, to) and whether it
+// closes.
+type keyedBucket struct {
+	key, from, to int
+	closed        bool
 }
 
 // alignKeys splits the aligned buckets of pl by (dtype, device) group and
-// sets the caps that close every group's buckets at unit boundaries (Note
+// sets the caps that close every group's buckets at unit ends (Note
 // [Several dtype groups]); a plan of one group stays as it is.
 func alignKeys(g *Graph, pl *Plan) {
 	firstUse, _ := firstUses(g) // cannot fail: Build bounded the same sums
-	keyOf32, keys := groupKeys(g, firstUse)
+	keyOf, keys := groupKeys(g, firstUse)
 	if len(keys) < 2 {
 		return
 	}
-	s := &keySplit{g: g, units: pl.Buckets, keyOf: make([]int, len(g.Params)), keys: len(keys)}
-	for p, k := range keyOf32 {
-		s.keyOf[p] = int(k)
-	}
-	s.final = make([]int, s.keys)
-	for u := range s.units {
-		for _, p := range s.units[u].Params {
-			s.final[s.keyOf[p]] = u
+	groups := make([][]groupUnit, len(keys))
+	for u := range pl.Buckets {
+		for _, p := range pl.Buckets[u].Params {
+			k := keyOf[p]
+			gs := groups[k]
+			if len(gs) == 0 || gs[len(gs)-1].unit != u {
+				gs = append(gs, groupUnit{unit: u})
+			}
+			last := &gs[len(gs)-1]
+			last.params = append(last.params, p)
+			b := g.Params[p].Bytes
+			last.bytes += b
+			if b > 0 && (last.least == 0 || b < last.least) {
+				last.least = b
+			}
+			groups[k] = gs
 		}
 	}
-	spans, caps := s.walk()
+	caps, buckets := chooseKeyCaps(groups)
+
 	var closed, open []Bucket
-	merged, count := 0, make([]int, s.keys)
-	for _, sp := range spans {
-		merged += sp[1] - sp[0] - 1
+	closes := make([]bool, len(pl.Buckets))
+	for _, kb := range buckets {
+		units := groups[kb.key][kb.from:kb.to]
+		var params []int32
 		extended := false
-		for u := sp[0]; u < sp[1]; u++ {
-			extended = extended || s.units[u].Extended
+		for _, gu := range units {
+			params = append(params, gu.params...)
+			extended = extended || pl.Buckets[gu.unit].Extended
 		}
-		for k, run := range s.runs(sp[0], sp[1]) {
-			if run.params == nil {
-				continue
-			}
-			j := count[k]
-			count[k]++
-			b := bucketFromRun(g, firstUse, run.params)
-			b.Piece, b.Extended = int(pl.NodePiece[b.NodeBegin]), extended
-			if caps[j] <= run.bytes {
-				closed = append(closed, b)
-			} else {
-				open = append(open, b)
-			}
+		b := bucketFromRun(g, firstUse, params)
+		b.Piece, b.Extended = int(pl.NodePiece[b.NodeBegin]), extended
+		if kb.closed {
+			closes[units[len(units)-1].unit] = true
+			closed = append(closed, b)
+		} else {
+			open = append(open, b)
+		}
+	}
+	merged := 0
+	for u := range len(pl.Buckets) - 1 {
+		if !closes[u] {
+			merged++
 		}
 	}
 	pl.Buckets, pl.DDPCaps, pl.MergedCuts = append(closed, open...), caps, merged
 	pl.Alignment = AlignReadyGroups
 }
 
-// runs returns each group's run over units [lo, hi), by key (a group with
-// no parameter there has nil params).
-func (s *keySplit) runs(lo, hi int) []keyRun {
-	out := make([]keyRun, s.keys)
-	for u := lo; u < hi; u++ {
-		seen := make([]bool, s.keys)
-		for _, p := range s.units[u].Params {
-			k := s.keyOf[p]
-			r := &out[k]
-			if !seen[k] {
-				seen[k], r.last = true, 0
-			}
-			r.params = append(r.params, p)
-			b := s.g.Params[p].Bytes
-			r.bytes += b
-			if b > 0 && (r.last == 0 || b < r.last) {
-				r.last = b
+// chooseKeyCaps chooses the caps in turn (Note [Several dtype groups]) and
+// returns them with every group's buckets: the closed ones by last unit
+// and key, then the open ones by key.
+func chooseKeyCaps(groups [][]groupUnit) (caps []int64, buckets []keyedBucket) {
+	next := make([]int, len(groups)) // per group: its first unit not in a bucket
+	var open []keyedBucket
+	for {
+		var active []int
+		for k := range groups {
+			if next[k] < len(groups[k]) {
+				active = append(active, k)
 			}
 		}
-	}
-	return out
-}
-
-// walk groups the units into runs (spans [lo, hi) in DDP order) and
-// returns them with their caps.
-func (s *keySplit) walk() (spans [][2]int, caps []int64) {
-	m := len(s.units)
-	for lo := 0; lo < m; {
-		hi := lo + 1
-		for {
-			if c, ok := s.fit(append(slices.Clone(spans), [2]int{lo, hi})); ok {
-				spans, caps = append(spans, [2]int{lo, hi}), c
-				lo = hi
+		if len(active) == 0 {
+			break
+		}
+		closings := make([][]closing, len(groups))
+		remaining := make([]int64, len(groups))
+		var candidates []int64
+		for _, k := range active {
+			var sum int64
+			for e := next[k]; e < len(groups[k]); e++ {
+				gu := &groups[k][e]
+				sum += gu.bytes
+				if gu.least > 0 {
+					closings[k] = append(closings[k], closing{lo: sum - gu.least, hi: sum, end: e})
+					candidates = append(candidates, sum-gu.least+1)
+				}
+			}
+			remaining[k] = sum
+			candidates = append(candidates, sum+1)
+		}
+		slices.Sort(candidates)
+		var c int64
+		for _, c = range candidates {
+			if fitsEvery(c, active, closings, remaining) {
 				break
 			}
-			if hi < m {
-				hi++
+		}
+		// The smallest fitting cap picks each group's closing; the largest
+		// cap with the same closings is the least of their bytes (a cap
+		// as the bucket's bytes, as with one group).
+		chosen := make([]int, len(groups))
+		top := int64(-1)
+		for _, k := range active {
+			if c > remaining[k] {
 				continue
 			}
-			// The rest cannot be met even as one run: the run before joins.
-			prev := spans[len(spans)-1]
-			spans = spans[:len(spans)-1]
-			lo = prev[0]
+			chosen[k] = firstClosing(closings[k], c)
+			if hi := closings[k][chosen[k]].hi; top < 0 || hi < top {
+				top = hi
+			}
+		}
+		if top >= 0 {
+			c = top
+		}
+		caps = append(caps, c)
+		for _, k := range active {
+			if c > remaining[k] {
+				open = append(open, keyedBucket{key: k, from: next[k], to: len(groups[k])})
+				next[k] = len(groups[k])
+				continue
+			}
+			end := closings[k][chosen[k]].end
+			buckets = append(buckets, keyedBucket{key: k, from: next[k], to: end + 1, closed: true})
+			next[k] = end + 1
 		}
 	}
-	return spans, caps
+	slices.SortStableFunc(buckets, func(a, b keyedBucket) int {
+		return cmp.Or(cmp.Compare(groups[a.key][a.to-1].unit, groups[b.key][b.to-1].unit), cmp.Compare(a.key, b.key))
+	})
+	slices.SortStableFunc(open, func(a, b keyedBucket) int { return cmp.Compare(a.key, b.key) })
+	return caps, append(buckets, open...)
 }
 
-// fit intersects, per index j, the intervals of the groups' j-th runs over
-// spans and returns the caps, or false when some intersection is empty.
-func (s *keySplit) fit(spans [][2]int) ([]int64, bool) {
-	var lows, highs, largest []int64
-	count := make([]int, s.keys)
-	for _, sp := range spans {
-		for k, run := range s.runs(sp[0], sp[1]) {
-			if run.params == nil {
-				continue
-			}
-			j := count[k]
-			count[k]++
-			if j == len(lows) {
-				lows, highs, largest = append(lows, math.MinInt64), append(highs, math.MaxInt64), append(largest, 0)
-			}
-			lows[j] = max(lows[j], run.bytes-run.last)
-			if s.final[k] >= sp[1] { // not its group's last run: it must close
-				highs[j] = min(highs[j], run.bytes)
-			}
-			largest[j] = max(largest[j], run.bytes)
+// fitsEvery reports whether cap c closes, for every active group, its next
+// bucket at a unit end or leaves it open above its remaining bytes.
+func fitsEvery(c int64, active []int, closings [][]closing, remaining []int64) bool {
+	for _, k := range active {
+		if c > remaining[k] {
+			continue
+		}
+		if i := firstClosing(closings[k], c); i == len(closings[k]) || closings[k][i].lo >= c {
+			return false
 		}
 	}
-	caps := make([]int64, len(lows))
-	for j := range lows {
-		if lows[j] >= highs[j] {
-			return nil, false
-		}
-		caps[j] = highs[j]
-		if caps[j] == math.MaxInt64 {
-			caps[j] = largest[j]
-		}
-	}
-	return caps, true
+	return true
+}
+
+// firstClosing returns the index of the first closing with hi >= c (the
+// closings are disjoint and rising), or len(closings).
+func firstClosing(closings []closing, c int64) int {
+	i, _ := slices.BinarySearchFunc(closings, c, func(cl closing, c int64) int { return cmp.Compare(cl.hi, c) })
+	return i
 }

@@ -15,14 +15,13 @@ import (
 // tests/python/distributed/test_dist_dtype_groups.py): gradients in
 // ready order, each (dtype, device) group filling its own bucket and
 // closing it when its bytes reach the group's current cap, each group
-// walking caps from the start and staying at the last; closed buckets in
-// closing order, then the open ones.
-func ddpWalkOfPieces(g *Graph, ready []int32, caps []int64) [][]int32 {
+// walking caps from the start and staying at the last: the closed buckets
+// in closing order, and the open ones.
+func ddpWalkOfPieces(g *Graph, ready []int32, caps []int64) (closed, open [][]int32) {
 	type key struct{ dtype, device int32 }
-	open := map[key][]int32{}
+	filling := map[key][]int32{}
 	size := map[key]int64{}
 	pos := map[key]int{}
-	var closed [][]int32
 	var keys []key
 	for _, p := range ready {
 		k := key{g.Params[p].DType, g.Params[p].Device}
@@ -30,20 +29,20 @@ func ddpWalkOfPieces(g *Graph, ready []int32, caps []int64) [][]int32 {
 			pos[k] = 0
 			keys = append(keys, k)
 		}
-		open[k] = append(open[k], p)
+		filling[k] = append(filling[k], p)
 		size[k] += g.Params[p].Bytes
 		if size[k] >= caps[pos[k]] {
-			closed = append(closed, open[k])
-			open[k], size[k] = nil, 0
+			closed = append(closed, filling[k])
+			filling[k], size[k] = nil, 0
 			pos[k] = min(pos[k]+1, len(caps)-1)
 		}
 	}
 	for _, k := range keys {
-		if len(open[k]) > 0 {
-			closed = append(closed, open[k])
+		if len(filling[k]) > 0 {
+			open = append(open, filling[k])
 		}
 	}
-	return closed
+	return closed, open
 }
 
 // keyedChain is a chain of n nodes, each using 1 to 3 fresh parameters of
@@ -126,8 +125,8 @@ func TestSeveralKeysAlignWithDDPsWalk(t *testing.T) {
 		}
 		firstUse, _ := firstUses(g)
 		for range 4 {
-			got := ddpWalkOfPieces(g, piecesReady(rng, g, pl), pl.DDPCaps)
-			require.Equal(t, sortedSets(want), sortedSets(got), what)
+			closed, open := ddpWalkOfPieces(g, piecesReady(rng, g, pl), pl.DDPCaps)
+			require.Equal(t, sortedSets(want), sortedSets(append(closed, open...)), what)
 		}
 		for _, b := range pl.Buckets {
 			lowest := int32(pl.NumPieces)
@@ -145,65 +144,96 @@ func TestSeveralKeysAlignWithDDPsWalk(t *testing.T) {
 	assert.Positive(t, merged, "some case merges a cut")
 }
 
-// TestSeveralKeysKeepTheirCuts: groups whose runs of each piece hold the
-// same bytes keep every cut and close every bucket; a bf16 layer between
-// float32 ones whose bucket cannot close against the float32 group's
-// first cap keeps its bucket open (DDP launches it last) and every cut.
-func TestSeveralKeysKeepTheirCuts(t *testing.T) {
-	// layers: per layer, its parameters' bytes, negative for bf16.
-	build := func(capBytes int64, layers ...[]int64) (*Plan, *Graph) {
-		b := &graphBuilder{}
-		x := b.placeholder("x")
-		for i, layer := range layers {
-			var refs []paramRef
-			for j, bytes := range layer {
-				name, opts := fmt.Sprintf("l%d.f32.%d", i, j), []paramOpt(nil)
-				if bytes < 0 {
-					name, opts, bytes = fmt.Sprintf("l%d.bf16.%d", i, j), []paramOpt{dtype(1)}, -bytes
-				}
-				refs = append(refs, arg(b.param(name, bytes, opts...)))
+// keyedLayers builds a chain of layers, each using fresh parameters of the
+// given bytes (negative: bf16), and plans it aligned with cap capBytes.
+func keyedLayers(t *testing.T, capBytes int64, layers ...[]int64) (*Plan, *Graph) {
+	b := &graphBuilder{}
+	x := b.placeholder("x")
+	for i, layer := range layers {
+		var refs []paramRef
+		for j, bytes := range layer {
+			name, opts := fmt.Sprintf("l%d.f32.%d", i, j), []paramOpt(nil)
+			if bytes < 0 {
+				name, opts, bytes = fmt.Sprintf("l%d.bf16.%d", i, j), []paramOpt{dtype(1)}, -bytes
 			}
-			x = b.call(fmt.Sprintf("l%d", i), in(x), refs...)
+			refs = append(refs, arg(b.param(name, bytes, opts...)))
 		}
-		b.output(x)
-		g := b.graph()
-		pl, err := Build(g, Config{AlignBuckets: true, BucketCapBytes: capBytes, FirstBucketCapBytes: capBytes})
-		require.NoError(t, err)
-		return pl, g
+		x = b.call(fmt.Sprintf("l%d", i), in(x), refs...)
 	}
-	same, _ := build(100, []int64{100, -100}, []int64{100, -100}, []int64{100, -100})
-	assert.Equal(t, 3, same.NumPieces)
-	assert.Equal(t, AlignReadyGroups, same.Alignment)
-	assert.Zero(t, same.MergedCuts)
-	assert.Equal(t, []int64{100, 100, 100}, same.DDPCaps)
-	assert.Len(t, same.Buckets, 6)
+	b.output(x)
+	g := b.graph()
+	pl, err := Build(g, Config{AlignBuckets: true, BucketCapBytes: capBytes, FirstBucketCapBytes: capBytes})
+	require.NoError(t, err)
+	for _, v := range checkSeveralKeys(g, pl, rand.New(rand.NewPCG(3, 4))) {
+		t.Error(v)
+	}
+	return pl, g
+}
 
-	// The bf16 layer (60 bytes) closes no bucket against cap 0 (the
-	// float32 group's first bucket, 100 bytes): it stays open, last.
-	block, g := build(50, []int64{100}, []int64{-30, -30}, []int64{100}, []int64{100})
-	assert.Equal(t, 4, block.NumPieces)
-	assert.Equal(t, AlignReadyGroups, block.Alignment)
-	assert.Zero(t, block.MergedCuts)
-	assert.Equal(t, []int64{100, 100, 100}, block.DDPCaps)
-	last := block.Buckets[len(block.Buckets)-1]
-	require.Len(t, last.Params, 2)
-	assert.ElementsMatch(t, []string{"l1.bf16.0", "l1.bf16.1"}, []string{g.Params[last.Params[0]].Name, g.Params[last.Params[1]].Name})
-	assert.Equal(t, 1, last.Piece)
+// names lists a bucket's parameter names, sorted.
+func names(g *Graph, b Bucket) []string {
+	var out []string
+	for _, p := range b.Params {
+		out = append(out, g.Params[p].Name)
+	}
+	slices.Sort(out)
+	return out
+}
 
-	// Two bf16 layers whose runs close only in (20, 40] against float32
-	// runs that close only in (50, 100]: the bf16 group's first bucket
-	// cannot close apart, so the later bf16 layer's run takes in the
-	// layers down to the earlier one; as its group's last it may stay
-	// open (80 bytes against cap 100), and DDP launches it last.
-	merged, g := build(40, []int64{50, 50}, []int64{-20, -20}, []int64{50, 50}, []int64{-20, -20}, []int64{50, 50})
-	assert.Equal(t, 5, merged.NumPieces)
-	assert.Equal(t, AlignReadyGroups, merged.Alignment)
-	assert.Equal(t, 2, merged.MergedCuts)
-	assert.Equal(t, []int64{100, 100, 100}, merged.DDPCaps)
-	last = merged.Buckets[len(merged.Buckets)-1]
-	assert.Len(t, last.Params, 4)
-	assert.Equal(t, 1, last.Piece)
-	assert.Equal(t, int32(1), g.Params[last.Params[0]].DType)
+// TestSeveralKeysCloseAtEveryCutTheyCan: the caps close every group's
+// bucket at the earliest unit end the other groups allow (Note [Several
+// dtype groups]).
+func TestSeveralKeysCloseAtEveryCutTheyCan(t *testing.T) {
+	t.Run("equal groups", func(t *testing.T) {
+		pl, _ := keyedLayers(t, 100, []int64{100, -100}, []int64{100, -100}, []int64{100, -100})
+		assert.Equal(t, 3, pl.NumPieces)
+		assert.Equal(t, AlignReadyGroups, pl.Alignment)
+		assert.Zero(t, pl.MergedCuts)
+		assert.Equal(t, []int64{100, 100, 100}, pl.DDPCaps)
+		assert.Len(t, pl.Buckets, 6)
+	})
+	t.Run("a bf16 layer", func(t *testing.T) {
+		// Cap 0 closes the last float32 layer (100 bytes, one gradient)
+		// and the bf16 layer (60 bytes, its last gradient 30) at once.
+		pl, g := keyedLayers(t, 50, []int64{100}, []int64{-30, -30}, []int64{100}, []int64{100})
+		assert.Equal(t, 4, pl.NumPieces)
+		assert.Zero(t, pl.MergedCuts)
+		assert.Equal(t, []int64{60, 100, 100}, pl.DDPCaps)
+		assert.Equal(t, []string{"l1.bf16.0", "l1.bf16.1"}, names(g, pl.Buckets[2]))
+		assert.Equal(t, 1, pl.Buckets[2].Piece)
+	})
+	t.Run("bf16 runs that close only together", func(t *testing.T) {
+		// bf16 runs close in (20, 40] per layer, the float32 ones in
+		// (50, 100]: the bf16 group's first bucket takes both bf16 layers
+		// (80 bytes) and the float32 one its last layer, so the later bf16
+		// layer's end closes nothing.
+		pl, g := keyedLayers(t, 40, []int64{50, 50}, []int64{-20, -20}, []int64{50, 50}, []int64{-20, -20}, []int64{50, 50})
+		assert.Equal(t, 5, pl.NumPieces)
+		assert.Equal(t, 1, pl.MergedCuts)
+		assert.Equal(t, []int64{80, 100, 100}, pl.DDPCaps)
+		assert.Equal(t, []string{"l1.bf16.0", "l1.bf16.1", "l3.bf16.0", "l3.bf16.1"}, names(g, pl.Buckets[2]))
+	})
+	t.Run("fp32 norms beside bf16 weights", func(t *testing.T) {
+		// Every block holds both groups: the norms (16 bytes a block) stay
+		// under the weights' interval, so their one bucket stays open and
+		// the weights close a bucket per block.
+		var layers [][]int64
+		for range 8 {
+			layers = append(layers, []int64{-1000, -20, 8, 8})
+		}
+		pl, g := keyedLayers(t, 1020, layers...)
+		assert.Equal(t, 8, pl.NumPieces)
+		assert.Zero(t, pl.MergedCuts)
+		assert.Equal(t, slices.Repeat([]int64{1020}, 8), pl.DDPCaps)
+		require.Len(t, pl.Buckets, 9)
+		last := pl.Buckets[8]
+		assert.Len(t, last.Params, 16)
+		assert.Equal(t, int32(0), g.Params[last.Params[0]].DType, "the norms' open bucket comes last")
+		for k, b := range pl.Buckets[:8] {
+			assert.Equal(t, 7-k, b.Piece)
+			assert.Equal(t, int64(1020), b.Bytes)
+		}
+	})
 }
 
 // TestSeveralKeysRefusedInDeclarationOrder: declarationAlign walks one
@@ -262,7 +292,13 @@ func checkSeveralKeys(g *Graph, pl *Plan, rng *rand.Rand) []string {
 		return bad
 	}
 	firstUse, _ := firstUses(g)
-	var want [][]int32
+	for j, c := range pl.DDPCaps {
+		if c < 1 {
+			fail("several keys: cap %d is %d bytes", j, c)
+		}
+	}
+	var wantClosed, wantOpen [][]int32
+	seen := map[[2]int32]int{} // per key: its buckets so far
 	for k, b := range pl.Buckets {
 		lowest := int32(pl.NumPieces)
 		for _, p := range b.Params {
@@ -274,12 +310,22 @@ func checkSeveralKeys(g *Graph, pl *Plan, rng *rand.Rand) []string {
 		if int(lowest) != b.Piece {
 			fail("several keys: bucket %d names piece %d; its last gradients come from piece %d", k, b.Piece, lowest)
 		}
-		want = append(want, b.Params)
+		key := [2]int32{b.DType, b.Device}
+		j := min(seen[key], len(pl.DDPCaps)-1)
+		seen[key]++
+		if pl.DDPCaps[j] <= b.Bytes {
+			if len(wantOpen) > 0 {
+				fail("several keys: bucket %d closes but comes after an open one", k)
+			}
+			wantClosed = append(wantClosed, b.Params)
+		} else {
+			wantOpen = append(wantOpen, b.Params)
+		}
 	}
 	// A zero-byte gradient that arrives after its bucket's bytes reached the
 	// cap joins a later bucket (Note [Several dtype groups]): compared
 	// without them.
-	positive := func(buckets [][]int32) [][]int32 {
+	positive := func(buckets [][]int32) []string {
 		var out [][]int32
 		for _, b := range buckets {
 			var kept []int32
@@ -292,11 +338,13 @@ func checkSeveralKeys(g *Graph, pl *Plan, rng *rand.Rand) []string {
 				out = append(out, kept)
 			}
 		}
-		return out
+		return sortedSets(out)
 	}
 	for range 4 {
-		if got := ddpWalkOfPieces(g, piecesReady(rng, g, pl), pl.DDPCaps); !slices.Equal(sortedSets(positive(got)), sortedSets(positive(want))) {
-			fail("several keys: DDP's walk with caps %v makes %v, want %v", pl.DDPCaps, got, want)
+		closed, open := ddpWalkOfPieces(g, piecesReady(rng, g, pl), pl.DDPCaps)
+		if !slices.Equal(positive(closed), positive(wantClosed)) || !slices.Equal(positive(open), positive(wantOpen)) {
+			fail("several keys: DDP's walk with caps %v closes %v and leaves %v open; want %v and %v",
+				pl.DDPCaps, closed, open, wantClosed, wantOpen)
 			break
 		}
 	}

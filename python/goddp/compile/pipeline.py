@@ -282,6 +282,10 @@ class _DDPGraphCompile:
         if found is None or found[0].order != "ready" or not _in_ready_order(plan):
             return plan, None
         installed, shared = found
+        if len(installed.caps) < len(installed.buckets):
+            # Several dtype groups share the caps (Note [Several dtype
+            # groups] in planner/keys.go): no run of caps is a run of buckets.
+            return plan, None
         if plan.align_reason == REASON_ALIGNED:
             shared = frozenset()  # every parameter: nothing counted elsewhere
         own = self._ready_layout(plan)
@@ -521,6 +525,7 @@ class _DDPGraphCompile:
             or planned.replan is None
             or plan.block_runs
             or plan.align_reason != REASON_ALIGNED
+            or plan.alignment == READY_GROUPS
             or planned.caps.bucket_order != "ready"
         ):
             return planned

@@ -450,8 +450,10 @@ def outcome_line(verdict: Decision, group: Group) -> tuple[int, str]:
     where = f"{len(group.ranks)} rank(s) of process group {group.name!r}"
     if verdict.action == INSTALL:
         caps = verdict.record["caps"]
+        # Several dtype groups share the caps: count the buckets.
+        buckets = len(verdict.layout.buckets) if verdict.layout is not None else len(caps)
         return logging.INFO, (
-            f"goddp: DDP's {len(caps)} buckets now close at piece boundaries on all {where} (per-bucket caps {caps} bytes)"
+            f"goddp: DDP's {buckets} buckets now close at piece boundaries on all {where} (per-bucket caps {caps} bytes)"
         )
     if verdict.action == LATER:
         return logging.INFO, f"goddp: the {where} decide DDP's buckets at the module's next training call"

@@ -193,6 +193,36 @@ def test_without_auto_the_same_graph_is_cut_where_ddps_buckets_close(dist_group)
     assert record["num_pieces"] == 2 and record["auto_buckets"] is None
 
 
+def test_several_dtype_groups_keep_the_start_uncut_into_units(dist_group):
+    """DDP buckets the groups against shared caps (Note [Several dtype
+    groups]): a run of units is no bucket, so auto keeps the start and the
+    graph is cut as without auto, not into units."""
+    torch.manual_seed(0)
+    model = Layers()
+    model.c.to(torch.bfloat16)
+    model.forward = lambda x: _mixed_forward(model, x)
+    _train(nn.parallel.DistributedDataParallel(model, bucket_cap_mb=2), {"bucket_cap_mb": "auto"}, steps=2)
+    record = _record()
+    assert record["alignment"] == "ready-order caps per dtype group", record
+    assert record["auto_buckets"]["state"] == "off"
+    assert "several (dtype, device) groups" in record["auto_buckets"]["reason"]
+    goddp.clear_plans()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    again = Layers()
+    again.c.to(torch.bfloat16)
+    again.forward = lambda x: _mixed_forward(again, x)
+    _train(nn.parallel.DistributedDataParallel(again, bucket_cap_mb=2), {"bucket_cap_mb": 2}, steps=1)
+    (fixed,) = goddp.last_plans()
+    assert record["num_pieces"] == fixed["num_pieces"] < 8, (record["num_pieces"], fixed["num_pieces"])
+
+
+def _mixed_forward(model, x):
+    for layer in (model.a, model.b, model.c, model.d, model.e, model.f, model.g, model.h):
+        x = torch.relu(layer(x.to(layer.weight.dtype))).float()
+    return x
+
+
 def test_a_forward_over_several_graphs_keeps_the_start_and_says_why(dist_group, caplog):
     entry = ZOO["graph_break"]
     ddp = entry.wrap(entry.build(seed=0), bucket_cap_mb=entry.ddp_cap_mb)

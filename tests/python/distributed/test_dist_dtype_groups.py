@@ -14,7 +14,8 @@ first one at a cut, so the plan leaves the bf16 bucket open (DDP launches
 it last, still holding that block's gradients alone). The two-rank cases
 (pytest under torchrun, gloo, CPU; a plain pytest run launches this file
 under torchrun itself) train models with a block, the first block or the
-head in bf16 or fp16: cut, DDP's rebuilt buckets equal to the plan's on
+head in bf16 or fp16, and a bf16 model with fp32 norms in every block:
+cut, DDP's buckets closing where the plan says, rebuilt equal to its on
 both ranks, bitwise equal to eager DDP (aot_eager), also when rank 0 first
 evaluates another batch size; under find_unused_parameters=True the
 buckets stay DDP's, with the reason.
@@ -31,7 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import goddp
-from _dist_util import assert_file_passes_under_torchrun, needs_two_ranks, rank, short_timeout_group
+from _dist_util import assert_file_passes_under_torchrun, fresh, needs_two_ranks, rank
 from models import TransformerStack
 
 HALF = 1  # the block in bf16
@@ -159,22 +160,49 @@ def test_no_caps_close_both_groups_of_a_bf16_block_at_the_cuts():
 # --------------------------------------------------------------------------
 # Two ranks: aligned per group, and trains as eager DDP
 
-MODELS = {"bf16-block": (HALF, torch.bfloat16), "fp16-first-block": (0, torch.float16), "bf16-head": ("head", torch.bfloat16)}
+class Float32Norm(nn.Module):
+    """A LayerNorm kept in float32 inside a bf16 model."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        return self.norm(x.float()).to(x.dtype)
 
 
-@pytest.fixture(scope="module")
-def group(dist_group):
-    return short_timeout_group(120)
+class Bf16WithFloat32Norms(nn.Module):
+    """The usual recipe: weights in bf16, norms in float32: every block
+    holds both groups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack = TransformerStack().to(torch.bfloat16)
+        for block in self.stack.blocks:
+            block.norm1, block.norm2 = Float32Norm(64), Float32Norm(64)
+
+    def forward(self, x):
+        return self.stack(x.to(torch.bfloat16)).float()
 
 
-def _fresh() -> None:
-    torch._dynamo.reset()
-    goddp.clear_plans()
+def _build(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "fp32-norms":
+        return Bf16WithFloat32Norms()
+    return HalfBlockStack(*MODELS[kind])
+
+
+MODELS = {
+    "bf16-block": (HALF, torch.bfloat16),
+    "fp16-first-block": (0, torch.float16),
+    "bf16-head": ("head", torch.bfloat16),
+    "fp32-norms": (None, torch.bfloat16),
+}
 
 
 def _train(group, compiled: bool, evaluate_first: bool, model_kind="bf16-block", **ddp_kwargs):
-    _fresh()
-    model = _half_stack(0, *MODELS[model_kind])
+    fresh()
+    model = _build(model_kind)
     ddp = DDP(model, process_group=group, bucket_cap_mb=CAP_MB, **ddp_kwargs)
     forward = torch.compile(ddp, backend="goddp", options=OPTIONS) if compiled else ddp
     if evaluate_first and rank() == 0:
@@ -225,6 +253,15 @@ def test_two_dtypes_are_cut_aligned_per_group_and_train_as_eager_ddp(group, mode
     assert plan["fallback"] is None and plan["num_pieces"] > 2, plan
     assert plan["ddp_buckets"] == {"aligned": True, "reason": None}, plan["ddp_buckets"]
     assert plan["alignment"] == "ready-order caps per dtype group"
+    # Where a bucket closes: at every block's end but the bf16 block's,
+    # whose bucket no cap closes with the float32 group's first (above).
+    assert plan["merged_cuts"] == (1 if model_kind == "bf16-block" else 0), plan
+    if model_kind == "fp32-norms":
+        # The norms' one bucket stays open; the bf16 weights close a bucket
+        # per block (and the head with the last).
+        *weights, norms = plan["buckets"]
+        assert all(".norm" in n for n in norms["param_names"]) and len(norms["param_names"]) == 12
+        assert len(weights) == 3 and not any(".norm" in n for b in weights for n in b["param_names"])
     planned = sorted(sorted(b["param_names"]) for b in plan["buckets"])
     # DDP rebuilt its buckets to the plan's caps: the same sets, in every
     # group, on both ranks (the order among one piece's buckets is DDP's).
@@ -235,7 +272,7 @@ def test_two_dtypes_are_cut_aligned_per_group_and_train_as_eager_ddp(group, mode
     dist.all_gather_object(everyone, sorted(sorted(b) for b in buckets))
     assert all(b == everyone[0] for b in everyone), everyone
     _assert_same_training(got, want)
-    _fresh()
+    fresh()
 
 
 @needs_two_ranks
@@ -252,7 +289,7 @@ def test_two_dtypes_under_find_unused_parameters_keep_ddps_buckets(group):
     assert plan["ddp_buckets"]["aligned"] is False
     assert plan["ddp_buckets"]["reason"].startswith("parameters span several (dtype, device) groups"), plan
     _assert_same_training(got, want)
-    _fresh()
+    fresh()
 
 
 @pytest.mark.single_process
