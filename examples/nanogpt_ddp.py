@@ -5,6 +5,7 @@
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 examples/nanogpt_ddp.py --vocab-size 50304 \
         --n-layer 4 --n-embd 256 --block-size 128 --iters 12 --backend inductor   # torch's DDPOptimizer, to compare
     ... --auto-buckets --iters 10   # goddp measures the steps and chooses DDP's buckets (bucket_cap_mb="auto")
+    ... --bf16-weights   # weights in bf16, LayerNorms in float32: DDP buckets the two dtypes apart
     TORCH_LOGS=goddp ...   # also shows goddp's plan tables and the ranks' agreement
 
 It has the shape of the training scripts people copy (nanoGPT's train.py
@@ -68,12 +69,20 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y.transpose(1, 2).contiguous().view(batch, seq, width))
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm computed in its own dtype: with --bf16-weights the norms
+    stay in float32 while the rest of the model is bf16."""
+
+    def forward(self, x):
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+
+
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.ln_1 = LayerNorm(config.n_embd)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.ln_2 = LayerNorm(config.n_embd)
         self.mlp = nn.Sequential(
             nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(), nn.Linear(4 * config.n_embd, config.n_embd)
         )
@@ -91,7 +100,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.ln_f = LayerNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.wte.weight = self.lm_head.weight  # weight tying, as GPT-2 does
         self.apply(self._init_weights)
@@ -111,7 +120,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
         return logits, loss
 
 
@@ -128,6 +137,7 @@ class TrainConfig:
     backend: str = "goddp"  # or "inductor": torch.compile's own, with torch's DDPOptimizer
     inner: str = "inductor"  # goddp's compiler for each piece
     auto_buckets: bool = False  # goddp chooses DDP's buckets by measured cost (bucket_cap_mb="auto")
+    bf16_weights: bool = False  # weights in bf16, LayerNorms in float32 (two dtype groups)
     seed: int = 1337
     out: str = ""  # save a checkpoint here at the end (rank 0), as train.py does
 
@@ -167,6 +177,11 @@ def train(train: TrainConfig, config: GPTConfig | None = None, process_group=Non
     master_process = rank == 0
     torch.manual_seed(train.seed)  # the same initial weights on every rank
     model = GPT(config)
+    if train.bf16_weights:
+        model.to(torch.bfloat16)
+        for module in model.modules():
+            if isinstance(module, LayerNorm):
+                module.float()
     if train.compile and train.backend == "goddp":
         options = {"inner": train.inner, **({"bucket_cap_mb": "auto"} if train.auto_buckets else {})}
         model = torch.compile(model, backend="goddp", options=options)

@@ -92,7 +92,8 @@ def plan_notes(facts: PlanFacts) -> list[PlanNote]:
     if facts.aligned and facts.alignment == READY_GROUPS:
         text = (
             "goddp: the parameters span several (dtype, device) groups, which DDP buckets apart against "
-            "the same caps, so goddp gives every group's j-th bucket cap j (planner/keys.go)"
+            "the same caps, so goddp gives every group's j-th bucket cap j; a group's bucket that no such cap "
+            "closes at a cut is launched at the end of backward (docs/limits.md)"
         )
         if facts.merged_cuts:
             text += (

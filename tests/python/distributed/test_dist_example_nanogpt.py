@@ -64,6 +64,35 @@ def test_rank0_only_evaluation_before_the_first_step(group):
     torch._dynamo.reset()
 
 
+@needs_two_ranks
+def test_bf16_weights_with_float32_norms_are_aligned_per_group(group):
+    """--bf16-weights: two dtype groups in every block. DDP's buckets close
+    where goddp's plan says in both groups (Note [Several dtype groups] in
+    planner/keys.go), and training is eager DDP's, with rank 0 evaluating
+    first and gradient accumulation."""
+    example = _example()
+    config = example.TrainConfig(iters=4, eval_interval=3, inner="aot_eager", bf16_weights=True)
+    quiet = lambda *_: None  # noqa: E731
+    eager = example.train(dataclasses.replace(config, compile=False), process_group=group, log=quiet)
+
+    torch._dynamo.reset()
+    goddp.clear_plans()
+    compiled = example.train(config, process_group=group, log=quiet)
+
+    assert compiled["losses"] == eager["losses"]
+    assert compiled["evaluations"] == eager["evaluations"]
+    (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plan["ddp_buckets"] == {"aligned": True, "reason": None}, plan["ddp_buckets"]
+    assert plan["alignment"] == "ready-order caps per dtype group"
+    ddp = compiled["model"]
+    module = ddp.module._orig_mod
+    assert {p.dtype for p in module.parameters()} == {torch.bfloat16, torch.float32}
+    names = {id(p): n for n, p in ddp.module.named_parameters()}
+    rebuilt = sorted(sorted(names[id(p)] for p in b.parameters()) for b in ddp.reducer._get_zeros_like_grad_buckets())
+    assert rebuilt == sorted(sorted(b["param_names"]) for b in plan["buckets"])
+    torch._dynamo.reset()
+
+
 @pytest.mark.single_process
 def test_example_under_torchrun():
     """Plain pytest: run this file's two-rank case under torchrun."""
