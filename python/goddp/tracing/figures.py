@@ -322,3 +322,8 @@ class _Summary:
             self.lines.append(
                 f"  {c['setting']:<36} {len(c['bucket_bytes']):>7} {c['exposed_s'] * 1e3:>8.1f} {c['step_s'] * 1e3:>9.1f}"
             )
+        if self.record.get("dtype_groups", 1) > 1:
+            self.lines.append(
+                f"  (the parameters span {self.record['dtype_groups']} (dtype, device) groups, which DDP buckets apart: "
+                "merges across them are no layout DDP can hold)"
+            )

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from goddp.ddp.private import ddp_parameters
 from goddp.ddp.refusals import trace_refusal
 from goddp.ddp.state import state_of
 from goddp.graph.export import parameter_names
@@ -233,6 +234,7 @@ class Trace:
             "rank": dist.get_rank() if dist.is_initialized() else 0,
             "ranks": list(rounds.group.ranks) if rounds else [],
             "module": type(self._ddp.module).__name__,
+            "dtype_groups": len({(p.dtype, p.device) for p in ddp_parameters(self._ddp)}),
             "comm_hook": self._hook_name,
             "goddp_plans": self._plans or _attributed_plans(self._ddp),
             "steps": self._raw_steps(),

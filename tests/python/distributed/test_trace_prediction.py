@@ -143,6 +143,14 @@ def test_another_cap_lists_three_settings_the_optimum_least():
     assert "what would another cap give?" in text
     for c in pred["caps"]:
         assert c["setting"] in text
+    assert "(dtype, device) groups" not in text
+
+
+def test_another_cap_says_that_several_dtype_groups_cannot_merge():
+    """DDP buckets each (dtype, device) group apart: the merged buckets are
+    no layout it can hold, and the summary says so."""
+    text = figures.format_summary(dict(RECORD, dtype_groups=2))
+    assert "(the parameters span 2 (dtype, device) groups, which DDP buckets apart: merges across them" in text
 
 
 @pytest.mark.parametrize(
