@@ -96,6 +96,8 @@ const (
 	_ = uint(planner.ReasonDelayedAllReduce - C.GODDP_REASON_DELAYED_ALLREDUCE)
 	_ = uint(C.GODDP_REASON_PARAM_GROUPS - planner.ReasonParamGroups)
 	_ = uint(planner.ReasonParamGroups - C.GODDP_REASON_PARAM_GROUPS)
+	_ = uint(C.GODDP_REASON_GROUPS_LATER - planner.ReasonGroupsLater)
+	_ = uint(planner.ReasonGroupsLater - C.GODDP_REASON_GROUPS_LATER)
 
 	_ = uint(C.GODDP_EDGES_COMPILE - planner.EdgesCompile)
 	_ = uint(planner.EdgesCompile - C.GODDP_EDGES_COMPILE)

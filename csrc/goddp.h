@@ -136,7 +136,9 @@ enum goddp_align_reason {
     GODDP_REASON_MIXED_PRECISION = 9,    /* GODDP_DDP_MIXED_PRECISION */
     GODDP_REASON_BUILTIN_COMM_HOOK = 10, /* GODDP_DDP_BUILTIN_COMM_HOOK */
     GODDP_REASON_DELAYED_ALLREDUCE = 11, /* no longer given: those parameters are DDP's ignored ones */
-    GODDP_REASON_PARAM_GROUPS = 12       /* GODDP_DDP_SEVERAL_PARAM_GROUPS, in declaration order or a split forward */
+    GODDP_REASON_PARAM_GROUPS = 12,      /* GODDP_DDP_SEVERAL_PARAM_GROUPS, in declaration order or a split forward */
+    GODDP_REASON_GROUPS_LATER = 13       /* several (dtype, device) groups whose per-group caps would launch DDP's
+                                          * buckets later than its own (planner/keys.go) */
 };
 
 /* Which edge pieces (outside the repeated blocks) run eagerly

@@ -63,6 +63,10 @@ const (
 	// parameters are among those DDP ignores); reserved.
 	ReasonDelayedAllReduce AlignReason = 11
 	ReasonParamGroups      AlignReason = 12
+	// ReasonGroupsLater: several (dtype, device) groups, whose per-group
+	// caps would launch DDP's buckets later than DDP's own buckets do
+	// (Note [Several dtype groups], keys.go); the plan is the unaligned one.
+	ReasonGroupsLater AlignReason = 13
 )
 
 // Decision is Decide's answer.
@@ -233,6 +237,16 @@ func (d *decider) plan() error {
 		}
 		d.out.AlignedParams = planned
 		return nil
+	}
+	if d.out.Plan.Alignment == AlignReadyGroups {
+		own, err := Build(&d.g, s.resolve(false))
+		if err != nil {
+			return err
+		}
+		if launchesLater(d.out.Plan, own) {
+			d.out.Plan, d.out.Config, d.out.AlignReason = own, s.resolve(false), ReasonGroupsLater
+			return nil
+		}
 	}
 	if d.out.Plan.NumPieces <= 1 {
 		pl := d.out.Plan

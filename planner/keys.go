@@ -2,6 +2,7 @@ package planner
 
 import (
 	"cmp"
+	"math/bits"
 	"slices"
 )
 
@@ -41,6 +42,15 @@ import (
 // their last gradients arrive, which the plan cannot know. As with one
 // group, a zero-byte gradient that arrives after its bucket's bytes reached
 // the cap joins a later bucket.
+//
+// Shared caps can make this worse than DDP's own buckets: a bf16 head with
+// a bias, ready first, closes only against a cap near its own bytes, so the
+// fp32 group's first bucket would stretch over as many blocks, or the head
+// stays open. Decide therefore keeps DDP's own buckets
+// (ReasonGroupsLater) where the per-group ones would launch more than 10%
+// later: DDP launches in bucket order, each bucket once it and every one
+// before it are complete, and launchCost weighs each bucket's bytes by the
+// backward position (pieces from the last) at which it can launch.
 
 // groupUnit is one group's share of one unit.
 type groupUnit struct {
@@ -152,6 +162,8 @@ func chooseKeyCaps(groups [][]groupUnit) (caps []int64, buckets []keyedBucket) {
 				}
 			}
 			remaining[k] = sum
+			// firstUses bounds the total by MaxInt64; only a total of
+			// exactly 8 EiB would wrap here.
 			candidates = append(candidates, sum+1)
 		}
 		slices.Sort(candidates)
@@ -216,4 +228,37 @@ func fitsEvery(c int64, active []int, closings [][]closing, remaining []int64) b
 func firstClosing(closings []closing, c int64) int {
 	i, _ := slices.BinarySearchFunc(closings, c, func(cl closing, c int64) int { return cmp.Compare(cl.hi, c) })
 	return i
+}
+
+// launchCost sums, over pl's buckets in DDP order, the bucket's bytes times
+// the backward position (0 for the last piece) at which DDP can launch it:
+// its piece's, or a bucket before it's if later. 128 bits: no overflow.
+func launchCost(pl *Plan) (hi, lo uint64) {
+	var launch uint64
+	for _, b := range pl.Buckets {
+		launch = max(launch, uint64(pl.NumPieces-1-b.Piece))
+		h, l := bits.Mul64(uint64(b.Bytes), launch)
+		var carry uint64
+		lo, carry = bits.Add64(lo, l, 0)
+		hi += h + carry
+	}
+	return hi, lo
+}
+
+// launchesLater reports whether the buckets of aligned launch more than
+// 10% later, by launchCost, than those of own (the same cuts, DDP's own
+// buckets). The margin keeps near ties aligned: the prediction of DDP's
+// own buckets lists its open ones in an order DDP does not promise.
+func launchesLater(aligned, own *Plan) bool {
+	ah, al := times(launchCost(aligned))(10)
+	oh, ol := times(launchCost(own))(11)
+	return ah > oh || ah == oh && al > ol
+}
+
+// times multiplies a 128-bit (hi, lo) by a small k.
+func times(hi, lo uint64) func(k uint64) (uint64, uint64) {
+	return func(k uint64) (uint64, uint64) {
+		carry, l := bits.Mul64(lo, k)
+		return hi*k + carry, l
+	}
 }

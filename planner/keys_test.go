@@ -279,11 +279,13 @@ func countedKeys(g *Graph) int {
 	return len(keys)
 }
 
-// checkSeveralKeys checks an aligned plan of several groups (Note [Several
-// dtype groups]): the cuts are those of the plan before the split
-// (cutsOf), every bucket holds one group's parameters and names the piece
-// whose backward completes it, and DDP's walk with the plan's caps makes
-// exactly its buckets (as sets) whatever the order inside each piece.
+// checkSeveralKeys checks the buckets of an aligned plan of several groups
+// (Note [Several dtype groups]; its callers check the cuts): every bucket
+// holds one group's parameters and names the piece whose backward
+// completes it, the caps are at least 1 byte, the closed buckets come
+// before the open ones, and DDP's walk with the plan's caps closes and
+// leaves open exactly those buckets (as sets) whatever the order inside
+// each piece.
 func checkSeveralKeys(g *Graph, pl *Plan, rng *rand.Rand) []string {
 	var bad []string
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
@@ -349,4 +351,98 @@ func checkSeveralKeys(g *Graph, pl *Plan, rng *rand.Rand) []string {
 		}
 	}
 	return bad
+}
+
+// headModel is four float32 layers (90-byte weight, 10-byte bias) and a
+// bf16 head of headBytes (and a 10-byte bias when withBias), used last in
+// forward: its gradients are ready first.
+func headModel(headBytes int64, withBias bool) *Graph {
+	b := &graphBuilder{}
+	x := b.placeholder("x")
+	for i := range 4 {
+		x = b.call(fmt.Sprintf("l%d", i), in(x), arg(b.param(fmt.Sprintf("l%d.w", i), 90)), arg(b.param(fmt.Sprintf("l%d.b", i), 10)))
+	}
+	refs := []paramRef{arg(b.param("head.w", headBytes, dtype(1)))}
+	if withBias {
+		refs = append(refs, arg(b.param("head.b", 10, dtype(1))))
+	}
+	b.output(b.call("head", in(x), refs...))
+	return b.graph()
+}
+
+// TestSeveralKeysKeepDDPsOwnWhereTheyLaunchEarlier: a bf16 head with a
+// bias closes only against a cap near its own bytes, which leaves the
+// float32 layers one open bucket at the end of backward; DDP's own
+// buckets launch earlier, so Decide keeps them (ReasonGroupsLater). A
+// head of one weight closes against any cap up to its bytes: aligned.
+func TestSeveralKeysKeepDDPsOwnWhereTheyLaunchEarlier(t *testing.T) {
+	decide := func(g *Graph) *Decision {
+		s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups = true })
+		s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
+		dec, err := Decide(&Request{Graph: g, Settings: s})
+		require.NoError(t, err)
+		return dec
+	}
+	g := headModel(1000, true)
+	dec := decide(g)
+	assert.Equal(t, ReasonGroupsLater, dec.AlignReason)
+	assert.False(t, dec.Config.AlignBuckets)
+	assert.Equal(t, AlignNone, dec.Plan.Alignment)
+	assert.Empty(t, dec.Plan.DDPCaps)
+	want, err := Build(g, dec.Config)
+	require.NoError(t, err)
+	assert.Equal(t, want, dec.Plan, "the unaligned plan")
+	// What it declined: the float32 layers in one open bucket.
+	aligned, err := Build(g, alignedCfg(dec.Config))
+	require.NoError(t, err)
+	require.Equal(t, AlignReadyGroups, aligned.Alignment)
+	assert.Len(t, aligned.Buckets, 2)
+	assert.True(t, launchesLater(aligned, dec.Plan))
+
+	dec = decide(headModel(1000, false))
+	assert.Equal(t, ReasonAligned, dec.AlignReason)
+	assert.Equal(t, AlignReadyGroups, dec.Plan.Alignment)
+	assert.Len(t, dec.Plan.Buckets, 5, "the head and every layer close a bucket each")
+}
+
+// TestLaunchCost: bytes times the backward position at which DDP can
+// launch each bucket, in bucket order.
+func TestLaunchCost(t *testing.T) {
+	pl := &Plan{NumPieces: 3, Buckets: []Bucket{{Bytes: 5, Piece: 2}, {Bytes: 7, Piece: 0}, {Bytes: 11, Piece: 1}}}
+	hi, lo := launchCost(pl)
+	assert.Equal(t, uint64(0), hi)
+	assert.Equal(t, uint64(5*0+7*2+11*2), lo, "the third waits for the second")
+	huge := &Plan{NumPieces: 3, Buckets: []Bucket{{Bytes: 1 << 62, Piece: 0}, {Bytes: 1 << 62, Piece: 0}}}
+	hi, lo = launchCost(huge)
+	assert.Equal(t, uint64(1), hi)
+	assert.Equal(t, uint64(0), lo)
+
+	// More than 10% later, not a near tie.
+	at := func(bytes int64) *Plan { return &Plan{NumPieces: 2, Buckets: []Bucket{{Bytes: bytes, Piece: 0}}} }
+	assert.False(t, launchesLater(at(105), at(100)))
+	assert.False(t, launchesLater(at(110), at(100)))
+	assert.True(t, launchesLater(at(111), at(100)))
+	assert.True(t, launchesLater(huge, at(1)))
+	assert.False(t, launchesLater(at(1), huge))
+}
+
+// TestSeveralKeysWithAnUnusedParameter: a counted parameter no node uses
+// is in no aligned bucket, so the plan does not cover DDP's parameters and
+// Decide keeps DDP's buckets, as with one group.
+func TestSeveralKeysWithAnUnusedParameter(t *testing.T) {
+	b := &graphBuilder{}
+	x := b.placeholder("x")
+	x = b.call("a", in(x), arg(b.param("a.w", 100)))
+	x = b.call("c", in(x), arg(b.param("c.w", 100, dtype(1))))
+	b.param("unused", 40, dtype(1))
+	b.output(x)
+	g := b.graph()
+	pl, err := Build(g, Config{AlignBuckets: true, BucketCapBytes: 50, FirstBucketCapBytes: 50})
+	require.NoError(t, err)
+	assert.Equal(t, AlignReadyGroups, pl.Alignment)
+	s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups = true })
+	s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
+	dec, err := Decide(&Request{Graph: g, Settings: s})
+	require.NoError(t, err)
+	assert.Equal(t, ReasonParamGroups, dec.AlignReason, "part of DDP's parameters, several groups")
 }

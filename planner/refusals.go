@@ -16,8 +16,9 @@ package planner
 // before any of these. Parameters of several (dtype, device) groups are
 // aligned in ready order (Note [Several dtype groups], keys.go) and refused
 // (ReasonParamGroups, after the others) where DDP fills its buckets in
-// declaration order or the forward is split over several graphs
-// (CombineForward and declarationAlign walk one group). static_graph refuses nothing: the caller sets it
+// declaration order or the graph holds part of DDP's parameters
+// (CombineForward and declarationAlign walk one group); Decide also keeps
+// DDP's own buckets where they launch earlier (ReasonGroupsLater). static_graph refuses nothing: the caller sets it
 // again on the reducer it rebuilds, which then records its first iteration
 // afresh and rebuilds its buckets to the caps (Note [Static graph across a
 // rebuild] in python/goddp/ddp/private.py). Nor does

@@ -53,8 +53,13 @@ _NOT_ALIGNED = {
     _native.REASON_DELAYED_ALLREDUCE: "delay_all_reduce_named_params (a reason goddp no longer gives: the rest is aligned)",
     _native.REASON_PARAM_GROUPS: (
         "parameters span several (dtype, device) groups, and DDP fills its buckets in declaration order "
-        "(find_unused_parameters=True) or the forward is split over several graphs: goddp plans each group's "
-        "caps only for one graph in gradient-ready order"
+        "(find_unused_parameters=True) or the graph holds only part of DDP's parameters (a graph break, or "
+        "parameters it does not use): goddp plans each group's caps only for one graph holding them all, in "
+        "gradient-ready order"
+    ),
+    _native.REASON_GROUPS_LATER: (
+        "parameters span several (dtype, device) groups, which DDP buckets against shared caps: caps that "
+        "close every group's buckets at the cuts would launch them later than DDP's own buckets (docs/limits.md)"
     ),
 }
 
@@ -282,8 +287,9 @@ class GraphPlan:
         (for the buckets DDP keeps under find_unused_parameters=True), or
         "declaration-order caps, pieces merged" (merged_cuts cuts dropped
         where no bucket could start), or "ready-order caps per dtype group"
-        (a bucket per (dtype, device) group; merged_cuts piece boundaries
-        where not every group's bucket could close, which then close none).
+        (buckets per (dtype, device) group against shared caps; merged_cuts
+        piece ends at which no group's bucket closes: each runs on to a
+        later one or stays open).
     ddp_caps: when aligned, the per-bucket caps (bytes, each at least 1) to
         give DDP, in the order DDP walks them.
     not_aligned: why DDP's buckets are not the pieces, in goddp's words

@@ -185,10 +185,28 @@ class Bf16WithFloat32Norms(nn.Module):
         return self.stack(x.to(torch.bfloat16)).float()
 
 
+class WideBf16Head(nn.Module):
+    """float32 blocks and a wide bf16 head with a bias (520 KiB, the blocks
+    about 200 KiB each): the head's bucket closes only against a cap near
+    its own bytes, which no run of blocks meets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack = TransformerStack()
+        self.stack.head = nn.Linear(64, 4096).to(torch.bfloat16)
+
+    def forward(self, x):
+        for block in self.stack.blocks:
+            x = block(x)
+        return self.stack.head(x.to(torch.bfloat16)).float()
+
+
 def _build(kind: str) -> nn.Module:
     torch.manual_seed(0)
     if kind == "fp32-norms":
         return Bf16WithFloat32Norms()
+    if kind == "wide-bf16-head":
+        return WideBf16Head()
     return HalfBlockStack(*MODELS[kind])
 
 
@@ -271,6 +289,23 @@ def test_two_dtypes_are_cut_aligned_per_group_and_train_as_eager_ddp(group, mode
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, sorted(sorted(b) for b in buckets))
     assert all(b == everyone[0] for b in everyone), everyone
+    _assert_same_training(got, want)
+    fresh()
+
+
+@needs_two_ranks
+def test_per_group_caps_that_would_launch_later_keep_ddps_buckets(group):
+    """The wide bf16 head: caps that close every group's buckets at the cuts
+    would leave the head's bucket open and stretch the float32 group's
+    first over every block; DDP's own buckets launch earlier, so goddp keeps
+    them, says why, and trains as eager DDP."""
+    want = _train(group, False, False, "wide-bf16-head")
+    got = _train(group, True, False, "wide-bf16-head")
+    (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plan["fallback"] is None and plan["num_pieces"] > 2, plan
+    assert plan["ddp_buckets"]["aligned"] is False
+    assert "would launch them later than DDP's own buckets" in plan["ddp_buckets"]["reason"], plan["ddp_buckets"]
+    assert plan["alignment"] == "none"
     _assert_same_training(got, want)
     fresh()
 

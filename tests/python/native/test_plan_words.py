@@ -30,8 +30,13 @@ NOT_ALIGNED = {
     "REASON_DELAYED_ALLREDUCE": "delay_all_reduce_named_params (a reason goddp no longer gives: the rest is aligned)",
     "REASON_PARAM_GROUPS": (
         "parameters span several (dtype, device) groups, and DDP fills its buckets in declaration order "
-        "(find_unused_parameters=True) or the forward is split over several graphs: goddp plans each group's "
-        "caps only for one graph in gradient-ready order"
+        "(find_unused_parameters=True) or the graph holds only part of DDP's parameters (a graph break, or "
+        "parameters it does not use): goddp plans each group's caps only for one graph holding them all, in "
+        "gradient-ready order"
+    ),
+    "REASON_GROUPS_LATER": (
+        "parameters span several (dtype, device) groups, which DDP buckets against shared caps: caps that "
+        "close every group's buckets at the cuts would launch them later than DDP's own buckets (docs/limits.md)"
     ),
 }
 REASONS = sorted((n for n in dir(_native) if n.startswith("REASON_")), key=lambda n: getattr(_native, n))
