@@ -12,8 +12,9 @@ package planner
 // whatever that order. With the aligned buckets' bytes as caps (in DDP order,
 // bucket 0 = last piece), DDP's rebuild therefore closes bucket k exactly
 // when the last gradient of piece N-1-k arrives. That needs a single cap
-// iterator, hence a single (dtype, device) key, and parameters of positive
-// size: a zero-byte gradient that arrives after its piece's byte total was
+// iterator, hence a single (dtype, device) key (several are split by key
+// afterwards: Note [Several dtype groups], keys.go), and parameters of
+// positive size: a zero-byte gradient that arrives after its piece's byte total was
 // reached falls into the next DDP bucket (harmless for overlap, since it is
 // ready already, but the bucket lists differ).
 
@@ -21,8 +22,9 @@ package planner
 // the table (RequiresGrad, not Ignored; used by a compute node or not, since
 // DDP buckets it either way) shares one (DType, Device). DDP walks the cap
 // list anew for each key (bucket j of every key closes against cap j), so
-// with several keys one list fits only where the keys' j-th buckets hold
-// the same bytes, within a parameter (docs/limits.md); that is not planned.
+// with several keys the caps must be chosen for every key at once; Build
+// does so in ready order (keys.go) and asks for one key under
+// OrderDeclaration, which declarationAlign walks for one key alone.
 func checkSingleKey(g *Graph) error {
 	first := -1
 	for p := range g.Params {

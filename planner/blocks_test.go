@@ -416,9 +416,6 @@ func countBlockRuns(g *Graph) int {
 func checkBlocks(g *Graph, cfg Config, pl *Plan) []string {
 	var bad []string
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
-	if cfg.AlignBuckets && countedKeys(g) > 1 {
-		return checkSeveralKeys(g, pl, rand.New(rand.NewPCG(pl.Fingerprint, 4)))
-	}
 	cuts := referenceBlockCuts(g)
 	var got []int
 	for i := 1; i < len(g.Ops); i++ {
@@ -433,6 +430,9 @@ func checkBlocks(g *Graph, cfg Config, pl *Plan) []string {
 		if !slices.Contains(cuts, c) {
 			fail("blocks: cut at %d is not a reference cut %v", c, cuts)
 		}
+	}
+	if cfg.AlignBuckets && countedKeys(g) > 1 {
+		return append(bad, checkSeveralKeys(g, pl, rand.New(rand.NewPCG(pl.Fingerprint, 4)))...)
 	}
 	firstUse, order := referenceReadyOrder(g)
 	if !cfg.AlignBuckets {

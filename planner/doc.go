@@ -93,9 +93,10 @@
 // be DDP's per-bucket caps: the cumulative byte count at each piece boundary
 // does not depend on the order of the gradients within a piece, so DDP's
 // rebuild closes each bucket exactly at a piece boundary whatever that
-// order. DDP walks the caps once per (dtype, device) key, so Build returns
-// ErrInvalidConfig when the counted parameters of the table span several
-// keys. A piece without counted parameters gets no bucket, which happens
+// order. DDP walks the caps once per (dtype, device) key: with several keys
+// the buckets are split by key and the caps chosen for every key at once
+// (Note [Several dtype groups], keys.go), and under OrderDeclaration Build
+// returns ErrInvalidConfig. A piece without counted parameters gets no bucket, which happens
 // only for a single-piece plan. Zero-byte parameters are the one exception
 // to exact alignment: one that DDP sees after its piece's bytes reached the
 // cap joins the next DDP bucket (it is ready already, so overlap does not

@@ -97,7 +97,8 @@ type Config struct {
 	// AlignBuckets (ModeDDP) replaces the bucket list, once the cuts are
 	// final, by one bucket per piece with the exact byte total of the
 	// parameters first used in it, meant to be handed to DDP as per-bucket
-	// caps. Needs every counted parameter to share one (DType, Device).
+	// caps. With several (DType, Device) keys: split by key (Note [Several
+	// dtype groups]); under OrderDeclaration they must share one.
 	AlignBuckets bool
 
 	// BucketOrder (ModeDDP) says whether DDP rebuilds its buckets in

@@ -494,11 +494,9 @@ func checkAligned(g *Graph, cfg Config, pl *Plan) []string {
 			keys[bucketKey{p.DType, p.Device}] = true
 		}
 	}
-	if countedKeys(g) > 1 {
-		if cfg.BucketOrder == OrderDeclaration {
-			fail("aligned: declaration order accepted counted parameters of %d (dtype, device) keys", len(keys))
-		}
-		return append(bad, checkSeveralKeys(g, pl, rand.New(rand.NewPCG(pl.Fingerprint, 3)))...)
+	several := countedKeys(g) > 1
+	if several && cfg.BucketOrder == OrderDeclaration {
+		fail("aligned: declaration order accepted counted parameters of %d (dtype, device) keys", len(keys))
 	}
 	plain := cfg
 	plain.AlignBuckets = false
@@ -514,6 +512,9 @@ func checkAligned(g *Graph, cfg Config, pl *Plan) []string {
 		!reflect.DeepEqual(pl.PieceInputs, base.PieceInputs) || !reflect.DeepEqual(pl.PieceOutputs, base.PieceOutputs) {
 		fail("aligned: cuts differ from the unaligned plan's")
 		return bad
+	}
+	if several {
+		return append(bad, checkSeveralKeys(g, pl, rand.New(rand.NewPCG(pl.Fingerprint, 3)))...)
 	}
 
 	// The expected buckets, from the naive ready order grouped by piece.

@@ -51,9 +51,8 @@ func runSpan(firstUse, run []int32) (begin, end int) {
 }
 
 // runKey returns the (dtype, device) that the run's parameters share, or
-// -1, -1 when they share none or the run is empty. Every caller runs after
-// checkSingleKey, so runs share one today; the -1 keeps a bucket from
-// claiming a key that some of its parameters lack should that change.
+// -1, -1 when they share none or the run is empty (an aligned unit of
+// several keys before alignKeys splits it, keys.go).
 func runKey(g *Graph, run []int32) (dtype, device int32) {
 	if len(run) == 0 {
 		return -1, -1

@@ -97,8 +97,8 @@ def plan_notes(facts: PlanFacts) -> list[PlanNote]:
         )
         if facts.merged_cuts:
             text += (
-                f"; not every group's bucket could close at {facts.merged_cuts} of the cuts, so no bucket closes "
-                "there (the pieces stay)"
+                f"; no group's bucket closes at {facts.merged_cuts} of the cuts (each runs on to a later cut or "
+                "stays open; the pieces stay)"
             )
         notes.append(PlanNote(text, once=True))
     return notes

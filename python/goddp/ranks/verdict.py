@@ -450,8 +450,14 @@ def outcome_line(verdict: Decision, group: Group) -> tuple[int, str]:
     where = f"{len(group.ranks)} rank(s) of process group {group.name!r}"
     if verdict.action == INSTALL:
         caps = verdict.record["caps"]
-        # Several dtype groups share the caps: count the buckets.
         buckets = len(verdict.layout.buckets) if verdict.layout is not None else len(caps)
+        if buckets > len(caps):
+            # Several dtype groups share the caps; a group's open bucket
+            # closes at the end of backward (docs/limits.md).
+            return logging.INFO, (
+                f"goddp: DDP's {buckets} buckets of several dtype groups now follow the pieces on all {where} "
+                f"(per-bucket caps {caps} bytes)"
+            )
         return logging.INFO, (
             f"goddp: DDP's {buckets} buckets now close at piece boundaries on all {where} (per-bucket caps {caps} bytes)"
         )

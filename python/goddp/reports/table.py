@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from goddp.native.plan import GraphPlan
+from goddp.native.plan import READY_GROUPS, GraphPlan
 from goddp.options import MIB
 
 HEADER = ("bucket", "MiB", "piece", "params")
@@ -55,7 +55,12 @@ def _head(plan: GraphPlan, same_as: Sequence[int] | None, num_reused: int) -> st
         head += f" max_pieces={caps.max_pieces}"
     if caps.align_buckets:
         head += f" (DDP's buckets set to the pieces: {plan.alignment}"
-        head += f", {plan.merged_cuts} cuts merged)" if plan.merged_cuts else ")"
+        if not plan.merged_cuts:
+            head += ")"
+        elif plan.alignment == READY_GROUPS:
+            head += f", {plan.merged_cuts} cuts close no bucket)"
+        else:
+            head += f", {plan.merged_cuts} cuts merged)"
     if same_as is not None:
         head += f" distinct pieces={len(same_as) - num_reused} reused={num_reused}"
     return head

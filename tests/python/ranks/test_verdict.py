@@ -194,6 +194,11 @@ def test_the_outcome_line_of_each_kind_of_verdict():
     where = "2 rank(s) of process group 'default_pg'"
     assert at(proposes(), proposes()) == (
         20, f"goddp: DDP's 3 buckets now close at piece boundaries on all {where} (per-bucket caps [4096, 8192, 1024] bytes)")
+    # Several dtype groups share the caps: the buckets are counted.
+    groups = dataclasses.replace(A, buckets=((0,), (1,), (2,), (3,)), caps=(4096, 8192))
+    assert at(proposes(groups), proposes(groups)) == (
+        20, f"goddp: DDP's 4 buckets of several dtype groups now follow the pieces on all {where} "
+        "(per-bucket caps [4096, 8192] bytes)")
     assert at(proposes(), later(proposes())) == (
         20, f"goddp: the {where} decide DDP's buckets at the module's next training call")
     assert at(keeps("align_buckets=False"), keeps("align_buckets=False")) == (
