@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import goddp
-from _dist_util import REPO_ROOT, assert_file_passes_under_torchrun, needs_two_ranks, rank
+from _dist_util import REPO_ROOT, assert_file_passes_under_torchrun, fresh, needs_two_ranks, rank
 from goddp.ddp.state import state_of
 
 EXAMPLE = REPO_ROOT / "examples" / "nanogpt_ddp.py"
@@ -36,19 +36,24 @@ def _example():
     return module
 
 
-@needs_two_ranks
-def test_rank0_only_evaluation_before_the_first_step(group):
+def _eager_then_compiled(group, **settings):
+    """The example trained eagerly, then compiled with goddp (fresh Dynamo
+    and plan records between), with TrainConfig settings; both results,
+    whose losses and evaluations must be equal."""
     example = _example()
-    config = example.TrainConfig(iters=3, eval_interval=2, inner="aot_eager")
+    config = example.TrainConfig(inner="aot_eager", **settings)
     quiet = lambda *_: None  # noqa: E731
     eager = example.train(dataclasses.replace(config, compile=False), process_group=group, log=quiet)
-
-    torch._dynamo.reset()
-    goddp.clear_plans()
+    fresh()
     compiled = example.train(config, process_group=group, log=quiet)
-
     assert compiled["losses"] == eager["losses"]
     assert compiled["evaluations"] == eager["evaluations"]
+    return eager, compiled
+
+
+@needs_two_ranks
+def test_rank0_only_evaluation_before_the_first_step(group):
+    _, compiled = _eager_then_compiled(group, iters=3, eval_interval=2)
     assert len(compiled["evaluations"]) == (2 if rank() == 0 else 0)
     plans = goddp.last_plans()
     # Graphs compiled with gradients disabled take no part in any agreement.
@@ -70,17 +75,7 @@ def test_bf16_weights_with_float32_norms_are_aligned_per_group(group):
     where goddp's plan says in both groups (Note [Several dtype groups] in
     planner/keys.go), and training is eager DDP's, with rank 0 evaluating
     first and gradient accumulation."""
-    example = _example()
-    config = example.TrainConfig(iters=4, eval_interval=3, inner="aot_eager", bf16_weights=True)
-    quiet = lambda *_: None  # noqa: E731
-    eager = example.train(dataclasses.replace(config, compile=False), process_group=group, log=quiet)
-
-    torch._dynamo.reset()
-    goddp.clear_plans()
-    compiled = example.train(config, process_group=group, log=quiet)
-
-    assert compiled["losses"] == eager["losses"]
-    assert compiled["evaluations"] == eager["evaluations"]
+    _, compiled = _eager_then_compiled(group, iters=4, eval_interval=3, bf16_weights=True)
     (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
     assert plan["ddp_buckets"] == {"aligned": True, "reason": None}, plan["ddp_buckets"]
     assert plan["alignment"] == "ready-order caps per dtype group"
