@@ -61,7 +61,7 @@ type groupUnit struct {
 }
 
 // closing is where a group's bucket, started at a given unit of it, may
-// close: cap in (lo, hi] closes it at the end of its unit end.
+// close: a cap in (lo, hi] closes it where the group's unit end ends.
 type closing struct {
 	lo, hi int64
 	end    int // index into the group's units
