@@ -17,8 +17,10 @@ under torchrun itself) train models with a block, the first block or the
 head in bf16 or fp16, and a bf16 model with fp32 norms in every block:
 cut, DDP's buckets closing where the plan says, rebuilt equal to its on
 both ranks, bitwise equal to eager DDP (aot_eager), also when rank 0 first
-evaluates another batch size; under find_unused_parameters=True the
-buckets stay DDP's, with the reason.
+evaluates another batch size, and with static_graph or a built-in hook on
+bucket views; a wide bf16 head, whose per-group caps would launch later
+than DDP's own buckets, and find_unused_parameters=True keep DDP's
+buckets, with the reason.
 """
 
 from __future__ import annotations
@@ -218,10 +220,12 @@ MODELS = {
 }
 
 
-def _train(group, compiled: bool, evaluate_first: bool, model_kind="bf16-block", **ddp_kwargs):
+def _train(group, compiled: bool, evaluate_first: bool, model_kind="bf16-block", hook=None, **ddp_kwargs):
     fresh()
     model = _build(model_kind)
     ddp = DDP(model, process_group=group, bucket_cap_mb=CAP_MB, **ddp_kwargs)
+    if hook is not None:
+        ddp._register_builtin_comm_hook(hook)
     forward = torch.compile(ddp, backend="goddp", options=OPTIONS) if compiled else ddp
     if evaluate_first and rank() == 0:
         model.eval()
@@ -289,6 +293,28 @@ def test_two_dtypes_are_cut_aligned_per_group_and_train_as_eager_ddp(group, mode
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, sorted(sorted(b) for b in buckets))
     assert all(b == everyone[0] for b in everyone), everyone
+    _assert_same_training(got, want)
+    fresh()
+
+
+@needs_two_ranks
+@pytest.mark.parametrize(
+    "setting",
+    [{"static_graph": True}, {"hook": dist.BuiltinCommHookType.FP16_COMPRESS, "gradient_as_bucket_view": True}],
+    ids=["static-graph", "fp16-hook-bucket-view"],
+)
+@pytest.mark.parametrize("model_kind", ["bf16-block", "fp32-norms"])
+def test_two_dtypes_with_other_ddp_settings(group, model_kind, setting):
+    """The groups' caps with DDP's other settings: static_graph (DDP records
+    its first iteration, then rebuilds to the caps) and a built-in hook with
+    bucket views (registered again on the rebuilt reducer)."""
+    want = _train(group, False, True, model_kind, **setting)
+    got = _train(group, True, True, model_kind, **setting)
+    (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plan["ddp_buckets"] == {"aligned": True, "reason": None}, plan["ddp_buckets"]
+    assert plan["alignment"] == "ready-order caps per dtype group"
+    buckets = _ddp_buckets(got[0], got[1])
+    assert sorted(sorted(b) for b in buckets) == sorted(sorted(b["param_names"]) for b in plan["buckets"])
     _assert_same_training(got, want)
     fresh()
 
