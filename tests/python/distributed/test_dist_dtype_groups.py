@@ -15,7 +15,7 @@ it last, still holding that block's gradients alone). The two-rank cases
 (pytest under torchrun, gloo, CPU; a plain pytest run launches this file
 under torchrun itself) train models with a block, the first block or the
 head in bf16 or fp16, and a bf16 model with fp32 norms in every block:
-cut, DDP's buckets closing where the plan says, rebuilt equal to its on
+cut, DDP's buckets closing where the plan says, rebuilt equal to the plan's on
 both ranks, bitwise equal to eager DDP (aot_eager), also when rank 0 first
 evaluates another batch size, and with static_graph or a built-in hook on
 bucket views; a wide bf16 head, whose per-group caps would launch later
