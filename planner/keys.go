@@ -20,8 +20,9 @@ import (
 // when the cap lies in (S - m, S]: S the group's bytes from the start
 // through that unit, m that unit's smallest (positive) gradient of the
 // group. A cap above all the group's remaining bytes leaves the bucket
-// open: DDP lists it after every closed one and launches it at the end of
-// backward, and the group has no bucket after it.
+// open: DDP lists it after every closed one and launches it once they are
+// launched (usually at the end of backward), and the group has no bucket
+// after it.
 //
 // So each cap is chosen in turn, for the groups' j-th buckets at once: the
 // smallest cap that, for every group still bucketing, lies in one of those
@@ -37,9 +38,10 @@ import (
 // Each group's buckets are runs of its units; the pieces stay as they are.
 // Plan.MergedCuts counts the unit ends, but the last, at which no bucket
 // closes. Each bucket names the piece whose backward completes it; the
-// closed ones are listed by their last unit (DDP order) and then key, the
-// open ones last: DDP lists the closed buckets of one unit in the order
-// their last gradients arrive, which the plan cannot know. As with one
+// closed ones are listed by that piece, later pieces first, as DDP closes
+// them, and then by key (DDP lists the closed buckets of one piece in the
+// order their last gradients arrive, which the plan cannot know); the open
+// ones follow by their first unit. As with one
 // group, a zero-byte gradient that arrives after its bucket's bytes reached
 // the cap joins a later bucket.
 //
@@ -122,6 +124,10 @@ func alignKeys(g *Graph, pl *Plan) {
 			open = append(open, b)
 		}
 	}
+	// DDP closes buckets in backward order: by the piece that completes
+	// them, later pieces first (a unit of block pieces may hold several);
+	// its open ones follow, listed here by their first unit.
+	slices.SortStableFunc(closed, func(a, b Bucket) int { return cmp.Compare(b.Piece, a.Piece) })
 	merged := 0
 	for u := range len(pl.Buckets) - 1 {
 		if !closes[u] {
@@ -134,7 +140,7 @@ func alignKeys(g *Graph, pl *Plan) {
 
 // chooseKeyCaps chooses the caps in turn (Note [Several dtype groups]) and
 // returns them with every group's buckets: the closed ones by last unit
-// and key, then the open ones by key.
+// and key, then the open ones by first unit and key.
 func chooseKeyCaps(groups [][]groupUnit) (caps []int64, buckets []keyedBucket) {
 	next := make([]int, len(groups)) // per group: its first unit not in a bucket
 	var open []keyedBucket
@@ -205,7 +211,9 @@ func chooseKeyCaps(groups [][]groupUnit) (caps []int64, buckets []keyedBucket) {
 	slices.SortStableFunc(buckets, func(a, b keyedBucket) int {
 		return cmp.Or(cmp.Compare(groups[a.key][a.to-1].unit, groups[b.key][b.to-1].unit), cmp.Compare(a.key, b.key))
 	})
-	slices.SortStableFunc(open, func(a, b keyedBucket) int { return cmp.Compare(a.key, b.key) })
+	slices.SortStableFunc(open, func(a, b keyedBucket) int {
+		return cmp.Or(cmp.Compare(groups[a.key][a.from].unit, groups[b.key][b.from].unit), cmp.Compare(a.key, b.key))
+	})
 	return caps, append(buckets, open...)
 }
 

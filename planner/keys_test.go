@@ -446,3 +446,25 @@ func TestSeveralKeysWithAnUnusedParameter(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, ReasonParamGroups, dec.AlignReason, "part of DDP's parameters, several groups")
 }
+
+// TestSeveralKeysListBucketsAsDDPClosesThem: in a plan cut at blocks one
+// unit may hold several pieces; its groups' buckets close at different
+// pieces and are listed as DDP closes them, later pieces first, so a plan
+// whose buckets are DDP's own is not taken for a later one.
+func TestSeveralKeysListBucketsAsDDPClosesThem(t *testing.T) {
+	b := &graphBuilder{}
+	x := b.placeholder("x")
+	x = b.call("a0", in(x), arg(b.param("a0.w", 100)))
+	x = b.call("c0", in(x), arg(b.param("c0.w", 100, dtype(1))))
+	b.output(x)
+	g := b.graph()
+	g.BlockIDs = []int32{-1, 0, 1, -1}
+	s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups = true })
+	s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 5000, 5000
+	dec, err := Decide(&Request{Graph: g, Settings: s})
+	require.NoError(t, err)
+	assert.Equal(t, ReasonAligned, dec.AlignReason)
+	require.Equal(t, AlignReadyGroups, dec.Plan.Alignment)
+	require.Len(t, dec.Plan.Buckets, 2)
+	assert.Equal(t, []int{1, 0}, []int{dec.Plan.Buckets[0].Piece, dec.Plan.Buckets[1].Piece})
+}
