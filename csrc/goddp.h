@@ -132,10 +132,9 @@ enum goddp_align_reason {
      * [Alignment refusals], in this order); planned unaligned. */
     GODDP_REASON_NO_PER_BUCKET_CAPS = 6, /* GODDP_DDP_NO_PER_BUCKET_CAPS */
     GODDP_REASON_PYTHON_REDUCER = 7,     /* GODDP_DDP_PYTHON_REDUCER */
-    GODDP_REASON_STATIC_GRAPH = 8,       /* no longer given: static_graph is aligned; kept reserved */
+    /* 8 and 11 were static_graph and delay_all_reduce_named_params, aligned since; ABI 14 removed them. */
     GODDP_REASON_MIXED_PRECISION = 9,    /* GODDP_DDP_MIXED_PRECISION */
     GODDP_REASON_BUILTIN_COMM_HOOK = 10, /* GODDP_DDP_BUILTIN_COMM_HOOK */
-    GODDP_REASON_DELAYED_ALLREDUCE = 11, /* no longer given: those parameters are DDP's ignored ones */
     GODDP_REASON_PARAM_GROUPS = 12,      /* GODDP_DDP_SEVERAL_PARAM_GROUPS, in declaration order or a split forward */
     GODDP_REASON_GROUPS_LATER = 13       /* several (dtype, device) groups whose per-group caps would launch DDP's
                                           * buckets later than its own (planner/keys.go) */

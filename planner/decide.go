@@ -54,15 +54,11 @@ const (
 	// plan is the unaligned one.
 	ReasonNoPerBucketCaps AlignReason = 6
 	ReasonPythonReducer   AlignReason = 7
-	// ReasonStaticGraph is no longer given (static_graph is aligned); the
-	// code stays reserved so that the others keep their numbers.
-	ReasonStaticGraph     AlignReason = 8
+	// 8 and 11 were static_graph and delay_all_reduce_named_params, both
+	// aligned now; the others keep their numbers.
 	ReasonMixedPrecision  AlignReason = 9
 	ReasonBuiltinCommHook AlignReason = 10
-	// ReasonDelayedAllReduce is no longer given either (the delayed
-	// parameters are among those DDP ignores); reserved.
-	ReasonDelayedAllReduce AlignReason = 11
-	ReasonParamGroups      AlignReason = 12
+	ReasonParamGroups     AlignReason = 12
 	// ReasonGroupsLater: several (dtype, device) groups, whose per-group
 	// caps would launch DDP's buckets later than DDP's own buckets do
 	// (Note [Several dtype groups], keys.go); the plan is the unaligned one.

@@ -47,10 +47,8 @@ _NOT_ALIGNED = {
     _native.REASON_NO_PARAMS: "no parameters in this graph",
     _native.REASON_NO_PER_BUCKET_CAPS: "this torch's DDP has no per-bucket caps (needs torch >= 2.9)",
     _native.REASON_PYTHON_REDUCER: "DDP uses the Python reducer, which has no per-bucket caps",
-    _native.REASON_STATIC_GRAPH: "static_graph=True (a reason goddp no longer gives: static_graph is aligned)",
     _native.REASON_MIXED_PRECISION: "DDP mixed precision is on",
     _native.REASON_BUILTIN_COMM_HOOK: "a built-in comm hook that goddp cannot identify is registered",
-    _native.REASON_DELAYED_ALLREDUCE: "delay_all_reduce_named_params (a reason goddp no longer gives: the rest is aligned)",
     _native.REASON_PARAM_GROUPS: (
         "parameters span several (dtype, device) groups, and DDP fills its buckets in declaration order "
         "(find_unused_parameters=True) or the graph holds only part of DDP's parameters (a graph break, or "
