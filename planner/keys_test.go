@@ -144,9 +144,21 @@ func TestSeveralKeysAlignWithDDPsWalk(t *testing.T) {
 	assert.Positive(t, merged, "some case merges a cut")
 }
 
-// keyedLayers builds a chain of layers, each using fresh parameters of the
-// given bytes (negative: bf16), and plans it aligned with cap capBytes.
+// keyedLayers plans layersGraph(layers...) aligned with cap capBytes and
+// checks the plan (checkSeveralKeys).
 func keyedLayers(t *testing.T, capBytes int64, layers ...[]int64) (*Plan, *Graph) {
+	g := layersGraph(layers...)
+	pl, err := Build(g, Config{AlignBuckets: true, BucketCapBytes: capBytes, FirstBucketCapBytes: capBytes})
+	require.NoError(t, err)
+	for _, v := range checkSeveralKeys(g, pl, rand.New(rand.NewPCG(3, 4))) {
+		t.Error(v)
+	}
+	return pl, g
+}
+
+// layersGraph is a chain of layers, each using fresh parameters of the
+// given bytes (negative: bf16), named l<layer>.<dtype>.<index>.
+func layersGraph(layers ...[]int64) *Graph {
 	b := &graphBuilder{}
 	x := b.placeholder("x")
 	for i, layer := range layers {
@@ -161,13 +173,7 @@ func keyedLayers(t *testing.T, capBytes int64, layers ...[]int64) (*Plan, *Graph
 		x = b.call(fmt.Sprintf("l%d", i), in(x), refs...)
 	}
 	b.output(x)
-	g := b.graph()
-	pl, err := Build(g, Config{AlignBuckets: true, BucketCapBytes: capBytes, FirstBucketCapBytes: capBytes})
-	require.NoError(t, err)
-	for _, v := range checkSeveralKeys(g, pl, rand.New(rand.NewPCG(3, 4))) {
-		t.Error(v)
-	}
-	return pl, g
+	return b.graph()
 }
 
 // names lists a bucket's parameter names, sorted.
@@ -239,12 +245,7 @@ func TestSeveralKeysCloseAtEveryCutTheyCan(t *testing.T) {
 // TestSeveralKeysRefusedInDeclarationOrder: declarationAlign walks one
 // group; Build says so, and Decide refuses with ReasonParamGroups.
 func TestSeveralKeysRefusedInDeclarationOrder(t *testing.T) {
-	b := &graphBuilder{}
-	x := b.placeholder("x")
-	x = b.call("a", in(x), arg(b.param("a.w", 100)))
-	x = b.call("b", in(x), arg(b.param("b.w", 100, dtype(1))))
-	b.output(x)
-	g := b.graph()
+	g := layersGraph([]int64{100}, []int64{-100})
 	setDDPPositions(g, countedParams(g))
 	_, err := Build(g, Config{AlignBuckets: true, BucketOrder: OrderDeclaration, BucketCapBytes: 50, FirstBucketCapBytes: 50})
 	require.Error(t, err)
@@ -452,12 +453,7 @@ func TestSeveralKeysWithAnUnusedParameter(t *testing.T) {
 // pieces and are listed as DDP closes them, later pieces first, so a plan
 // whose buckets are DDP's own is not taken for a later one.
 func TestSeveralKeysListBucketsAsDDPClosesThem(t *testing.T) {
-	b := &graphBuilder{}
-	x := b.placeholder("x")
-	x = b.call("a0", in(x), arg(b.param("a0.w", 100)))
-	x = b.call("c0", in(x), arg(b.param("c0.w", 100, dtype(1))))
-	b.output(x)
-	g := b.graph()
+	g := layersGraph([]int64{100}, []int64{-100})
 	g.BlockIDs = []int32{-1, 0, 1, -1}
 	s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups = true })
 	s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 5000, 5000
