@@ -282,9 +282,7 @@ class _DDPGraphCompile:
         if found is None or found[0].order != "ready" or not _in_ready_order(plan):
             return plan, None
         installed, shared = found
-        if len(installed.caps) < len(installed.buckets):
-            # Several dtype groups share the caps (Note [Several dtype
-            # groups] in planner/keys.go): no run of caps is a run of buckets.
+        if installed.shares_caps:
             return plan, None
         if plan.align_reason == REASON_ALIGNED:
             shared = frozenset()  # every parameter: nothing counted elsewhere

@@ -43,6 +43,14 @@ class Layout:
     order: str
     build: str
 
+    @property
+    def shares_caps(self) -> bool:
+        """Several (dtype, device) groups walk the caps, cap j being every
+        group's j-th bucket's (Note [Several dtype groups] in
+        planner/keys.go): fewer caps than buckets, and no run of caps is a
+        run of buckets. One group has a cap per bucket."""
+        return len(self.caps) < len(self.buckets)
+
     def digest(self) -> int:
         """The planner's 64-bit digest (goddp_layout_digest); raises
         PlannerError for a layout no DDP module could have."""

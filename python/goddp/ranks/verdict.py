@@ -451,9 +451,8 @@ def outcome_line(verdict: Decision, group: Group) -> tuple[int, str]:
     if verdict.action == INSTALL:
         caps = verdict.record["caps"]
         buckets = len(verdict.layout.buckets) if verdict.layout is not None else len(caps)
-        if buckets > len(caps):
-            # Several dtype groups share the caps; a group's open bucket
-            # closes at the end of backward (docs/limits.md).
+        if verdict.layout is not None and verdict.layout.shares_caps:
+            # A group's open bucket closes no piece boundary (docs/limits.md).
             return logging.INFO, (
                 f"goddp: DDP's {buckets} buckets of several dtype groups now follow the pieces on all {where} "
                 f"(per-bucket caps {caps} bytes)"
