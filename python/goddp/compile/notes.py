@@ -93,7 +93,7 @@ def plan_notes(facts: PlanFacts) -> list[PlanNote]:
         text = (
             "goddp: the parameters span several (dtype, device) groups, which DDP buckets apart against "
             "the same caps, so goddp gives every group's j-th bucket cap j; a group's bucket that no such cap "
-            "closes at a cut is launched at the end of backward (docs/limits.md)"
+            "closes at a cut is launched after every closed one (docs/limits.md)"
         )
         if facts.merged_cuts:
             text += (
