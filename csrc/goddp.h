@@ -112,8 +112,10 @@ enum goddp_alignment {
     GODDP_ALIGN_READY = 1,               /* one per piece; ddp_caps align DDP's rebuild */
     GODDP_ALIGN_DECLARATION = 2,         /* one per piece; ddp_caps align DDP's declaration-order buckets */
     GODDP_ALIGN_DECLARATION_MERGED = 3,  /* the same after merging pieces the declaration order interleaves */
-    GODDP_ALIGN_READY_GROUPS = 4         /* as READY, one bucket per (dtype, device) group and unit run; merged_cuts
+    GODDP_ALIGN_READY_GROUPS = 4,        /* as READY, one bucket per (dtype, device) group and unit run; merged_cuts
                                           * unit boundaries close no bucket (planner/keys.go) */
+    GODDP_ALIGN_DECLARATION_GROUPS = 5   /* as DECLARATION_MERGED, one bucket per (dtype, device) group and run of
+                                          * declaration units (planner/declorder.go) */
 };
 
 /* Whether DDP's buckets are set to the pieces, and if not why
@@ -135,9 +137,10 @@ enum goddp_align_reason {
     /* 8 and 11 were static_graph and delay_all_reduce_named_params, aligned since; ABI 14 removed them. */
     GODDP_REASON_MIXED_PRECISION = 9,    /* GODDP_DDP_MIXED_PRECISION */
     GODDP_REASON_BUILTIN_COMM_HOOK = 10, /* GODDP_DDP_BUILTIN_COMM_HOOK */
-    GODDP_REASON_PARAM_GROUPS = 12,      /* GODDP_DDP_SEVERAL_PARAM_GROUPS, in declaration order or a split forward */
+    GODDP_REASON_PARAM_GROUPS = 12,      /* GODDP_DDP_SEVERAL_PARAM_GROUPS in a graph holding part of DDP's
+                                          * parameters (a split forward) */
     GODDP_REASON_GROUPS_LATER = 13       /* several (dtype, device) groups whose per-group caps would launch DDP's
-                                          * buckets later than its own (planner/keys.go) */
+                                          * buckets later than its own (planner/keys.go, planner/declorder.go) */
 };
 
 /* Which edge pieces (outside the repeated blocks) run eagerly
@@ -377,11 +380,11 @@ typedef struct goddp_plan {
     int32_t alignment;
     /* With alignment: the per-bucket caps to give DDP, in the order DDP
      * walks them (DDP order for GODDP_ALIGN_READY, forward-first piece
-     * first for the declaration cases; for GODDP_ALIGN_READY_GROUPS cap j
-     * is every group's j-th bucket's). */
+     * first for the declaration cases; for GODDP_ALIGN_READY_GROUPS and
+     * GODDP_ALIGN_DECLARATION_GROUPS cap j is every group's j-th bucket's). */
     int64_t num_ddp_caps;
     int64_t *ddp_caps;                  /* [num_ddp_caps] */
-    int64_t merged_cuts;                /* cuts GODDP_ALIGN_DECLARATION_MERGED dropped, or unit
+    int64_t merged_cuts;                /* cuts GODDP_ALIGN_DECLARATION_MERGED or _GROUPS dropped, or unit
                                          * boundaries GODDP_ALIGN_READY_GROUPS closes no bucket at */
 
     /* ABI 6: the decisions (planner/decide.go, Note [One call]).

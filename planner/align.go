@@ -18,33 +18,6 @@ package planner
 // reached falls into the next DDP bucket (harmless for overlap, since it is
 // ready already, but the bucket lists differ).
 
-// checkSingleKey reports ErrInvalidConfig unless every counted parameter of
-// the table (RequiresGrad, not Ignored; used by a compute node or not, since
-// DDP buckets it either way) shares one (DType, Device). DDP walks the cap
-// list anew for each key (bucket j of every key closes against cap j), so
-// with several keys the caps must be chosen for every key at once; Build
-// does so in ready order (keys.go) and asks for one key under
-// OrderDeclaration, which declarationAlign walks for one key alone.
-func checkSingleKey(g *Graph) error {
-	first := -1
-	for p := range g.Params {
-		prm := &g.Params[p]
-		if !prm.counted() {
-			continue
-		}
-		if first < 0 {
-			first = p
-			continue
-		}
-		f := &g.Params[first]
-		if prm.DType != f.DType || prm.Device != f.Device {
-			return errorf(ErrInvalidConfig, "planner: align_buckets needs all counted parameters to share one dtype and device; found dtype %d device %d (parameter %d, %q) and dtype %d device %d (parameter %d, %q): DDP walks the same cap list anew for each (dtype, device) group",
-				f.DType, f.Device, first, f.Name, prm.DType, prm.Device, p, prm.Name)
-		}
-	}
-	return nil
-}
-
 // alignedBuckets returns one bucket per piece, in DDP order (the last piece
 // first). ready is the predicted gradient-ready order of the counted
 // parameters in use (reverse forward order of first uses), so the parameters
@@ -84,20 +57,7 @@ func alignedBuckets(g *Graph, ready, firstUse, part []int32, numPieces int, pred
 // buckets. Under OrderDeclaration it may merge pieces (declorder.go).
 func (w *ddpWalk) align(pl *Plan, cuts []int) {
 	if w.cfg.BucketOrder == OrderDeclaration && pl.NumPieces > 0 {
-		extended := make([]bool, pl.NumPieces)
-		for k := range pl.Buckets {
-			if pl.Buckets[k].Extended {
-				extended[pl.Buckets[k].Piece] = true
-			}
-		}
-		kept, buckets, caps, dropped := declarationAlign(w.g, w.firstUse, cuts, extended)
-		pl.NodePiece = piecesFromCuts(w.g.Ops, kept)
-		pl.NumPieces = len(kept) + 1
-		pl.Buckets, pl.DDPCaps, pl.MergedCuts = buckets, caps, dropped
-		pl.Alignment = AlignDeclaration
-		if dropped > 0 {
-			pl.Alignment = AlignDeclarationMerged
-		}
+		declarationAlign(w.g, w.firstUse, pl, cuts)
 		return
 	}
 	pl.Buckets = alignedBuckets(w.g, w.ready, w.firstUse, pl.NodePiece, pl.NumPieces, pl.Buckets)

@@ -63,11 +63,6 @@ type ddpWalk struct {
 // assignment, and cuts the graph just before the node at which each bucket
 // closes, moving a cut earlier when the piece it would end has no output.
 func planDDP(g *Graph, cfg *Config, lastUser []int32) (*Plan, error) {
-	if cfg.AlignBuckets && cfg.BucketOrder == OrderDeclaration {
-		if err := checkSingleKey(g); err != nil {
-			return nil, err
-		}
-	}
 	w, err := newDDPWalk(g, cfg, lastUser)
 	if err != nil {
 		return nil, err
@@ -318,16 +313,25 @@ func firstUses(g *Graph) ([]int32, error) {
 	return first, nil
 }
 
-// groupKeys numbers the distinct (dtype, device) keys of the parameters in
-// use, in ascending key order, and returns each parameter's key number
-// (0 for parameters not in use).
+// groupKeys is paramKeys of the parameters in use: those DDP's rebuild
+// sees in backward.
 func groupKeys(g *Graph, firstUse []int32) (keyOf []int32, keys []bucketKey) {
-	keyOf = make([]int32, len(g.Params))
-	keyAt := func(p int) bucketKey { return bucketKey{g.Params[p].DType, g.Params[p].Device} }
+	var used []int32
 	for p, i := range firstUse {
 		if i >= 0 {
-			keys = append(keys, keyAt(p))
+			used = append(used, int32(p))
 		}
+	}
+	return paramKeys(g, used)
+}
+
+// paramKeys numbers the (dtype, device) keys of params (ascending) and
+// gives each of them its key's number; other parameters get 0.
+func paramKeys(g *Graph, params []int32) (keyOf []int32, keys []bucketKey) {
+	keyOf = make([]int32, len(g.Params))
+	keyAt := func(p int32) bucketKey { return bucketKey{g.Params[p].DType, g.Params[p].Device} }
+	for _, p := range params {
+		keys = append(keys, keyAt(p))
 	}
 	if len(keys) == 0 {
 		return keyOf, nil
@@ -345,11 +349,9 @@ func groupKeys(g *Graph, firstUse []int32) (keyOf []int32, keys []bucketKey) {
 	}
 	slices.SortFunc(keys, compare)
 	keys = slices.Compact(keys)
-	for p, i := range firstUse {
-		if i >= 0 {
-			k, _ := slices.BinarySearchFunc(keys, keyAt(p), compare)
-			keyOf[p] = int32(k)
-		}
+	for _, p := range params {
+		k, _ := slices.BinarySearchFunc(keys, keyAt(p), compare)
+		keyOf[p] = int32(k)
 	}
 	return keyOf, keys
 }

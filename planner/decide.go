@@ -49,7 +49,7 @@ const (
 	// break's parameter-free frame); the plan is one piece, made without
 	// Build: nothing to cut, align or agree on (Note [Parameter-free graphs]).
 	ReasonNoParams AlignReason = 5
-	// ReasonNoPerBucketCaps .. ReasonParamGroups: facts about the DDP
+	// ReasonNoPerBucketCaps .. ReasonBuiltinCommHook: facts about the DDP
 	// module refuse alignment (Note [Alignment refusals], refusals.go); the
 	// plan is the unaligned one.
 	ReasonNoPerBucketCaps AlignReason = 6
@@ -58,10 +58,14 @@ const (
 	// aligned now; the others keep their numbers.
 	ReasonMixedPrecision  AlignReason = 9
 	ReasonBuiltinCommHook AlignReason = 10
-	ReasonParamGroups     AlignReason = 12
+	// ReasonParamGroups: several (dtype, device) groups in a graph that
+	// holds part of DDP's parameters (CombineForward walks one group); the
+	// plan is the unaligned one.
+	ReasonParamGroups AlignReason = 12
 	// ReasonGroupsLater: several (dtype, device) groups, whose per-group
 	// caps would launch DDP's buckets later than DDP's own buckets do
-	// (Note [Several dtype groups], keys.go); the plan is the unaligned one.
+	// (Note [Several dtype groups], keys.go; Note [Declaration order per
+	// group], declorder.go); the plan is the unaligned one.
 	ReasonGroupsLater AlignReason = 13
 )
 
@@ -234,13 +238,31 @@ func (d *decider) plan() error {
 		d.out.AlignedParams = planned
 		return nil
 	}
-	if d.out.Plan.Alignment == AlignReadyGroups {
-		own, err := Build(&d.g, s.resolve(false))
+	if al := d.out.Plan.Alignment; al == AlignReadyGroups || al == AlignDeclarationGroups {
+		cfg := s.resolve(false)
+		own, err := Build(&d.g, cfg)
 		if err != nil {
 			return err
 		}
-		if launchesLater(d.out.Plan, own) {
-			d.out.Plan, d.out.Config, d.out.AlignReason = own, s.resolve(false), ReasonGroupsLater
+		// DDP's own buckets: rebuilt in ready order as the unaligned plan
+		// predicts, or kept in declaration order, launching on the aligned
+		// plan's pieces.
+		aligned, rival := d.out.Plan, own
+		if al == AlignDeclarationGroups {
+			plain := d.out.Config
+			plain.AlignBuckets = false
+			clock, err := Build(&d.g, plain)
+			if err != nil {
+				return err
+			}
+			var buckets [][]int32
+			for _, b := range aligned.Buckets {
+				buckets = append(buckets, b.Params)
+			}
+			aligned, rival = launchedOn(&d.g, clock, buckets), launchedOn(&d.g, clock, declaredOwn(&d.g, capList(&cfg)))
+		}
+		if launchesLater(aligned, rival) {
+			d.out.Plan, d.out.Config, d.out.AlignReason = own, cfg, ReasonGroupsLater
 			return nil
 		}
 	}

@@ -1,6 +1,8 @@
 package planner
 
 import (
+	"cmp"
+	"math"
 	"slices"
 )
 
@@ -32,6 +34,27 @@ import (
 // every cut stays (AlignDeclaration); otherwise the fewest cuts go that any
 // caps would need (AlignDeclarationMerged). A classifier head declared
 // before the body joins the first layer's bucket and loses only its own cut.
+//
+// Note [Declaration order per group]
+//
+// With parameters of several (dtype, device) groups DDP fills each group's
+// buckets apart, walking the group's parameters in declaration order and
+// the one cap list anew (bucket j of every group closes against cap j); it
+// then lists the buckets of all groups by their first parameter's
+// position and reverses the list, so that the bucket declared last comes
+// first, and launches them in that order (checked against torch in
+// tests/python/distributed/test_dist_dtype_groups.py). The units are the
+// runs of equal suffix minimum above. Each group's buckets are runs of its
+// units, with caps chosen for every group at once as in Note [Several
+// dtype groups] (keys.go); since the walk's order is fixed, a bucket
+// closes at a unit's end exactly when its cap lies in (S - b, S], b the
+// unit's last positive gradient in the group. Each bucket then launches
+// where DDP's order says (the running minimum, in DDP order, of its
+// parameters' pieces), which may be later than its unit's when the shared
+// caps make it long; the cuts kept are those at which some bucket
+// launches. Decide weighs the result against DDP's own buckets on the
+// pieces before merging and keeps DDP's where they launch earlier
+// (ReasonGroupsLater).
 //
 // The other answer, keeping DDP's own caps (25 MiB, 1 MiB for the
 // first-declared bucket by default) and cutting where those buckets start,
@@ -73,6 +96,11 @@ const (
 	// every group, Plan.MergedCuts unit boundaries close no bucket (Note
 	// [Several dtype groups], keys.go).
 	AlignReadyGroups Alignment = 4
+	// AlignDeclarationGroups: as AlignDeclarationMerged with parameters of
+	// several (dtype, device) groups: one bucket per run of declaration
+	// units and group, Plan.DDPCaps fit every group, Plan.MergedCuts
+	// counts the cuts that went (Note [Declaration order per group]).
+	AlignDeclarationGroups Alignment = 5
 )
 
 // String names the alignment the way plan records and logs do.
@@ -88,6 +116,8 @@ func (a Alignment) String() string {
 		return "declaration-order caps, pieces merged"
 	case AlignReadyGroups:
 		return "ready-order caps per dtype group"
+	case AlignDeclarationGroups:
+		return "declaration-order caps per dtype group"
 	}
 	return "unknown"
 }
@@ -170,21 +200,31 @@ func suffixMinima(label []int32) []int32 {
 	return m
 }
 
-// declarationAlign makes the buckets for DDP's declaration-order bucketing
-// and the cuts that suit them (see the top of this file). cuts are the
-// final cuts (ascending first nodes of every piece but the first);
-// extended[q] says whether a predicted bucket completed by piece q was
-// Extended. It returns the cuts kept, the buckets in DDP order, the caps in
-// the order DDP walks them (declaration order) and how many cuts went.
-func declarationAlign(g *Graph, firstUse []int32, cuts []int, extended []bool) (kept []int, buckets []Bucket, caps []int64, dropped int) {
+// declarationAlign sets pl's buckets for DDP's declaration-order bucketing
+// and keeps the cuts that suit them (see the top of this file and, for
+// several (dtype, device) groups, Note [Declaration order per group]).
+// cuts are pl's final cuts (ascending first nodes of every piece but the
+// first). The buckets come in DDP order, the caps in the order DDP walks
+// them (declaration order); Plan.MergedCuts counts the cuts that went.
+func declarationAlign(g *Graph, firstUse []int32, pl *Plan, cuts []int) {
 	numPieces := len(cuts) + 1
+	extended := make([]bool, numPieces)
+	for k := range pl.Buckets {
+		if pl.Buckets[k].Extended {
+			extended[pl.Buckets[k].Piece] = true
+		}
+	}
 	order := declarationOrder(g)
 	part := piecesFromCuts(g.Ops, cuts)
-	launch := suffixMinima(declaredPieces(order, firstUse, part, numPieces))
+	label := declaredPieces(order, firstUse, part, numPieces)
+	runs, caps, grouped := declarationRuns(g, order, declarationUnits(suffixMinima(label)))
+	launch := declaredLaunches(label, runs)
 
 	// A piece keeps its cut (and stays a piece) if some bucket launches at
 	// its end; newPiece renumbers the pieces after the others merge into
 	// the piece before them.
+	var kept []int
+	dropped := 0
 	launches := make([]bool, numPieces)
 	for _, q := range launch {
 		launches[q] = true
@@ -205,23 +245,168 @@ func declarationAlign(g *Graph, firstUse []int32, cuts []int, extended []bool) (
 			mergedExt[newPiece[q]] = true
 		}
 	}
-
-	// One bucket per run of equal launch piece, first-declared first.
-	for lo := 0; lo < len(order); {
-		hi := lo
-		for hi < len(order) && launch[hi] == launch[lo] {
-			hi++
-		}
+	var buckets []Bucket
+	for k, run := range runs {
 		// Listed last-declared first, the order DDP's bucket 0 comes in.
-		run := slices.Clone(order[lo:hi])
-		slices.Reverse(run)
-		b := bucketFromRun(g, firstUse, run)
-		piece := newPiece[launch[lo]]
+		params := make([]int32, len(run))
+		for j, pos := range run {
+			params[len(run)-1-j] = order[pos]
+		}
+		b := bucketFromRun(g, firstUse, params)
+		piece := newPiece[launch[k]]
 		b.Piece, b.Extended = int(piece), mergedExt[piece]
-		caps = append(caps, b.Bytes)
 		buckets = append(buckets, b)
-		lo = hi
 	}
-	slices.Reverse(buckets)
-	return kept, buckets, caps, dropped
+	pl.NodePiece = piecesFromCuts(g.Ops, kept)
+	pl.NumPieces = len(kept) + 1
+	pl.Buckets, pl.DDPCaps, pl.MergedCuts = buckets, caps, dropped
+	switch {
+	case grouped:
+		pl.Alignment = AlignDeclarationGroups
+	case dropped > 0:
+		pl.Alignment = AlignDeclarationMerged
+	default:
+		pl.Alignment = AlignDeclaration
+	}
+}
+
+// declarationUnits cuts the declaration order where the suffix minimum
+// launch changes: unit u is positions [units[u], units[u+1]).
+func declarationUnits(launch []int32) []int {
+	var starts []int
+	for k := range launch {
+		if k == 0 || launch[k] != launch[k-1] {
+			starts = append(starts, k)
+		}
+	}
+	return append(starts, len(launch))
+}
+
+// declarationRuns makes DDP's buckets from the units, as runs of
+// declaration positions in DDP order (the last-declared first), with the
+// caps that give DDP exactly those buckets, in the order it walks them.
+// One group: a bucket per unit, capped at its bytes. Several: each group's
+// buckets are runs of its units, with caps that fit every group (Note
+// [Declaration order per group]).
+func declarationRuns(g *Graph, order []int32, units []int) (runs [][]int, caps []int64, grouped bool) {
+	keyOf, keys := paramKeys(g, order)
+	if len(keys) < 2 {
+		for u := range len(units) - 1 {
+			run := make([]int, 0, units[u+1]-units[u])
+			for pos := units[u]; pos < units[u+1]; pos++ {
+				run = append(run, pos)
+			}
+			runs = append(runs, run)
+			caps = append(caps, runBytes(g, order[units[u]:units[u+1]]))
+		}
+		slices.Reverse(runs)
+		return runs, caps, false
+	}
+	position := make(map[int32]int, len(order))
+	groups := make([][]groupUnit, len(keys))
+	for u := range len(units) - 1 {
+		for pos := units[u]; pos < units[u+1]; pos++ {
+			p := order[pos]
+			position[p] = pos
+			k := keyOf[p]
+			gs := groups[k]
+			if len(gs) == 0 || gs[len(gs)-1].unit != u {
+				gs = append(gs, groupUnit{unit: u})
+			}
+			last := &gs[len(gs)-1]
+			last.params = append(last.params, p)
+			last.bytes += g.Params[p].Bytes
+			// The order is fixed: the bucket closes at the unit's last
+			// positive gradient.
+			if b := g.Params[p].Bytes; b > 0 {
+				last.least = b
+			}
+			groups[k] = gs
+		}
+	}
+	caps, keyed := chooseKeyCaps(groups)
+	for _, kb := range keyed {
+		var run []int
+		for _, gu := range groups[kb.key][kb.from:kb.to] {
+			for _, p := range gu.params {
+				run = append(run, position[p])
+			}
+		}
+		runs = append(runs, run)
+	}
+	// DDP sorts the buckets of every group by their first position and
+	// reverses the list.
+	slices.SortFunc(runs, func(a, b []int) int { return cmp.Compare(b[0], a[0]) })
+	return runs, caps, true
+}
+
+// declaredLaunches returns the piece at whose backward end DDP launches
+// each of runs (DDP order): it launches them strictly in order, each once
+// it and every one before it are complete.
+func declaredLaunches(label []int32, runs [][]int) []int32 {
+	out := make([]int32, len(runs))
+	running := int32(math.MaxInt32)
+	for k, run := range runs {
+		for _, pos := range run {
+			running = min(running, label[pos])
+		}
+		out[k] = running
+	}
+	return out
+}
+
+// declaredOwn returns the buckets DDP fills in declaration order with its
+// own caps, in DDP order: each group walking the caps anew, the buckets
+// sorted as DDP sorts them.
+func declaredOwn(g *Graph, caps []int64) [][]int32 {
+	order := declarationOrder(g)
+	keyOf, keys := paramKeys(g, order)
+	type filling struct {
+		run    []int
+		bytes  int64
+		capIdx int
+	}
+	fills := make([]filling, len(keys))
+	var runs [][]int
+	for pos, p := range order {
+		f := &fills[keyOf[p]]
+		f.run = append(f.run, pos)
+		f.bytes += g.Params[p].Bytes
+		if f.bytes >= caps[f.capIdx] {
+			runs = append(runs, f.run)
+			f.run, f.bytes, f.capIdx = nil, 0, min(f.capIdx+1, len(caps)-1)
+		}
+	}
+	for _, f := range fills {
+		if len(f.run) > 0 {
+			runs = append(runs, f.run)
+		}
+	}
+	slices.SortFunc(runs, func(a, b []int) int { return cmp.Compare(b[0], a[0]) })
+	out := make([][]int32, len(runs))
+	for k, run := range runs {
+		for _, pos := range run {
+			out[k] = append(out[k], order[pos])
+		}
+	}
+	return out
+}
+
+// launchedOn returns buckets (DDP order) as a plan on clock's pieces, each
+// naming the piece at whose backward end DDP launches it, for launchCost:
+// Decide weighs the aligned buckets and DDP's own on the same pieces, the
+// cuts before declarationAlign merged any.
+func launchedOn(g *Graph, clock *Plan, buckets [][]int32) *Plan {
+	firstUse, _ := firstUses(g) // cannot fail: Build bounded the same sums
+	out := &Plan{NumPieces: clock.NumPieces}
+	running := int32(clock.NumPieces - 1)
+	for _, params := range buckets {
+		for _, p := range params {
+			if f := firstUse[p]; f >= 0 {
+				running = min(running, clock.NodePiece[f])
+			}
+		}
+		out.Buckets = append(out.Buckets, Bucket{Bytes: runBytes(g, params), Piece: int(running)})
+	}
+	return out
 }

@@ -10,11 +10,13 @@ import (
 
 // naiveInitialBuckets is a plain reference for the buckets DDP builds at
 // construction (torch 2.15: _ddp_init_helper over
-// compute_bucket_assignment_by_size, one (dtype, device) key): walk the
-// parameters in declaration order, add each to the open bucket, close the
-// bucket once its bytes reach the current cap (the last cap repeating),
-// then list the buckets last-declared first. Each bucket is a set of
-// parameter indices.
+// compute_bucket_assignment_by_size, checked against torch in
+// tests/python/distributed/test_dist_dtype_groups.py): walk the parameters
+// in declaration order, add each to its (dtype, device) group's open
+// bucket, close that bucket once its bytes reach the group's current cap
+// (each group walks the caps from the first, the last repeating), list
+// every bucket by its first position, then reverse the list: DDP order,
+// the last-declared first. Each bucket is a set of parameter indices.
 func naiveInitialBuckets(g *Graph, caps []int64) []map[int32]bool {
 	var order []int32
 	for p := range g.Params {
@@ -23,22 +25,48 @@ func naiveInitialBuckets(g *Graph, caps []int64) []map[int32]bool {
 		}
 	}
 	slices.SortFunc(order, func(a, b int32) int { return int(g.Params[a].DDPPosition - g.Params[b].DDPPosition) })
-	var buckets []map[int32]bool
-	open, size, capIdx := map[int32]bool{}, int64(0), 0
-	for _, p := range order {
-		open[p] = true
-		size += g.Params[p].Bytes
-		if size >= caps[capIdx] {
-			buckets = append(buckets, open)
-			open, size = map[int32]bool{}, 0
-			capIdx = min(capIdx+1, len(caps)-1)
+	type key struct{ dtype, device int32 }
+	type filling struct {
+		first  int
+		params map[int32]bool
+		size   int64
+		capIdx int
+	}
+	fills := map[key]*filling{}
+	type built struct {
+		first  int
+		params map[int32]bool
+	}
+	var buckets []built
+	for pos, p := range order {
+		k := key{g.Params[p].DType, g.Params[p].Device}
+		f := fills[k]
+		if f == nil {
+			f = &filling{}
+			fills[k] = f
+		}
+		if f.params == nil {
+			f.first, f.params = pos, map[int32]bool{}
+		}
+		f.params[p] = true
+		f.size += g.Params[p].Bytes
+		if f.size >= caps[f.capIdx] {
+			buckets = append(buckets, built{f.first, f.params})
+			f.params, f.size = nil, 0
+			f.capIdx = min(f.capIdx+1, len(caps)-1)
 		}
 	}
-	if len(open) > 0 {
-		buckets = append(buckets, open)
+	for _, f := range fills {
+		if f.params != nil {
+			buckets = append(buckets, built{f.first, f.params})
+		}
 	}
-	slices.Reverse(buckets)
-	return buckets
+	slices.SortFunc(buckets, func(a, b built) int { return b.first - a.first })
+	var out []map[int32]bool
+	for _, b := range buckets {
+		out = append(out, b.params)
+	}
+	return out
 }
 
 // setDDPPositions gives the counted parameters the DDP positions perm
@@ -150,6 +178,66 @@ func checkDeclarationAligned(t *testing.T, g *Graph, ready, decl *Plan) {
 	}
 	if decl.Alignment != wantAlign {
 		t.Fatalf("alignment %v, want %v", decl.Alignment, wantAlign)
+	}
+}
+
+// checkDeclarationGroups checks a plan of several (dtype, device) groups
+// made under OrderDeclaration with AlignBuckets against the ready-order
+// plan of the same graph (Note [Declaration order per group]): DDP's
+// construction-time bucketing with the plan's DDPCaps yields exactly the
+// plan's buckets, in DDP's order; each bucket holds one group and names
+// the piece at whose backward end DDP, launching in order, starts it; every
+// piece starts one; the cuts are ready-order cuts, MergedCuts of them gone.
+func checkDeclarationGroups(t *testing.T, g *Graph, ready, decl *Plan) {
+	t.Helper()
+	if decl.Alignment != AlignDeclarationGroups {
+		t.Fatalf("alignment %v, want %v", decl.Alignment, AlignDeclarationGroups)
+	}
+	for j, c := range decl.DDPCaps {
+		if c < 1 {
+			t.Fatalf("cap %d is %d bytes", j, c)
+		}
+	}
+	got := naiveInitialBuckets(g, decl.DDPCaps)
+	if len(got) != len(decl.Buckets) {
+		t.Fatalf("DDP would build %d buckets with caps %v; the plan has %d: %v", len(got), decl.DDPCaps, len(decl.Buckets), decl.Buckets)
+	}
+	firstUse, _ := firstUses(g)
+	running := int32(1 << 30)
+	starts := map[int]bool{}
+	for k, b := range decl.Buckets {
+		if len(b.Params) != len(got[k]) {
+			t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
+		}
+		for _, p := range b.Params {
+			if !got[k][p] {
+				t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
+			}
+			if g.Params[p].DType != b.DType || g.Params[p].Device != b.Device {
+				t.Fatalf("bucket %d mixes groups", k)
+			}
+			piece := int32(decl.NumPieces - 1) // unused: ready as backward starts
+			if f := firstUse[p]; f >= 0 {
+				piece = decl.NodePiece[f]
+			}
+			running = min(running, piece)
+		}
+		if b.Piece != int(running) {
+			t.Fatalf("bucket %d names piece %d; DDP launches it after piece %d", k, b.Piece, running)
+		}
+		starts[b.Piece] = true
+	}
+	if len(starts) != decl.NumPieces {
+		t.Fatalf("%d pieces, %d of them start a bucket", decl.NumPieces, len(starts))
+	}
+	readyCuts, declCuts := cutsOf(ready), cutsOf(decl)
+	for _, c := range declCuts {
+		if !slices.Contains(readyCuts, c) {
+			t.Fatalf("cut at node %d is not one of the ready-order cuts %v", c, readyCuts)
+		}
+	}
+	if decl.MergedCuts != len(readyCuts)-len(declCuts) {
+		t.Fatalf("MergedCuts %d, but %d of %d cuts went", decl.MergedCuts, len(readyCuts)-len(declCuts), len(readyCuts))
 	}
 }
 

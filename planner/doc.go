@@ -95,8 +95,9 @@
 // rebuild closes each bucket exactly at a piece boundary whatever that
 // order. DDP walks the caps once per (dtype, device) key: with several keys
 // the buckets are split by key and the caps chosen for every key at once
-// (Note [Several dtype groups], keys.go), and under OrderDeclaration Build
-// returns ErrInvalidConfig. A piece without counted parameters gets no bucket, which happens
+// (Note [Several dtype groups], keys.go; under OrderDeclaration, Note
+// [Declaration order per group], declorder.go). A piece without counted
+// parameters gets no bucket, which happens
 // only for a single-piece plan. Zero-byte parameters are the one exception
 // to exact alignment: one that DDP sees after its piece's bytes reached the
 // cap joins the next DDP bucket (it is ready already, so overlap does not
@@ -119,7 +120,8 @@
 // Then bucket k completes, and can launch, when piece N-1-k's backward
 // ends; Plan.DDPCaps lists the buckets' bytes first-declared first, the
 // order DDP walks them. Plan.Alignment says AlignDeclaration, or
-// AlignDeclarationMerged with Plan.MergedCuts > 0. Under OrderReady,
+// AlignDeclarationMerged with Plan.MergedCuts > 0, or with several (dtype,
+// device) groups AlignDeclarationGroups. Under OrderReady,
 // Plan.DDPCaps are the aligned buckets' bytes in DDP order (AlignReady).
 //
 // # Where real DDP buckets can differ from ModeDDP's

@@ -488,16 +488,7 @@ func buildTwiceSame(g *Graph, cfg Config, first *Plan) error {
 func checkAligned(g *Graph, cfg Config, pl *Plan) []string {
 	var bad []string
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
-	keys := map[bucketKey]bool{}
-	for _, p := range g.Params {
-		if p.counted() {
-			keys[bucketKey{p.DType, p.Device}] = true
-		}
-	}
 	several := countedKeys(g) > 1
-	if several && cfg.BucketOrder == OrderDeclaration {
-		fail("aligned: declaration order accepted counted parameters of %d (dtype, device) keys", len(keys))
-	}
 	plain := cfg
 	plain.AlignBuckets = false
 	base, err := Build(g, plain)

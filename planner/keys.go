@@ -59,7 +59,10 @@ type groupUnit struct {
 	unit   int
 	params []int32 // gradient-ready order
 	bytes  int64
-	least  int64 // its smallest positive gradient, 0 if none
+	// least: the gradient that must close the bucket at the unit's end:
+	// its smallest positive one (ready order, any order inside a unit) or
+	// its last positive one (declaration order, a fixed walk); 0 if none.
+	least int64
 }
 
 // closing is where a group's bucket, started at a given unit of it, may

@@ -242,34 +242,27 @@ func TestSeveralKeysCloseAtEveryCutTheyCan(t *testing.T) {
 	})
 }
 
-// TestSeveralKeysRefusedInDeclarationOrder: declarationAlign walks one
-// group; Build says so, and Decide refuses with ReasonParamGroups.
-func TestSeveralKeysRefusedInDeclarationOrder(t *testing.T) {
+// TestSeveralKeysRefusedInAPartOfTheForward: a graph that holds part of
+// DDP's parameters is combined with its forward's other graphs by one
+// group's rule (CombineForward), so Decide refuses it with
+// ReasonParamGroups; the whole graph is aligned in either order.
+func TestSeveralKeysRefusedInAPartOfTheForward(t *testing.T) {
 	g := layersGraph([]int64{100}, []int64{-100})
-	setDDPPositions(g, countedParams(g))
-	_, err := Build(g, Config{AlignBuckets: true, BucketOrder: OrderDeclaration, BucketCapBytes: 50, FirstBucketCapBytes: 50})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "one dtype and device")
+	for _, findUnused := range []bool{false, true} {
+		s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups, d.FindUnusedParameters = true, findUnused })
+		s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
+		dec, err := Decide(&Request{Graph: g, Settings: s})
+		require.NoError(t, err)
+		assert.Equal(t, ReasonAligned, dec.AlignReason)
+		want := map[bool]Alignment{false: AlignReadyGroups, true: AlignDeclarationGroups}[findUnused]
+		assert.Equal(t, want, dec.Plan.Alignment)
 
-	s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups = true })
-	s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
-	dec, err := Decide(&Request{Graph: g, Settings: s})
-	require.NoError(t, err)
-	assert.Equal(t, ReasonAligned, dec.AlignReason, "ready order: aligned per group")
-	assert.Equal(t, AlignReadyGroups, dec.Plan.Alignment)
-
-	s.DDP.FindUnusedParameters = true
-	dec, err = Decide(&Request{Graph: g, Settings: s})
-	require.NoError(t, err)
-	assert.Equal(t, ReasonParamGroups, dec.AlignReason)
-
-	// A graph that holds part of DDP's parameters: its forward's graphs
-	// are combined by one group's rule, so it is refused as well.
-	s = alignedDDP(g, 1, func(d *DDPSettings) { d.SeveralParamGroups = true })
-	s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
-	dec, err = Decide(&Request{Graph: g, Settings: s})
-	require.NoError(t, err)
-	assert.Equal(t, ReasonParamGroups, dec.AlignReason)
+		s = alignedDDP(g, 1, func(d *DDPSettings) { d.SeveralParamGroups, d.FindUnusedParameters = true, findUnused })
+		s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
+		dec, err = Decide(&Request{Graph: g, Settings: s})
+		require.NoError(t, err)
+		assert.Equal(t, ReasonParamGroups, dec.AlignReason)
+	}
 }
 
 // countedKeys counts the (dtype, device) groups of the counted parameters

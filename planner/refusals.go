@@ -14,11 +14,11 @@ package planner
 // DDP's buckets are then its own and the plan is the unaligned one. The
 // caller's own refusals (a stand-in DDP, a DDP it could not inspect) come
 // before any of these. Parameters of several (dtype, device) groups are
-// aligned in ready order (Note [Several dtype groups], keys.go) and refused
-// (ReasonParamGroups, after the others) where DDP fills its buckets in
-// declaration order or the graph holds part of DDP's parameters
-// (CombineForward and declarationAlign walk one group); Decide also keeps
-// DDP's own buckets where they launch earlier (ReasonGroupsLater). static_graph refuses nothing: the caller sets it
+// aligned (Note [Several dtype groups], keys.go; Note [Declaration order
+// per group], declorder.go) and refused only where the graph holds part of
+// DDP's parameters (ReasonParamGroups, from Decide: CombineForward walks
+// one group); Decide also keeps DDP's own buckets where they launch
+// earlier (ReasonGroupsLater). static_graph refuses nothing: the caller sets it
 // again on the reducer it rebuilds, which then records its first iteration
 // afresh and rebuilds its buckets to the caps (Note [Static graph across a
 // rebuild] in python/goddp/ddp/private.py). Nor does
@@ -39,8 +39,6 @@ func (d *DDPSettings) refusal() AlignReason {
 		return ReasonMixedPrecision
 	case d.BuiltinCommHook:
 		return ReasonBuiltinCommHook
-	case d.SeveralParamGroups && d.bucketOrder() == OrderDeclaration:
-		return ReasonParamGroups
 	}
 	return ReasonAligned
 }

@@ -21,9 +21,6 @@ func TestAlignmentRefusals(t *testing.T) {
 		{"Python reducer", func(d *DDPSettings) { d.PythonReducer = true }, ReasonPythonReducer},
 		{"mixed precision", func(d *DDPSettings) { d.MixedPrecision = true }, ReasonMixedPrecision},
 		{"built-in comm hook", func(d *DDPSettings) { d.BuiltinCommHook = true }, ReasonBuiltinCommHook},
-		// Only where DDP fills its buckets in declaration order (Note
-		// [Several dtype groups]; keys_test.go has the rest).
-		{"several param groups, declaration order", func(d *DDPSettings) { d.SeveralParamGroups, d.FindUnusedParameters = true, true }, ReasonParamGroups},
 	}
 	for i, f := range facts {
 		t.Run(f.name, func(t *testing.T) {
