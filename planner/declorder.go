@@ -217,7 +217,11 @@ func declarationAlign(g *Graph, firstUse []int32, pl *Plan, cuts []int) {
 	order := declarationOrder(g)
 	part := piecesFromCuts(g.Ops, cuts)
 	label := declaredPieces(order, firstUse, part, numPieces)
-	runs, caps, grouped := declarationRuns(g, order, declarationUnits(suffixMinima(label)))
+	caps, grouped := declarationCaps(g, order, declarationUnits(suffixMinima(label)))
+	// DDP's walk with those caps: the planned runs, except that a zero-byte
+	// gradient declared after its unit's last positive one joins the
+	// group's next bucket (cap reached), which may launch later.
+	runs := declaredWalk(g, order, caps)
 	launch := declaredLaunches(label, runs)
 
 	// A piece keeps its cut (and stays a piece) if some bucket launches at
@@ -282,32 +286,23 @@ func declarationUnits(launch []int32) []int {
 	return append(starts, len(launch))
 }
 
-// declarationRuns makes DDP's buckets from the units, as runs of
-// declaration positions in DDP order (the last-declared first), with the
-// caps that give DDP exactly those buckets, in the order it walks them.
-// One group: a bucket per unit, capped at its bytes. Several: each group's
+// declarationCaps returns the caps, in the order DDP walks them, that make
+// DDP's buckets the units' runs, and whether there are several groups. One
+// group: a bucket per unit, capped at its bytes. Several: each group's
 // buckets are runs of its units, with caps that fit every group (Note
 // [Declaration order per group]).
-func declarationRuns(g *Graph, order []int32, units []int) (runs [][]int, caps []int64, grouped bool) {
+func declarationCaps(g *Graph, order []int32, units []int) (caps []int64, grouped bool) {
 	keyOf, keys := paramKeys(g, order)
 	if len(keys) < 2 {
 		for u := range len(units) - 1 {
-			run := make([]int, 0, units[u+1]-units[u])
-			for pos := units[u]; pos < units[u+1]; pos++ {
-				run = append(run, pos)
-			}
-			runs = append(runs, run)
 			caps = append(caps, runBytes(g, order[units[u]:units[u+1]]))
 		}
-		slices.Reverse(runs)
-		return runs, caps, false
+		return caps, false
 	}
-	position := make(map[int32]int, len(order))
 	groups := make([][]groupUnit, len(keys))
 	for u := range len(units) - 1 {
 		for pos := units[u]; pos < units[u+1]; pos++ {
 			p := order[pos]
-			position[p] = pos
 			k := keyOf[p]
 			gs := groups[k]
 			if len(gs) == 0 || gs[len(gs)-1].unit != u {
@@ -324,20 +319,8 @@ func declarationRuns(g *Graph, order []int32, units []int) (runs [][]int, caps [
 			groups[k] = gs
 		}
 	}
-	caps, keyed := chooseKeyCaps(groups)
-	for _, kb := range keyed {
-		var run []int
-		for _, gu := range groups[kb.key][kb.from:kb.to] {
-			for _, p := range gu.params {
-				run = append(run, position[p])
-			}
-		}
-		runs = append(runs, run)
-	}
-	// DDP sorts the buckets of every group by their first position and
-	// reverses the list.
-	slices.SortFunc(runs, func(a, b []int) int { return cmp.Compare(b[0], a[0]) })
-	return runs, caps, true
+	caps, _ = chooseKeyCaps(groups)
+	return caps, true
 }
 
 // declaredLaunches returns the piece at whose backward end DDP launches
@@ -355,11 +338,11 @@ func declaredLaunches(label []int32, runs [][]int) []int32 {
 	return out
 }
 
-// declaredOwn returns the buckets DDP fills in declaration order with its
-// own caps, in DDP order: each group walking the caps anew, the buckets
-// sorted as DDP sorts them.
-func declaredOwn(g *Graph, caps []int64) [][]int32 {
-	order := declarationOrder(g)
+// declaredWalk returns the buckets DDP fills in declaration order with
+// caps, as runs of positions in order, in DDP order: each group walking the
+// caps anew, the buckets sorted by their first position and the list
+// reversed, as DDP does.
+func declaredWalk(g *Graph, order []int32, caps []int64) [][]int {
 	keyOf, keys := paramKeys(g, order)
 	type filling struct {
 		run    []int
@@ -383,6 +366,14 @@ func declaredOwn(g *Graph, caps []int64) [][]int32 {
 		}
 	}
 	slices.SortFunc(runs, func(a, b []int) int { return cmp.Compare(b[0], a[0]) })
+	return runs
+}
+
+// declaredOwn returns the buckets DDP fills in declaration order with its
+// own caps, in DDP order, as parameter lists.
+func declaredOwn(g *Graph, caps []int64) [][]int32 {
+	order := declarationOrder(g)
+	runs := declaredWalk(g, order, caps)
 	out := make([][]int32, len(runs))
 	for k, run := range runs {
 		for _, pos := range run {
@@ -394,8 +385,8 @@ func declaredOwn(g *Graph, caps []int64) [][]int32 {
 
 // launchedOn returns buckets (DDP order) as a plan on clock's pieces, each
 // naming the piece at whose backward end DDP launches it, for launchCost:
-// Decide weighs the aligned buckets and DDP's own on the same pieces, the
-// cuts before declarationAlign merged any.
+// Decide weighs the aligned buckets and DDP's own on the same pieces:
+// those of the plan it would keep DDP's buckets with.
 func launchedOn(g *Graph, clock *Plan, buckets [][]int32) *Plan {
 	firstUse, _ := firstUses(g) // cannot fail: Build bounded the same sums
 	out := &Plan{NumPieces: clock.NumPieces}

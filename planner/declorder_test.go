@@ -338,18 +338,21 @@ func TestDeclarationOrderInterleavedMergesOnlyWhatItMust(t *testing.T) {
 
 // TestDeclarationOrderRandomPlans: random graphs, random declaration
 // orders (and, one time in four, the forward order), unused parameters
-// included.
+// and several (dtype, device) groups included.
 func TestDeclarationOrderRandomPlans(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 7))
-	checked := 0
+	checked, grouped := 0, 0
 	forRandomFuzzInputs(t, rng, 1500, 300, func(data []byte) {
-		data[0] = 0x02 // ModeDDP, AlignBuckets, one key, no corruption
+		// ModeDDP, AlignBuckets, no corruption; mixed keys kept one time in two.
+		data[0] = 0x02 | (data[1]&1)<<2
 		g, cfg := decodeFuzzInput(data)
 		counted := countedParams(g)
+		_, keys := paramKeys(g, counted)
 		for _, p := range counted {
-			if g.Params[p].Bytes == 0 {
+			if g.Params[p].Bytes == 0 && len(keys) < 2 {
 				// Zero-byte parameters are the documented exception to exact
-				// alignment (doc.go, "Aligned buckets").
+				// alignment (doc.go, "Aligned buckets"); with several groups
+				// the plan is DDP's walk, which checkDeclarationGroups checks.
 				return
 			}
 		}
@@ -371,11 +374,19 @@ func TestDeclarationOrderRandomPlans(t *testing.T) {
 		if err != nil || again.Fingerprint != decl.Fingerprint {
 			t.Fatalf("not deterministic: %v", err)
 		}
+		if len(keys) > 1 && len(decl.Buckets) > 0 {
+			checkDeclarationGroups(t, g, ready, decl)
+			grouped++
+			return
+		}
 		checkDeclarationAligned(t, g, ready, decl)
 		if decl.MergedCuts > 0 {
 			checked++
 		}
 	})
+	if !testing.Short() && grouped < 100 {
+		t.Fatalf("%d random cases of several groups", grouped)
+	}
 	if checked == 0 && !testing.Short() {
 		t.Fatal("no random case needed a merge: the generator does not exercise merging")
 	}

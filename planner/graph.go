@@ -98,7 +98,8 @@ type Config struct {
 	// final, by one bucket per piece with the exact byte total of the
 	// parameters first used in it, meant to be handed to DDP as per-bucket
 	// caps. With several (DType, Device) keys: split by key (Note [Several
-	// dtype groups]); under OrderDeclaration they must share one.
+	// dtype groups]; under OrderDeclaration, Note [Declaration order per
+	// group]).
 	AlignBuckets bool
 
 	// BucketOrder (ModeDDP) says whether DDP rebuilds its buckets in
