@@ -351,7 +351,7 @@ func ddpFromC(d *C.goddp_ddp) (*planner.DDPSettings, error) {
 	}
 	const knownFlags = C.GODDP_DDP_FIND_UNUSED_PARAMETERS | C.GODDP_DDP_STATIC_GRAPH | C.GODDP_DDP_CAP_IS_DEFAULT |
 		C.GODDP_DDP_NO_PER_BUCKET_CAPS | C.GODDP_DDP_PYTHON_REDUCER | C.GODDP_DDP_MIXED_PRECISION |
-		C.GODDP_DDP_BUILTIN_COMM_HOOK | C.GODDP_DDP_SEVERAL_PARAM_GROUPS
+		C.GODDP_DDP_BUILTIN_COMM_HOOK
 	if d.flags&^knownFlags != 0 {
 		return nil, invalidConfig("goddp: ddp.flags = %#x has unknown bits (valid: the GODDP_DDP_* bits of goddp.h, mask %#x)", uint32(d.flags), uint32(knownFlags))
 	}
@@ -375,7 +375,6 @@ func ddpFromC(d *C.goddp_ddp) (*planner.DDPSettings, error) {
 		PythonReducer:        has(C.GODDP_DDP_PYTHON_REDUCER),
 		MixedPrecision:       has(C.GODDP_DDP_MIXED_PRECISION),
 		BuiltinCommHook:      has(C.GODDP_DDP_BUILTIN_COMM_HOOK),
-		SeveralParamGroups:   has(C.GODDP_DDP_SEVERAL_PARAM_GROUPS),
 		NumParams:            int(numParams),
 	}, nil
 }

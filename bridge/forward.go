@@ -26,12 +26,12 @@ func goddp_combine_forward(f *C.goddp_forward_in, out **C.goddp_forward_plan, er
 		return C.GODDP_ERR_INVALID_CONFIG
 	}
 	*out = nil
-	graphs, bytes, err := forwardFromC((*C.goddp_forward)(f))
+	graphs, bytes, keys, err := forwardFromC((*C.goddp_forward)(f))
 	if err != nil {
 		setErrMsg(errMsg, err.Error())
 		return statusOf(err)
 	}
-	plan, err := planner.CombineForward(graphs, bytes)
+	plan, err := planner.CombineForward(graphs, bytes, keys)
 	if err != nil {
 		setErrMsg(errMsg, err.Error())
 		return statusOf(err)
@@ -52,44 +52,50 @@ func goddp_forward_plan_free(plan *C.goddp_forward_plan) {
 }
 
 // forwardFromC copies a goddp_forward into the planner's types.
-func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, error) {
+func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, []int32, error) {
 	code := planner.ErrInvalidConfig
 	s, err := spansOf(f.spans, f.num_spans, code)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	bytes, err := cCopy[int64](s, unsafe.Pointer(f.param_bytes), int64(f.num_params), "param_bytes", code)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if f.num_graphs < 1 {
-		return nil, nil, invalidConfig("goddp: num_graphs = %d; a forward has at least one graph", int64(f.num_graphs))
+		return nil, nil, nil, invalidConfig("goddp: num_graphs = %d; a forward has at least one graph", int64(f.num_graphs))
 	}
 	graphOffs, err := cView[int64](s, unsafe.Pointer(f.graph_bucket_offsets), int64(f.num_graphs)+1, "graph_bucket_offsets", code)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	numBuckets, err := csrValuesLen(graphOffs, "graph_bucket_offsets")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	bucketOffs, err := cView[int64](s, unsafe.Pointer(f.bucket_param_offsets), numBuckets+1, "bucket_param_offsets", code)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	numValues, err := csrValuesLen(bucketOffs, "bucket_param_offsets")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	params, err := cCopy[int32](s, unsafe.Pointer(f.bucket_params), numValues, "bucket_params", code)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if err := checkOffsets(graphOffs, numBuckets, "graph_bucket_offsets"); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if err := checkOffsets(bucketOffs, numValues, "bucket_param_offsets"); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	var keys []int32
+	if f.param_keys != nil {
+		if keys, err = cCopy[int32](s, unsafe.Pointer(f.param_keys), int64(f.num_params), "param_keys", code); err != nil {
+			return nil, nil, nil, err
+		}
 	}
 	graphs := make([]planner.ForwardGraph, int(f.num_graphs))
 	for g := range graphs {
@@ -97,7 +103,7 @@ func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, error) {
 			graphs[g].Buckets = append(graphs[g].Buckets, params[bucketOffs[k]:bucketOffs[k+1]])
 		}
 	}
-	return graphs, bytes, nil
+	return graphs, bytes, keys, nil
 }
 
 // checkOffsets requires a CSR offsets array to start at 0, never decrease
@@ -128,17 +134,17 @@ func forwardPlanToC(p *planner.ForwardPlan) (_ *C.goddp_forward_plan, err error)
 	}()
 	nb := len(p.Buckets)
 	cp.num_buckets = C.int64_t(nb)
-	cp.moved, cp.dropped = C.int64_t(p.Moved), C.int64_t(p.Dropped)
+	cp.moved, cp.dropped, cp.merged_cuts = C.int64_t(p.Moved), C.int64_t(p.Dropped), C.int64_t(p.MergedCuts)
 	ptr, bytes, err := cAlloc[int64](nb)
 	if err != nil {
 		return nil, err
 	}
 	cp.bucket_bytes = (*C.int64_t)(ptr)
-	ptr, caps, err := cAlloc[int64](nb)
+	ptr, caps, err := cAlloc[int64](len(p.Caps))
 	if err != nil {
 		return nil, err
 	}
-	cp.ddp_caps = (*C.int64_t)(ptr)
+	cp.num_ddp_caps, cp.ddp_caps = C.int64_t(len(p.Caps)), (*C.int64_t)(ptr)
 	copy(caps, p.Caps)
 	ptr, graphs, err := cAlloc[int32](nb)
 	if err != nil {

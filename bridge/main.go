@@ -29,7 +29,7 @@ import "github.com/goddp/goddp/planner"
 
 // abiVersion is the ABI this bridge implements. It must equal
 // GODDP_ABI_VERSION in csrc/goddp.h.
-const abiVersion = 14
+const abiVersion = 15
 
 // Compile-time checks that the header and the Go side agree. Converting a
 // negative constant to uint does not compile, so each pair of lines fails the
@@ -90,10 +90,21 @@ const (
 	_ = uint(planner.ReasonMixedPrecision - C.GODDP_REASON_MIXED_PRECISION)
 	_ = uint(C.GODDP_REASON_BUILTIN_COMM_HOOK - planner.ReasonBuiltinCommHook)
 	_ = uint(planner.ReasonBuiltinCommHook - C.GODDP_REASON_BUILTIN_COMM_HOOK)
-	_ = uint(C.GODDP_REASON_PARAM_GROUPS - planner.ReasonParamGroups)
-	_ = uint(planner.ReasonParamGroups - C.GODDP_REASON_PARAM_GROUPS)
 	_ = uint(C.GODDP_REASON_GROUPS_LATER - planner.ReasonGroupsLater)
 	_ = uint(planner.ReasonGroupsLater - C.GODDP_REASON_GROUPS_LATER)
+
+	_ = uint(C.GODDP_ALIGN_NONE - planner.AlignNone)
+	_ = uint(planner.AlignNone - C.GODDP_ALIGN_NONE)
+	_ = uint(C.GODDP_ALIGN_READY - planner.AlignReady)
+	_ = uint(planner.AlignReady - C.GODDP_ALIGN_READY)
+	_ = uint(C.GODDP_ALIGN_DECLARATION - planner.AlignDeclaration)
+	_ = uint(planner.AlignDeclaration - C.GODDP_ALIGN_DECLARATION)
+	_ = uint(C.GODDP_ALIGN_DECLARATION_MERGED - planner.AlignDeclarationMerged)
+	_ = uint(planner.AlignDeclarationMerged - C.GODDP_ALIGN_DECLARATION_MERGED)
+	_ = uint(C.GODDP_ALIGN_READY_GROUPS - planner.AlignReadyGroups)
+	_ = uint(planner.AlignReadyGroups - C.GODDP_ALIGN_READY_GROUPS)
+	_ = uint(C.GODDP_ALIGN_DECLARATION_GROUPS - planner.AlignDeclarationGroups)
+	_ = uint(planner.AlignDeclarationGroups - C.GODDP_ALIGN_DECLARATION_GROUPS)
 
 	_ = uint(C.GODDP_EDGES_COMPILE - planner.EdgesCompile)
 	_ = uint(planner.EdgesCompile - C.GODDP_EDGES_COMPILE)

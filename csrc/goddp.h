@@ -67,7 +67,7 @@ extern "C" {
  * renumbered. A new function, enum value or flag bit leaves it alone.
  * Layout digests name the build (goddp_layout.build), so ranks of two
  * versions never agree on a layout. */
-#define GODDP_ABI_VERSION 14
+#define GODDP_ABI_VERSION 15
 
 /* FX node kinds, as in torch.fx.Node.op. */
 enum goddp_op {
@@ -134,11 +134,10 @@ enum goddp_align_reason {
      * [Alignment refusals], in this order); planned unaligned. */
     GODDP_REASON_NO_PER_BUCKET_CAPS = 6, /* GODDP_DDP_NO_PER_BUCKET_CAPS */
     GODDP_REASON_PYTHON_REDUCER = 7,     /* GODDP_DDP_PYTHON_REDUCER */
-    /* 8 and 11 were static_graph and delay_all_reduce_named_params, aligned since; ABI 14 removed them. */
+    /* 8, 11 and 12 were static_graph, delay_all_reduce_named_params and several (dtype, device)
+     * groups, aligned since; ABI 14 and 15 removed them. */
     GODDP_REASON_MIXED_PRECISION = 9,    /* GODDP_DDP_MIXED_PRECISION */
     GODDP_REASON_BUILTIN_COMM_HOOK = 10, /* GODDP_DDP_BUILTIN_COMM_HOOK */
-    GODDP_REASON_PARAM_GROUPS = 12,      /* GODDP_DDP_SEVERAL_PARAM_GROUPS in a graph holding part of DDP's
-                                          * parameters (a split forward) */
     GODDP_REASON_GROUPS_LATER = 13       /* several (dtype, device) groups whose per-group caps would launch DDP's
                                           * buckets later than its own (planner/keys.go, planner/declorder.go) */
 };
@@ -170,9 +169,8 @@ enum goddp_edges {
 #define GODDP_DDP_PYTHON_REDUCER 0x10u /* DDP runs its Python reducer (compiled autograd) */
 #define GODDP_DDP_MIXED_PRECISION 0x20u /* DDP mixed precision is on */
 #define GODDP_DDP_BUILTIN_COMM_HOOK 0x40u /* a built-in (C++) comm hook goddp cannot identify is registered */
-/* 0x80u was delay_all_reduce_named_params, which refuses nothing (ABI 14 removed it). */
-#define GODDP_DDP_SEVERAL_PARAM_GROUPS 0x100u /* DDP's parameters span several (dtype, device) groups: refuses
-                                               * under GODDP_ORDER_DECLARATION and for a graph holding part of them */
+/* 0x80u and 0x100u were delay_all_reduce_named_params and several (dtype,
+ * device) groups, which refuse nothing (ABI 14 and 15 removed them). */
 
 typedef enum goddp_status {
     GODDP_OK = 0,
@@ -320,10 +318,10 @@ typedef struct goddp_config {
      * closes each bucket exactly at a piece boundary whatever the gradient
      * order inside a piece. With block cuts (node_block_ids) a bucket
      * spans consecutive pieces instead of one, still closing at a piece
-     * boundary (planner/blocks.go). Requires every counted parameter (requires
-     * grad, not DDP-ignored) to share one dtype and device, else
-     * GODDP_ERR_INVALID_CONFIG. A single piece without counted parameters
-     * has no bucket. */
+     * boundary (planner/blocks.go). Parameters of several (dtype, device)
+     * groups get a bucket per group and run of pieces, with caps that fit
+     * every group (GODDP_ALIGN_READY_GROUPS, GODDP_ALIGN_DECLARATION_GROUPS).
+     * A single piece without counted parameters has no bucket. */
     int32_t align_buckets;
     /* ABI 5. enum goddp_bucket_order (ddp mode; nonzero in torch mode is
      * GODDP_ERR_INVALID_CONFIG). With GODDP_ORDER_DECLARATION and
@@ -357,7 +355,8 @@ typedef struct goddp_plan {
      * i.e. the parameters of the last piece. */
     int64_t num_buckets;
     int64_t *bucket_bytes;              /* [num_buckets] counted bytes */
-    int32_t *bucket_pieces;             /* [num_buckets] the piece whose backward completes the bucket */
+    int32_t *bucket_pieces;             /* [num_buckets] the piece whose backward completes the bucket;
+                                         * in the declaration alignments, the one at whose end DDP launches it */
     /* Node span of each bucket, forward order, end exclusive. ddp mode:
      * from the first to the last node holding the first use of one of its
      * params. torch mode: the bucket's whole node range. */
@@ -556,20 +555,30 @@ typedef struct goddp_forward {
     const int32_t *bucket_params;       /* DDP positions */
     int64_t num_spans;                    /* optional: the caller's arrays (goddp_span) */
     const goddp_span *spans;
+    /* ABI 15: [num_params] each parameter's (dtype, device) group number,
+     * >= 0, by DDP position; NULL: one group. With several, the graphs'
+     * buckets (one per unit, every group in it) are split by group. */
+    const int32_t *param_keys;
 } goddp_forward;
 
 /* One DDP bucket layout for a forward's graphs (planner/forward.go). Every
  * array is malloc'd by the library and freed by goddp_forward_plan_free. */
 typedef struct goddp_forward_plan {
     int64_t num_buckets;                /* DDP order: the last graph's buckets first */
-    int64_t *bucket_bytes;              /* [num_buckets] the per-bucket caps to give DDP */
+    int64_t *bucket_bytes;              /* [num_buckets] each bucket's exact bytes */
     int32_t *bucket_graphs;             /* [num_buckets] the graph (forward order) it comes from */
     int32_t *bucket_sources;            /* [num_buckets] its index among that graph's buckets */
     int64_t *bucket_param_offsets;      /* [num_buckets + 1] CSR */
     int32_t *bucket_params;             /* DDP positions */
     int64_t moved;                      /* parameters in several graphs, kept in the earliest only */
     int64_t dropped;                    /* buckets left empty by that */
-    int64_t *ddp_caps;                  /* [num_buckets] ABI 9: the caps to give DDP (bucket_bytes, at least 1) */
+    /* ABI 15: the caps to give DDP, at least 1: bucket_bytes, or with
+     * several groups cap j every group's j-th bucket's (fewer than the
+     * buckets). */
+    int64_t num_ddp_caps;
+    int64_t *ddp_caps;                  /* [num_ddp_caps] */
+    int64_t merged_cuts;                /* several groups: the graphs' buckets, but the last, at whose
+                                         * end no group's bucket closes */
 } goddp_forward_plan;
 
 /* Combines the aligned buckets of a forward's graphs into one DDP

@@ -54,14 +54,11 @@ const (
 	// plan is the unaligned one.
 	ReasonNoPerBucketCaps AlignReason = 6
 	ReasonPythonReducer   AlignReason = 7
-	// 8 and 11 were static_graph and delay_all_reduce_named_params, both
-	// aligned now; the others keep their numbers.
+	// 8, 11 and 12 were static_graph, delay_all_reduce_named_params and
+	// several (dtype, device) groups, all aligned now; the others keep
+	// their numbers.
 	ReasonMixedPrecision  AlignReason = 9
 	ReasonBuiltinCommHook AlignReason = 10
-	// ReasonParamGroups: several (dtype, device) groups in a graph that
-	// holds part of DDP's parameters (CombineForward walks one group); the
-	// plan is the unaligned one.
-	ReasonParamGroups AlignReason = 12
 	// ReasonGroupsLater: several (dtype, device) groups, whose per-group
 	// caps would launch DDP's buckets later than DDP's own buckets do
 	// (Note [Several dtype groups], keys.go; Note [Declaration order per
@@ -224,10 +221,15 @@ func (d *decider) plan() error {
 	if planned, covered, err := d.covers(); err != nil {
 		return err
 	} else if !covered {
-		if d.partOnly && s.DDP.SeveralParamGroups {
-			return d.build(s.resolve(false), ReasonParamGroups)
-		}
 		if d.partOnly && d.out.Config.BucketOrder == OrderReady && len(d.out.Plan.Buckets) > 0 {
+			if d.out.Plan.Alignment == AlignReadyGroups {
+				// Whole units: CombineForward splits the forward's by group.
+				pl, err := build(&d.g, d.out.Config, false)
+				if err != nil {
+					return err
+				}
+				d.out.Plan = pl
+			}
 			d.out.Config.AlignBuckets = false
 			d.out.AlignReason, d.out.AlignedParams = ReasonPartOfForward, planned
 			return nil
@@ -245,21 +247,15 @@ func (d *decider) plan() error {
 			return err
 		}
 		// DDP's own buckets: rebuilt in ready order as the unaligned plan
-		// predicts, or kept in declaration order, launching on the aligned
-		// plan's pieces.
+		// predicts, or kept in declaration order; both bucketings then
+		// launch on the unaligned plan's pieces.
 		aligned, rival := d.out.Plan, own
 		if al == AlignDeclarationGroups {
-			plain := d.out.Config
-			plain.AlignBuckets = false
-			clock, err := Build(&d.g, plain)
-			if err != nil {
-				return err
-			}
 			var buckets [][]int32
 			for _, b := range aligned.Buckets {
 				buckets = append(buckets, b.Params)
 			}
-			aligned, rival = launchedOn(&d.g, clock, buckets), launchedOn(&d.g, clock, declaredOwn(&d.g, capList(&cfg)))
+			aligned, rival = launchedOn(&d.g, own, buckets), launchedOn(&d.g, own, declaredOwn(&d.g, capList(&cfg)))
 		}
 		if launchesLater(aligned, rival) {
 			d.out.Plan, d.out.Config, d.out.AlignReason = own, cfg, ReasonGroupsLater

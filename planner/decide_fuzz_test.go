@@ -43,7 +43,6 @@ func decodeFuzzRequest(data []byte) *Request {
 			PythonReducer:        s.chance(12),
 			MixedPrecision:       s.chance(12),
 			BuiltinCommHook:      s.chance(12),
-			SeveralParamGroups:   s.chance(12),
 		}
 		if s.chance(100) {
 			d.FirstBucketCapBytes = int64(1 + s.intn(300))

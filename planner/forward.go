@@ -22,6 +22,12 @@ package planner
 // or no layout is returned: DDP buckets parameters the graphs never use as
 // well, and a cap list that leaves them out would make its buckets straddle
 // the cuts.
+//
+// With parameters of several (dtype, device) groups (paramKeys) the graphs'
+// buckets hold every group (Decide keeps a part-of-forward graph's buckets
+// whole, one per unit), and the combined list is split by group with caps
+// that fit every group at once, as Note [Several dtype groups] (keys.go)
+// does for one graph: the combined buckets are its units.
 
 // ForwardGraph is one graph of a forward, as its aligned plan bucketed it.
 type ForwardGraph struct {
@@ -41,27 +47,41 @@ type ForwardBucket struct {
 // ForwardPlan is the result of CombineForward.
 type ForwardPlan struct {
 	Buckets []ForwardBucket // DDP order: the last graph's buckets first
-	Caps    []int64         // per-bucket caps for DDP, DDP order: the Bytes, at least 1
+	// Caps are the per-bucket caps for DDP, DDP order, at least 1: the
+	// Bytes, or with several groups cap j every group's j-th bucket's.
+	Caps []int64
 	// Moved counts parameters found in several graphs and kept only in the
 	// earliest; Dropped counts buckets left without parameters by that.
 	Moved   int
 	Dropped int
+	// MergedCuts (several groups): the graphs' buckets, but the last, at
+	// whose end no group's bucket closes.
+	MergedCuts int
 }
 
 // CombineForward combines the aligned buckets of a forward's graphs (in
 // forward order) into one DDP layout. paramBytes holds the byte size
 // (numel*element size) of every parameter DDP reduces, indexed by DDP
-// position. Errors: ErrInvalidConfig for malformed input (a position out of
-// range, a parameter twice in one graph, a negative size, no graph) and
-// ErrInvalidGraph when the graphs between them do not hold every parameter
-// DDP reduces.
-func CombineForward(graphs []ForwardGraph, paramBytes []int64) (*ForwardPlan, error) {
+// position; paramKeys, nil or as long, its (dtype, device) group's number
+// (nil: one group). Errors: ErrInvalidConfig for malformed input (a
+// position out of range, a parameter twice in one graph, a negative size
+// or group number, no graph) and ErrInvalidGraph when the graphs between
+// them do not hold every parameter DDP reduces.
+func CombineForward(graphs []ForwardGraph, paramBytes []int64, paramKeys []int32) (*ForwardPlan, error) {
 	if len(graphs) == 0 {
 		return nil, errorf(ErrInvalidConfig, "planner: CombineForward needs at least one graph")
 	}
 	for p, b := range paramBytes {
 		if b < 0 {
 			return nil, errorf(ErrInvalidConfig, "planner: parameter %d (DDP position) has negative size %d", p, b)
+		}
+	}
+	if paramKeys != nil && len(paramKeys) != len(paramBytes) {
+		return nil, errorf(ErrInvalidConfig, "planner: %d group numbers for %d parameters", len(paramKeys), len(paramBytes))
+	}
+	for p, k := range paramKeys {
+		if k < 0 {
+			return nil, errorf(ErrInvalidConfig, "planner: parameter %d (DDP position) has group number %d; want >= 0", p, k)
 		}
 	}
 	owner, err := forwardOwners(graphs, len(paramBytes))
@@ -100,12 +120,78 @@ func CombineForward(graphs []ForwardGraph, paramBytes []int64) (*ForwardPlan, er
 				continue
 			}
 			plan.Buckets = append(plan.Buckets, out)
-			// At least 1 byte, as Decide's clampCaps: a cap of 0 would give
-			// each parameter of a zero-byte bucket its own DDP bucket.
-			plan.Caps = append(plan.Caps, max(1, out.Bytes))
+			plan.Caps = append(plan.Caps, out.Bytes)
 		}
 	}
+	if distinctKeys(paramKeys) > 1 {
+		plan.splitByKey(paramBytes, paramKeys)
+	}
+	// At least 1 byte, as Decide's clampCaps: a cap of 0 would give each
+	// parameter of a zero-byte bucket its own DDP bucket.
+	for j := range plan.Caps {
+		plan.Caps[j] = max(1, plan.Caps[j])
+	}
 	return plan, nil
+}
+
+// distinctKeys counts the distinct group numbers of keys.
+func distinctKeys(keys []int32) int {
+	seen := map[int32]bool{}
+	for _, k := range keys {
+		seen[k] = true
+	}
+	return len(seen)
+}
+
+// splitByKey splits the combined buckets, the units, by group and sets the
+// caps that close every group's buckets at unit ends (Note [Several dtype
+// groups]), the groups numbered by first appearance.
+func (plan *ForwardPlan) splitByKey(paramBytes []int64, paramKeys []int32) {
+	index := map[int32]int{} // group number -> index into groups
+	var groups [][]groupUnit
+	for u, b := range plan.Buckets {
+		for _, p := range b.Params {
+			k, ok := index[paramKeys[p]]
+			if !ok {
+				k = len(groups)
+				index[paramKeys[p]] = k
+				groups = append(groups, nil)
+			}
+			gs := groups[k]
+			if len(gs) == 0 || gs[len(gs)-1].unit != u {
+				gs = append(gs, groupUnit{unit: u})
+			}
+			last := &gs[len(gs)-1]
+			last.params = append(last.params, p)
+			last.bytes += paramBytes[p] // cannot overflow: the unit's total did not
+			if n := paramBytes[p]; n > 0 && (last.least == 0 || n < last.least) {
+				last.least = n
+			}
+			groups[k] = gs
+		}
+	}
+	caps, keyed := chooseKeyCaps(groups)
+	closes := make([]bool, len(plan.Buckets))
+	var buckets []ForwardBucket
+	for _, kb := range keyed {
+		units := groups[kb.key][kb.from:kb.to]
+		last := plan.Buckets[units[len(units)-1].unit]
+		out := ForwardBucket{Graph: last.Graph, Source: last.Source}
+		for _, gu := range units {
+			out.Params = append(out.Params, gu.params...)
+			out.Bytes += gu.bytes
+		}
+		if kb.closed {
+			closes[units[len(units)-1].unit] = true
+		}
+		buckets = append(buckets, out)
+	}
+	for u := range len(plan.Buckets) - 1 {
+		if !closes[u] {
+			plan.MergedCuts++
+		}
+	}
+	plan.Buckets, plan.Caps = buckets, caps
 }
 
 // forwardOwners returns, per DDP position, the earliest graph (forward

@@ -17,7 +17,7 @@ func TestCombineForwardConcatenatesTheLaterGraphFirst(t *testing.T) {
 		{Buckets: [][]int32{{2}, {1, 0}}}, // forward first: parameters 0-2
 		{Buckets: [][]int32{{5, 4}, {3}}}, // then 3-5
 	}
-	plan, err := CombineForward(graphs, bytes)
+	plan, err := CombineForward(graphs, bytes, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{110, 40, 30, 30}, plan.Caps)
 	assert.Equal(t, []int{1, 1, 0, 0}, []int{plan.Buckets[0].Graph, plan.Buckets[1].Graph, plan.Buckets[2].Graph, plan.Buckets[3].Graph})
@@ -26,8 +26,41 @@ func TestCombineForwardConcatenatesTheLaterGraphFirst(t *testing.T) {
 	assert.Equal(t, 0, plan.Dropped)
 }
 
+// TestCombineForwardSplitsSeveralGroups: a forward of two graphs whose
+// second holds a bf16 layer: the combined units are split by group, cap j
+// every group's j-th bucket's (Note [Several dtype groups]).
+func TestCombineForwardSplitsSeveralGroups(t *testing.T) {
+	// DDP positions 0-3: fp32 layer 0 (graph 0), fp32 layer 1 and a bf16
+	// layer 2 (graph 1), fp32 layer 3 (graph 1); weight and bias each.
+	bytes := []int64{90, 10, 90, 10, 45, 5, 90, 10}
+	keys := []int32{0, 0, 0, 0, 1, 1, 0, 0}
+	graphs := []ForwardGraph{
+		{Buckets: [][]int32{{1, 0}}},
+		{Buckets: [][]int32{{7, 6}, {5, 4}, {3, 2}}},
+	}
+	plan, err := CombineForward(graphs, bytes, keys)
+	require.NoError(t, err)
+	var got [][]int32
+	for _, b := range plan.Buckets {
+		got = append(got, b.Params)
+	}
+	// Cap 0 closes fp32 layer 3 (100 bytes) only above 90: the bf16
+	// layer's 50 bytes stay open, after every closed bucket.
+	assert.Equal(t, [][]int32{{7, 6}, {3, 2}, {1, 0}, {5, 4}}, got)
+	assert.Equal(t, []int64{100, 100, 100}, plan.Caps)
+	assert.Equal(t, 1, plan.MergedCuts, "no bucket closes at the bf16 layer's end")
+	assert.Equal(t, 1, plan.Buckets[3].Graph)
+
+	// One group: the plan of nil keys.
+	one, err := CombineForward(graphs, bytes, []int32{3, 3, 3, 3, 3, 3, 3, 3})
+	require.NoError(t, err)
+	plain, err := CombineForward(graphs, bytes, nil)
+	require.NoError(t, err)
+	assert.Equal(t, plain, one)
+}
+
 func TestCombineForwardOneGraphIsItself(t *testing.T) {
-	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}, {0}}}}, []int64{4, 8})
+	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}, {0}}}}, []int64{4, 8}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{8, 4}, plan.Caps)
 }
@@ -40,7 +73,7 @@ func TestCombineForwardCountsATiedParameterInTheEarliestGraph(t *testing.T) {
 		{Buckets: [][]int32{{1, 0}}},
 		{Buckets: [][]int32{{0}, {2}}},
 	}
-	plan, err := CombineForward(graphs, bytes)
+	plan, err := CombineForward(graphs, bytes, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{20, 110}, plan.Caps)
 	assert.Equal(t, 1, plan.Moved)
@@ -49,7 +82,7 @@ func TestCombineForwardCountsATiedParameterInTheEarliestGraph(t *testing.T) {
 }
 
 func TestCombineForwardRefusesAPartialForward(t *testing.T) {
-	_, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{0}}}, {Buckets: [][]int32{{2}}}}, []int64{1, 1, 1})
+	_, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{0}}}, {Buckets: [][]int32{{2}}}}, []int64{1, 1, 1}, nil)
 	var perr *Error
 	require.True(t, errors.As(err, &perr), "%v", err)
 	assert.Equal(t, ErrInvalidGraph, perr.Code)
@@ -68,9 +101,12 @@ func TestCombineForwardRejectsMalformedInput(t *testing.T) {
 		"negative":     {[]ForwardGraph{{Buckets: [][]int32{{-1}}}}, []int64{1}, "names DDP position -1"},
 		"twice":        {[]ForwardGraph{{Buckets: [][]int32{{0}, {0}}}}, []int64{1}, "two buckets of graph 0"},
 		"size":         {[]ForwardGraph{{Buckets: [][]int32{{0}}}}, []int64{-4}, "negative size"},
+		"keys":         {[]ForwardGraph{{Buckets: [][]int32{{0}}}}, []int64{4}, "2 group numbers for 1 parameters"},
+		"key":          {[]ForwardGraph{{Buckets: [][]int32{{0}, {1}}}}, []int64{4, 4}, "group number -1"},
 	}
 	for name, c := range cases {
-		_, err := CombineForward(c.graphs, c.bytes)
+		keys := map[string][]int32{"keys": {0, 1}, "key": {0, -1}}[name]
+		_, err := CombineForward(c.graphs, c.bytes, keys)
 		var perr *Error
 		if !errors.As(err, &perr) || perr.Code != ErrInvalidConfig || !strings.Contains(perr.Msg, c.want) {
 			t.Errorf("%s: error %v, want ErrInvalidConfig containing %q", name, err, c.want)
@@ -109,6 +145,11 @@ func ddpRebuild(ready []int32, bytes []int64, caps []int64) [][]int32 {
 // must close every bucket at a piece boundary.
 func TestCombineForwardClosesDDPBucketsAtEveryCut(t *testing.T) {
 	rng := rand.New(rand.NewPCG(17, 5))
+	keyed, merged := 0, 0
+	defer func() {
+		assert.Greater(t, keyed, 100, "trials of several groups")
+		assert.Positive(t, merged, "a trial of several groups whose caps close no bucket at some cut")
+	}()
 	for trial := 0; trial < 500; trial++ {
 		numParams := 1 + rng.IntN(40)
 		bytes := make([]int64, numParams)
@@ -155,7 +196,15 @@ func TestCombineForwardClosesDDPBucketsAtEveryCut(t *testing.T) {
 			}
 			graphs = append(graphs, ForwardGraph{Buckets: buckets})
 		}
-		plan, err := CombineForward(graphs, bytes)
+		var keys []int32 // one trial in two: parameters of up to 3 groups
+		if rng.IntN(2) == 0 {
+			keys = make([]int32, numParams)
+			groups := 1 + rng.IntN(3)
+			for p := range keys {
+				keys[p] = int32(rng.IntN(groups))
+			}
+		}
+		plan, err := CombineForward(graphs, bytes, keys)
 		require.NoError(t, err, "trial %d", trial)
 
 		// A gradient order of the backward: pieces from the last, each
@@ -170,6 +219,14 @@ func TestCombineForwardClosesDDPBucketsAtEveryCut(t *testing.T) {
 			}
 			rng.Shuffle(len(inPiece), func(i, j int) { inPiece[i], inPiece[j] = inPiece[j], inPiece[i] })
 			ready = append(ready, inPiece...)
+		}
+		if distinctKeys(keys) > 1 {
+			checkKeyedForward(t, plan, ready, bytes, keys, pieceOf)
+			keyed++
+			if plan.MergedCuts > 0 {
+				merged++
+			}
+			continue
 		}
 		rebuilt := ddpRebuild(ready, bytes, plan.Caps)
 		require.Len(t, rebuilt, len(plan.Buckets), "trial %d", trial)
@@ -186,6 +243,53 @@ func TestCombineForwardClosesDDPBucketsAtEveryCut(t *testing.T) {
 	}
 }
 
+// checkKeyedForward: DDP's rebuild of several groups (each walking the caps
+// on its own) from ready with the plan's caps closes exactly the plan's
+// closed buckets, leaves its open ones open, and closes each at its
+// group's last gradient of a piece; every bucket holds one group.
+func checkKeyedForward(t *testing.T, plan *ForwardPlan, ready []int32, bytes []int64, keys []int32, pieceOf []int) {
+	t.Helper()
+	closedAt := map[int32]int{} // group -> its buckets so far
+	var wantClosed, wantOpen [][]int32
+	for k, b := range plan.Buckets {
+		key := keys[b.Params[0]]
+		for _, p := range b.Params {
+			require.Equal(t, key, keys[p], "bucket %d mixes groups", k)
+		}
+		j := min(closedAt[key], len(plan.Caps)-1)
+		closedAt[key]++
+		if max(1, b.Bytes) >= plan.Caps[j] {
+			require.Empty(t, wantOpen, "bucket %d closes after an open one", k)
+			wantClosed = append(wantClosed, b.Params)
+		} else {
+			wantOpen = append(wantOpen, b.Params)
+		}
+	}
+	filling, size, at := map[int32][]int32{}, map[int32]int64{}, map[int32]int{}
+	var closed [][]int32
+	for i, p := range ready {
+		key := keys[p]
+		filling[key] = append(filling[key], p)
+		size[key] += bytes[p]
+		if size[key] >= plan.Caps[min(at[key], len(plan.Caps)-1)] {
+			for _, q := range ready[i+1:] {
+				require.False(t, keys[q] == key && pieceOf[q] == pieceOf[p], "a bucket closes inside piece %d", pieceOf[p])
+			}
+			closed = append(closed, filling[key])
+			filling[key], size[key] = nil, 0
+			at[key]++
+		}
+	}
+	var open [][]int32
+	for _, b := range filling {
+		if len(b) > 0 {
+			open = append(open, b)
+		}
+	}
+	require.Equal(t, sortedSets(wantClosed), sortedSets(closed), "closed buckets, caps %v", plan.Caps)
+	require.Equal(t, sortedSets(wantOpen), sortedSets(open), "open buckets, caps %v", plan.Caps)
+}
+
 // randomCuts splits n items into k non-empty runs: k+1 ascending bounds.
 func randomCuts(rng *rand.Rand, n, k int) []int {
 	inner := rng.Perm(n - 1)[:k-1]
@@ -199,7 +303,7 @@ func randomCuts(rng *rand.Rand, n, k int) []int {
 func TestCombineForwardGivesDDPCapsOfAtLeastOneByte(t *testing.T) {
 	// Parameter 1 holds no bytes (an empty tensor): its bucket's total is 0,
 	// and a cap of 0 would give DDP one bucket per parameter.
-	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}}}, {Buckets: [][]int32{{0}}}}, []int64{8, 0})
+	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}}}, {Buckets: [][]int32{{0}}}}, []int64{8, 0}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{8, 1}, plan.Caps)
 	assert.Equal(t, int64(0), plan.Buckets[1].Bytes, "the byte total stays exact")

@@ -242,14 +242,14 @@ func TestSeveralKeysCloseAtEveryCutTheyCan(t *testing.T) {
 	})
 }
 
-// TestSeveralKeysRefusedInAPartOfTheForward: a graph that holds part of
-// DDP's parameters is combined with its forward's other graphs by one
-// group's rule (CombineForward), so Decide refuses it with
-// ReasonParamGroups; the whole graph is aligned in either order.
-func TestSeveralKeysRefusedInAPartOfTheForward(t *testing.T) {
+// TestSeveralKeysInAPartOfTheForward: the whole graph is aligned per group
+// in either order; a graph that holds part of DDP's parameters keeps its
+// units whole in ready order (CombineForward splits the forward's by
+// group), and in declaration order is not covered, as with one group.
+func TestSeveralKeysInAPartOfTheForward(t *testing.T) {
 	g := layersGraph([]int64{100}, []int64{-100})
 	for _, findUnused := range []bool{false, true} {
-		s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups, d.FindUnusedParameters = true, findUnused })
+		s := alignedDDP(g, 0, func(d *DDPSettings) { d.FindUnusedParameters = findUnused })
 		s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
 		dec, err := Decide(&Request{Graph: g, Settings: s})
 		require.NoError(t, err)
@@ -257,11 +257,20 @@ func TestSeveralKeysRefusedInAPartOfTheForward(t *testing.T) {
 		want := map[bool]Alignment{false: AlignReadyGroups, true: AlignDeclarationGroups}[findUnused]
 		assert.Equal(t, want, dec.Plan.Alignment)
 
-		s = alignedDDP(g, 1, func(d *DDPSettings) { d.SeveralParamGroups, d.FindUnusedParameters = true, findUnused })
+		s = alignedDDP(g, 1, func(d *DDPSettings) { d.FindUnusedParameters = findUnused })
 		s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
 		dec, err = Decide(&Request{Graph: g, Settings: s})
 		require.NoError(t, err)
-		assert.Equal(t, ReasonParamGroups, dec.AlignReason)
+		if findUnused {
+			assert.Equal(t, ReasonNotCovered, dec.AlignReason)
+			continue
+		}
+		assert.Equal(t, ReasonPartOfForward, dec.AlignReason)
+		assert.Equal(t, AlignReady, dec.Plan.Alignment)
+		require.Len(t, dec.Plan.Buckets, 2, "a bucket per piece")
+		for k, b := range dec.Plan.Buckets {
+			assert.Equal(t, b.Bytes, dec.Plan.DDPCaps[k])
+		}
 	}
 }
 
@@ -371,7 +380,7 @@ func headModel(headBytes int64, withBias bool) *Graph {
 // head of one weight closes against any cap up to its bytes: aligned.
 func TestSeveralKeysKeepDDPsOwnWhereTheyLaunchEarlier(t *testing.T) {
 	decide := func(g *Graph) *Decision {
-		s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups = true })
+		s := alignedDDP(g, 0, nil)
 		s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
 		dec, err := Decide(&Request{Graph: g, Settings: s})
 		require.NoError(t, err)
@@ -434,11 +443,12 @@ func TestSeveralKeysWithAnUnusedParameter(t *testing.T) {
 	pl, err := Build(g, Config{AlignBuckets: true, BucketCapBytes: 50, FirstBucketCapBytes: 50})
 	require.NoError(t, err)
 	assert.Equal(t, AlignReadyGroups, pl.Alignment)
-	s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups = true })
+	s := alignedDDP(g, 0, nil)
 	s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 50, 50
 	dec, err := Decide(&Request{Graph: g, Settings: s})
 	require.NoError(t, err)
-	assert.Equal(t, ReasonParamGroups, dec.AlignReason, "part of DDP's parameters, several groups")
+	assert.Equal(t, ReasonPartOfForward, dec.AlignReason, "part of DDP's parameters: for CombineForward, which refuses it")
+	assert.Equal(t, AlignReady, dec.Plan.Alignment, "whole units")
 }
 
 // TestSeveralKeysListBucketsAsDDPClosesThem: in a plan cut at blocks one
@@ -448,7 +458,7 @@ func TestSeveralKeysWithAnUnusedParameter(t *testing.T) {
 func TestSeveralKeysListBucketsAsDDPClosesThem(t *testing.T) {
 	g := layersGraph([]int64{100}, []int64{-100})
 	g.BlockIDs = []int32{-1, 0, 1, -1}
-	s := alignedDDP(g, 0, func(d *DDPSettings) { d.SeveralParamGroups = true })
+	s := alignedDDP(g, 0, nil)
 	s.UserBucketCapBytes, s.UserFirstBucketCapBytes = 5000, 5000
 	dec, err := Decide(&Request{Graph: g, Settings: s})
 	require.NoError(t, err)

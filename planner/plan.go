@@ -8,7 +8,7 @@ type Bucket struct {
 	Params    []int32 // parameter indices in gradient-ready order
 	NodeBegin int     // first node (forward order) holding its parameters
 	NodeEnd   int     // one past the last such node
-	Piece     int     // the piece whose backward completes the bucket
+	Piece     int     // the piece whose backward completes it (declaration alignments: at whose end DDP launches it)
 	Extended  bool    // its cut moved so that the piece has an output
 	DType     int32   // grouping key in ModeDDP; -1 in ModeTorch
 	Device    int32
@@ -68,6 +68,13 @@ func errorf(code ErrorCode, format string, args ...any) error {
 // failure is an *Error whose Code says whether the config, the graph or a
 // byte sum was at fault.
 func Build(g *Graph, cfg Config) (*Plan, error) {
+	return build(g, cfg, true)
+}
+
+// build is Build; with splitGroups false an aligned ready-order plan keeps
+// one bucket per unit, every group in it (a graph of a split forward:
+// CombineForward splits the forward's buckets by group).
+func build(g *Graph, cfg Config, splitGroups bool) (*Plan, error) {
 	if err := validateConfig(&cfg); err != nil {
 		return nil, err
 	}
@@ -98,7 +105,7 @@ func Build(g *Graph, cfg Config) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if pl.Alignment == AlignReady {
+	if pl.Alignment == AlignReady && splitGroups {
 		alignKeys(g, pl)
 	}
 	pl.PieceInputs, pl.PieceOutputs = crossings(g, pl.NodePiece, pl.NumPieces)

@@ -13,12 +13,11 @@ package planner
 // its logging data; a known one is registered again on the rebuilt reducer).
 // DDP's buckets are then its own and the plan is the unaligned one. The
 // caller's own refusals (a stand-in DDP, a DDP it could not inspect) come
-// before any of these. Parameters of several (dtype, device) groups are
-// aligned (Note [Several dtype groups], keys.go; Note [Declaration order
-// per group], declorder.go) and refused only where the graph holds part of
-// DDP's parameters (ReasonParamGroups, from Decide: CombineForward walks
-// one group); Decide also keeps DDP's own buckets where they launch
-// earlier (ReasonGroupsLater). static_graph refuses nothing: the caller sets it
+// before any of these. Parameters of several (dtype, device) groups refuse
+// nothing: they are aligned (Note [Several dtype groups], keys.go; Note
+// [Declaration order per group], declorder.go; a split forward's by
+// CombineForward), and Decide keeps DDP's own buckets only where they
+// launch earlier (ReasonGroupsLater). static_graph refuses nothing: the caller sets it
 // again on the reducer it rebuilds, which then records its first iteration
 // afresh and rebuilds its buckets to the caps (Note [Static graph across a
 // rebuild] in python/goddp/ddp/private.py). Nor does

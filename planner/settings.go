@@ -44,11 +44,10 @@ type DDPSettings struct {
 	FindUnusedParameters bool
 	StaticGraph          bool
 	// Facts that refuse alignment (Note [Alignment refusals]).
-	NoPerBucketCaps    bool // this torch's DDP keeps no per-bucket caps
-	PythonReducer      bool // DDP runs its Python reducer
-	MixedPrecision     bool // DDP mixed precision is on
-	BuiltinCommHook    bool // a built-in (C++) comm hook the caller cannot identify is registered
-	SeveralParamGroups bool // DDP's parameters span several (dtype, device) groups
+	NoPerBucketCaps bool // this torch's DDP keeps no per-bucket caps
+	PythonReducer   bool // DDP runs its Python reducer
+	MixedPrecision  bool // DDP mixed precision is on
+	BuiltinCommHook bool // a built-in (C++) comm hook the caller cannot identify is registered
 	// NumParams is the number of parameters DDP reduces, 0 when unknown.
 	// With it (and Graph's DDPPosition for every parameter), Decide checks
 	// that aligned buckets hold exactly DDP's parameters.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from goddp.native.plan import READY_GROUPS
+from goddp.native.plan import DECLARATION_GROUPS, READY_GROUPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,17 @@ def plan_notes(facts: PlanFacts) -> list[PlanNote]:
             "goddp: find_unused_parameters=True: DDP never rebuilds its buckets and keeps the ones it "
             f"fills in declaration order, so goddp gives it caps for that order ({facts.alignment})"
         )
-        if facts.merged_cuts:
+        if facts.alignment == DECLARATION_GROUPS:
+            text += (
+                "; its parameters span several (dtype, device) groups, which DDP buckets apart against the "
+                "same caps, so every group's j-th bucket gets cap j"
+            )
+            if facts.merged_cuts:
+                text += (
+                    f"; no bucket launches at {facts.merged_cuts} of the cuts under those caps, so those pieces "
+                    f"were merged ({facts.num_pieces} pieces remain)"
+                )
+        elif facts.merged_cuts:
             text += (
                 f"; no bucket could start at {facts.merged_cuts} of the cuts, so those pieces were merged "
                 f"({facts.num_pieces} pieces remain)"

@@ -52,7 +52,6 @@ def alignment_facts(ddp: Any) -> tuple[AlignmentFacts | None, str | None]:
                 python_reducer=private.uses_python_reducer(ddp),
                 mixed_precision=getattr(ddp, "mixed_precision", None) is not None,
                 builtin_comm_hook=unknown_builtin_comm_hook(ddp) is not None,
-                several_param_groups=len({(p.dtype, p.device) for p in private.ddp_parameters(ddp)}) != 1,
             ),
             None,
         )

@@ -227,7 +227,7 @@ _LENGTHS: dict[str, dict[str, str | tuple[str, int]]] = {
         "eager_pieces": "num_eager_pieces",
     },
     "goddp_forward_plan": {
-        "bucket_bytes": "num_buckets", "ddp_caps": "num_buckets", "bucket_graphs": "num_buckets",
+        "bucket_bytes": "num_buckets", "ddp_caps": "num_ddp_caps", "bucket_graphs": "num_buckets",
         "bucket_sources": "num_buckets", "bucket_param_offsets": ("num_buckets", 1),
         "bucket_params": "bucket_param_offsets",
     },
@@ -340,17 +340,19 @@ class Library:
             self.lib.goddp_plan_free(plan)
 
     def combine_forward(self, param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any,
-                        bucket_params: Any) -> dict[str, Any]:
+                        bucket_params: Any, param_keys: Any = None) -> dict[str, Any]:
         """One DDP bucket layout for the graphs of a forward
         (goddp_combine_forward): param_bytes (int64, by DDP position),
         graph_bucket_offsets and bucket_param_offsets (int64 CSR offsets),
-        bucket_params (int32 DDP positions). The reply's keys are
+        bucket_params (int32 DDP positions), param_keys (int32 group
+        numbers by DDP position, or None: one group). The reply's keys are
         goddp_forward_plan's fields."""
         call = _Call()
         try:
             f = call.struct("goddp_forward", "combine_forward", {
                 "param_bytes": param_bytes, "graph_bucket_offsets": graph_bucket_offsets,
                 "bucket_param_offsets": bucket_param_offsets, "bucket_params": bucket_params,
+                "param_keys": param_keys,
             })
             f.num_params = len(call.buffers["combine_forward['param_bytes']"])
             f.num_graphs = len(call.buffers["combine_forward['graph_bucket_offsets']"]) - 1
@@ -486,9 +488,10 @@ def set_max_procs(n: int) -> int:
     return load().set_max_procs(n)
 
 
-def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any, bucket_params: Any) -> dict[str, Any]:
+def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any, bucket_params: Any,
+                    param_keys: Any = None) -> dict[str, Any]:
     """Library.combine_forward. Raises PlannerError like plan_graph."""
-    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params)
+    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params, param_keys)
 
 
 def checkpoint_split(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,8 +35,10 @@ ALIGNMENT_NAMES = {
     _native.ALIGN_DECLARATION: "declaration-order caps",
     _native.ALIGN_DECLARATION_MERGED: "declaration-order caps, pieces merged",
     _native.ALIGN_READY_GROUPS: "ready-order caps per dtype group",
+    _native.ALIGN_DECLARATION_GROUPS: "declaration-order caps per dtype group",
 }
 READY_GROUPS = ALIGNMENT_NAMES[_native.ALIGN_READY_GROUPS]
+DECLARATION_GROUPS = ALIGNMENT_NAMES[_native.ALIGN_DECLARATION_GROUPS]
 
 # enum goddp_align_reason: why DDP's buckets are not the pieces, as plan
 # records and logs say it (GraphPlan.not_aligned; the refusals are Note
@@ -49,12 +51,6 @@ _NOT_ALIGNED = {
     _native.REASON_PYTHON_REDUCER: "DDP uses the Python reducer, which has no per-bucket caps",
     _native.REASON_MIXED_PRECISION: "DDP mixed precision is on",
     _native.REASON_BUILTIN_COMM_HOOK: "a built-in comm hook that goddp cannot identify is registered",
-    _native.REASON_PARAM_GROUPS: (
-        "parameters span several (dtype, device) groups, and DDP fills its buckets in declaration order "
-        "(find_unused_parameters=True) or the graph holds only part of DDP's parameters (a graph break, or "
-        "parameters it does not use): goddp plans each group's caps only for one graph holding them all, in "
-        "gradient-ready order"
-    ),
     _native.REASON_GROUPS_LATER: (
         "parameters span several (dtype, device) groups, which DDP buckets against shared caps: caps that "
         "close every group's buckets at the cuts would launch them later than DDP's own buckets (docs/limits.md)"
@@ -91,7 +87,6 @@ class AlignmentFacts:
     python_reducer: bool = False
     mixed_precision: bool = False
     builtin_comm_hook: bool = False  # one goddp cannot identify (Note [Built-in comm hooks])
-    several_param_groups: bool = False  # (dtype, device) groups
 
     def flags(self) -> int:
         """The goddp_ddp.flags bits."""
@@ -100,7 +95,6 @@ class AlignmentFacts:
             (self.python_reducer, _native.DDP_PYTHON_REDUCER),
             (self.mixed_precision, _native.DDP_MIXED_PRECISION),
             (self.builtin_comm_hook, _native.DDP_BUILTIN_COMM_HOOK),
-            (self.several_param_groups, _native.DDP_SEVERAL_PARAM_GROUPS),
         )
         return sum(bit for fact, bit in bits if fact)
 
@@ -287,7 +281,9 @@ class GraphPlan:
         where no bucket could start), or "ready-order caps per dtype group"
         (buckets per (dtype, device) group against shared caps; merged_cuts
         piece ends at which no group's bucket closes: each runs on to a
-        later one or stays open).
+        later one or stays open), or "declaration-order caps per dtype
+        group" (the same in declaration order; merged_cuts cuts dropped
+        where no bucket launches).
     ddp_caps: when aligned, the per-bucket caps (bytes, each at least 1) to
         give DDP, in the order DDP walks them.
     not_aligned: why DDP's buckets are not the pieces, in goddp's words

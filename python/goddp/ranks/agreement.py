@@ -91,8 +91,8 @@ from __future__ import annotations
 #
 # What cannot align (KEEP on every rank, and why):
 # DDP mixed precision, a built-in comm hook goddp cannot identify, the
-# Python reducer, parameters over several (dtype,
-# device) groups (Note [Alignment refusals] in planner/refusals.go); ranks whose layouts differ; a module that
+# Python reducer (Note [Alignment refusals] in planner/refusals.go); ranks
+# whose layouts differ; a module that
 # is not a real DDP (no process group or reducer: nothing to agree on, one
 # INFO line). A graph that first appears after the decision follows it and
 # never re-buckets training in the middle (bucket_cap_mb="auto" decides once
@@ -218,8 +218,7 @@ class TrainingGate:
         """The agreement at the module's next training forward: this rank's
         recorded graphs combined into one layout (goddp.ranks.forward)."""
         members = _forward.finish(ddp)
-        sizes = [p.numel() * p.element_size() for p in ddp_parameters(ddp)]
-        combined = _forward.combine(members, sizes)
+        combined = _forward.combine(members, ddp_parameters(ddp))
         layout, reason, info = combined.layout, combined.reason, combined.info
         logger.info("%s", combined.note)
         statement = Statement(
@@ -304,8 +303,7 @@ def installed_layout(ddp: Any) -> tuple[Layout, frozenset[int]] | None:
     if decision is None or decision.action != LATER or _forward.in_recorded_forward(ddp):
         return None
     members = _forward.recorded(ddp)
-    sizes = [p.numel() * p.element_size() for p in ddp_parameters(ddp)]
-    combined = _forward.combine(members, sizes)
+    combined = _forward.combine(members, ddp_parameters(ddp))
     return None if combined.layout is None else (combined.layout, _forward.shared(members))
 
 

@@ -21,7 +21,10 @@ forward together:
    declaration order, refuses the whole forward; the combining is the Go
    planner's, ``goddp_combine_forward`` in planner/forward.go: the later
    graph's buckets first, since DDP's backward runs it first; a parameter
-   of several graphs counted in the earliest),
+   of several graphs counted in the earliest; with parameters of several
+   (dtype, device) groups each graph keeps its buckets whole and the
+   combined ones are split by group, cap j every group's j-th bucket's:
+   Note [Several dtype groups] in planner/keys.go),
    and the ranks install it on all of them or on none, before any of that
    step's allreduces. DDP rebuilds its buckets after that step's backward,
    so they close at the cuts of every graph from the step after.
@@ -155,15 +158,15 @@ def shared(members: list[Member]) -> frozenset[int]:
     return frozenset(twice)
 
 
-def combine(members: list[Member], param_bytes: list[int]) -> Combined:
+def combine(members: list[Member], parameters: list[Any]) -> Combined:
     """The one layout for the members (Note [Graphs of one forward]), or
     None and why, and the line that says so (Note [The agreement's lines] in
-    goddp.ranks.verdict). param_bytes: the byte size of each of DDP's
-    parameters, by DDP position. Never raises: a rank whose planner call
-    fails still brings a statement (no layout, and why) to the round the
-    other ranks hold, so that every rank keeps DDP's buckets alike."""
+    goddp.ranks.verdict). parameters: DDP's parameters, by DDP position
+    (``ddp_parameters``). Never raises: a rank whose planner call fails
+    still brings a statement (no layout, and why) to the round the other
+    ranks hold, so that every rank keeps DDP's buckets alike."""
     try:
-        return _Forward(members, param_bytes).combined()
+        return _Forward(members, parameters).combined()
     except Exception as exc:  # no layout: DDP's buckets serve, on every rank alike (see above)
         logger.debug("goddp: could not combine the forward's layouts", exc_info=True)
         why = f"could not combine the forward's layouts ({type(exc).__name__}: {exc})"
@@ -173,9 +176,13 @@ def combine(members: list[Member], param_bytes: list[int]) -> Combined:
 class _Forward:
     """The steps of combine: refuse, combine, state the digest, say so."""
 
-    def __init__(self, members: list[Member], param_bytes: list[int]) -> None:
+    def __init__(self, members: list[Member], parameters: list[Any]) -> None:
         self.members = members
-        self.param_bytes = param_bytes
+        self.param_bytes = [p.numel() * p.element_size() for p in parameters]
+        # Each parameter's (dtype, device) group, numbered by first
+        # appearance in DDP's list: the same on every rank.
+        groups: dict[tuple[Any, Any], int] = {}
+        self.param_keys = [groups.setdefault((p.dtype, p.device), len(groups)) for p in parameters]
         self.info: dict[str, Any] = {"graphs": [m.describe for m in members]}
 
     def combined(self) -> Combined:
@@ -220,6 +227,7 @@ class _Forward:
                 array.array("q", graph_offsets),
                 array.array("q", bucket_offsets),
                 array.array("i", params),
+                array.array("i", self.param_keys) if len(set(self.param_keys)) > 1 else None,
             )
         except _native.load().PlannerError as exc:
             return None, re.split(r"[\r\n]", str(exc).strip())[0] or "PlannerError"
@@ -230,6 +238,7 @@ class _Forward:
             bucket_graphs=array.array("i", reply["bucket_graphs"]).tolist(),
             moved=reply["moved"],
             dropped=reply["dropped"],
+            merged_cuts=reply["merged_cuts"],
         )
-        buckets = tuple(tuple(positions[offsets[k] : offsets[k + 1]]) for k in range(len(caps)))
+        buckets = tuple(tuple(positions[offsets[k] : offsets[k + 1]]) for k in range(reply["num_buckets"]))
         return Layout(buckets=buckets, caps=tuple(caps), order="ready", build=build_id()), None

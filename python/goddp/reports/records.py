@@ -122,14 +122,15 @@ def last_plans() -> list[dict[str, Any]]:
     - alignment: which caps set DDP's buckets to the pieces: "none",
       "ready-order caps" (DDP rebuilds its buckets), "declaration-order
       caps" (find_unused_parameters=True: DDP keeps declaration-order
-      buckets), "declaration-order caps, pieces merged" or "ready-order
+      buckets), "declaration-order caps, pieces merged", "ready-order
       caps per dtype group" (several (dtype, device) groups against shared
-      caps: docs/limits.md).
+      caps: docs/limits.md) or "declaration-order caps per dtype group".
     - ddp_caps: the per-bucket caps given to DDP, in the order DDP walks
       them ([] when not aligned; per dtype group, cap j is every group's
       j-th bucket's).
-    - merged_cuts: the cuts dropped because no bucket could start there,
-      or (per dtype group) the cuts at which no group's bucket closes.
+    - merged_cuts: the cuts dropped because no bucket could start (per
+      dtype group in declaration order: launch) there, or (per dtype
+      group in ready order) the cuts at which no group's bucket closes.
     - frame: where the graph came from (goddp.graph.frames.FrameInfo): frame,
       compile_id, graph_break (Dynamo's reason) and break_at.
     - fallback_stage: None, or the stage that failed

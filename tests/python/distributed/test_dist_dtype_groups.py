@@ -19,8 +19,10 @@ cut, DDP's buckets closing where the plan says, rebuilt equal to the plan's on
 both ranks, bitwise equal to eager DDP (aot_eager), also when rank 0 first
 evaluates another batch size, and with static_graph or a built-in hook on
 bucket views; a wide bf16 head, whose per-group caps would launch later
-than DDP's own buckets, and find_unused_parameters=True keep DDP's
-buckets, with the reason.
+than DDP's own buckets, keeps DDP's buckets, with the reason. Under
+find_unused_parameters=True (DDP keeps the buckets it fills in
+declaration order, sorted by first parameter: the third case checks that
+rule against torch) the same models are aligned per group as well.
 """
 
 from __future__ import annotations
@@ -91,6 +93,25 @@ def test_ddp_walks_its_caps_anew_for_each_dtype_group():
         assert got[: len(closed)] == [b for b, _ in closed], what
         assert limits[: len(closed)] == [c for _, c in closed], what
         assert sorted(got[len(closed):]) == sorted(rest), what
+
+
+def test_ddp_lists_its_first_buckets_by_first_parameter():
+    """DDP's first bucketing (no gradient-ready order: under
+    find_unused_parameters=True the only one): the same walk per group in
+    declaration order, the buckets of every group then listed by their
+    first parameter (DDP reverses that list). Note [Declaration order per
+    group] in planner/declorder.go plans by it."""
+    rng = random.Random(1)
+    for case in range(300):
+        n = rng.randint(1, 12)
+        dtypes = [rng.choice(DTYPES[: rng.randint(1, 3)]) for _ in range(n)]
+        tensors = [torch.empty(rng.randint(1, 8), dtype=d) for d in dtypes]
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        caps = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+        got, _ = dist._compute_bucket_assignment_by_size(tensors, caps, [False] * n)
+        closed, rest = walk_per_group(sizes, dtypes, caps, range(n))
+        want = sorted([b for b, _ in closed] + rest, key=lambda b: b[0])
+        assert got == want, f"case {case}: sizes {sizes}, dtypes {dtypes}, caps {caps}"
 
 
 def _half_stack(seed: int = 0, part=HALF, dtype=torch.bfloat16) -> nn.Module:
@@ -337,18 +358,31 @@ def test_per_group_caps_that_would_launch_later_keep_ddps_buckets(group):
 
 
 @needs_two_ranks
-def test_two_dtypes_under_find_unused_parameters_keep_ddps_buckets(group):
-    """DDP fills its buckets in declaration order there and never rebuilds:
-    goddp plans that order for one group only, so DDP keeps its own, with
-    the reason, and training is eager DDP's."""
-    want = _train(group, False, False, find_unused_parameters=True)
-    got = _train(group, True, False, find_unused_parameters=True)
+@pytest.mark.parametrize("evaluate_first", [False, True], ids=["same", "rank0-evaluates-first"])
+@pytest.mark.parametrize("model_kind", list(MODELS))
+def test_two_dtypes_under_find_unused_parameters_are_aligned_per_group(group, model_kind, evaluate_first):
+    """DDP fills its buckets in declaration order there, each group apart,
+    and never rebuilds: goddp gives it caps for that order, cap j every
+    group's j-th bucket's (Note [Declaration order per group]). DDP's
+    buckets are the plan's, in the plan's order, on both ranks, and
+    training is eager DDP's with the same setting."""
+    want = _train(group, False, evaluate_first, model_kind, find_unused_parameters=True)
+    got = _train(group, True, evaluate_first, model_kind, find_unused_parameters=True)
+    ddp, model = got[0], got[1]
     plans = [p for p in goddp.last_plans() if p["plan_check"] is not None]
     assert plans, goddp.last_plans()
     plan = plans[0]
     assert plan["fallback"] is None and plan["num_pieces"] > 1, plan
-    assert plan["ddp_buckets"]["aligned"] is False
-    assert plan["ddp_buckets"]["reason"].startswith("parameters span several (dtype, device) groups"), plan
+    assert plan["ddp_buckets"] == {"aligned": True, "reason": None}, plan["ddp_buckets"]
+    assert plan["alignment"] == "declaration-order caps per dtype group"
+    assert len(plan["ddp_caps"]) < len(plan["buckets"])
+    # DDP keeps the buckets it filled with the caps: the plan's, in order.
+    buckets = _ddp_buckets(ddp, model)
+    assert buckets == [frozenset(b["param_names"]) for b in plan["buckets"]], (buckets, plan["buckets"])
+    assert {next(iter(model.get_parameter(n) for n in b)).dtype for b in buckets} == {torch.float32, MODELS[model_kind][1]}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, [sorted(b) for b in buckets])
+    assert all(b == everyone[0] for b in everyone), everyone
     _assert_same_training(got, want)
     fresh()
 

@@ -4,7 +4,9 @@ CPU). Each case trains goddp and eager DDP side by side on per-rank data
 and requires equal losses and weights (bitwise: aot_eager):
 
 - a graph break in the middle of the model: both graphs planned together,
-  DDP's buckets close at the cuts of both, on both ranks;
+  DDP's buckets close at the cuts of both, on both ranks; with layers in
+  bf16 on either side or both, the combined buckets split by group, DDP
+  rebuilt to exactly them;
 - a branch whose graph first runs at step 3 (on both ranks, or on one):
   DDP's buckets stay as they were, nobody waits, and the branch's graph
   follows them;
@@ -48,39 +50,46 @@ def group(dist_group):
 
 
 class Stack(nn.Module):
-    """depth Linear layers; a graph break after layer break_at (None: none);
-    from the step the test sets `late`, a branch with a graph of its own
-    after that."""
+    """depth Linear layers, those numbered in half in bf16; a graph break
+    after layer break_at (None: none); from the step the test sets `late`,
+    a branch with a graph of its own after that."""
 
-    def __init__(self, depth: int = 10, break_at: int | None = None) -> None:
+    def __init__(self, depth: int = 10, break_at: int | None = None, half: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(depth))
-        self.break_at = break_at
+        for i in half:
+            self.layers[i].to(torch.bfloat16)
+        self.break_at, self.half = break_at, half
         self.late = False
+
+    def _layer(self, i: int, x):
+        if i in self.half:
+            return torch.tanh(self.layers[i](x.to(torch.bfloat16))).float()
+        return torch.tanh(self.layers[i](x))
 
     def forward(self, x):
         # Dynamo runs a whole frame eagerly when it breaks inside a loop, so
         # each break sits between two loops.
         cut = len(self.layers) if self.break_at is None else self.break_at + 1
-        for layer in self.layers[:cut]:
-            x = torch.tanh(layer(x))
+        for i in range(cut):
+            x = self._layer(i, x)
         if self.break_at is not None:
             torch._dynamo.graph_break()
         if self.late:
             x = x + x.detach().mean()
             torch._dynamo.graph_break()
-        for layer in self.layers[cut:]:
-            x = torch.tanh(layer(x))
+        for i in range(cut, len(self.layers)):
+            x = self._layer(i, x)
         return x
 
 
-def _train_both(group, order: str, break_at, late_from=None, steps: int = STEPS):
+def _train_both(group, order: str, break_at, late_from=None, steps: int = STEPS, half=()):
     """goddp and eager DDP from the same weights on the same per-rank data;
     returns the goddp DDP module and its reducer after each step, having
     checked losses and weights bitwise equal at every step."""
     fresh()
     torch.manual_seed(0)
-    base = Stack(break_at=break_at)
+    base = Stack(break_at=break_at, half=half)
     model, reference = copy.deepcopy(base), copy.deepcopy(base)
     options = {"inner": "aot_eager", "log_plan": False}
     if order == "compile(DDP(m))":
@@ -147,6 +156,36 @@ def test_a_break_in_the_middle_aligns_on_both_ranks(group, order):
     assert _rebuilt_sizes(ddp) == caps
     assert len(set(map(tuple, _gather(caps, group)))) == 1
     # The reducer was rebuilt once, at step 2's call, before its allreduces.
+    assert reducers[0] != reducers[1] and reducers[1:] == [reducers[1]] * (STEPS - 1)
+    fresh()
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("half", [(2,), (7,), (1, 2, 8)], ids=["bf16-before", "bf16-after", "bf16-both"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_break_with_several_dtype_groups_aligns_per_group(group, order, half):
+    """Layers in bf16 before the break, after it, or on both sides: each
+    graph keeps its buckets whole, the combined ones are split by group
+    with caps that fit every group (Note [Several dtype groups] in
+    planner/keys.go), and DDP rebuilds to exactly those buckets on both
+    ranks; training is eager DDP's (checked in _train_both)."""
+    from goddp.ddp.private import ddp_parameters
+    from goddp.ranks.agreement import decided
+
+    ddp, reducers = _train_both(group, order, break_at=4, half=half)
+    together = _together()
+    assert len(together) == 2, goddp.last_plans()
+    assert all(p["ddp_buckets"] == {"aligned": True, "reason": None} for p in together), together
+    layout = decided(ddp).layout
+    assert layout.shares_caps, layout
+    parameters = ddp_parameters(ddp)
+    planned = sorted(sorted(id(parameters[p]) for p in bucket) for bucket in layout.buckets)
+    rebuilt = sorted(sorted(id(p) for p in b.parameters()) for b in ddp.reducer._get_zeros_like_grad_buckets())
+    assert rebuilt == planned
+    assert {p.dtype for b in ddp.reducer._get_zeros_like_grad_buckets() for p in b.parameters()} == {
+        torch.float32, torch.bfloat16}
+    assert all(len({p.dtype for p in b.parameters()}) == 1 for b in ddp.reducer._get_zeros_like_grad_buckets())
+    assert len(set(map(tuple, _gather(list(layout.caps), group)))) == 1
     assert reducers[0] != reducers[1] and reducers[1:] == [reducers[1]] * (STEPS - 1)
     fresh()
 

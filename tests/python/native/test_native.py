@@ -169,7 +169,7 @@ def test_constants_are_the_headers(ext):
     text = _native.declarations()
     defined = {m[0]: int(m[1].rstrip("u"), 0) for m in re.findall(r"#define GODDP_(\w+) (\w+)", text)}
     enumerated = {m[0]: int(m[1]) for m in re.findall(r"^\s*GODDP_(\w+) = (\d+)", text, re.M)}
-    assert len(defined) + len(enumerated) == 52
+    assert len(defined) + len(enumerated) == 51
     for name, value in {**defined, **enumerated}.items():
         assert getattr(_native, name) == value, name
     assert ext.abi_version() == _native.ABI_VERSION == defined["ABI_VERSION"]
@@ -368,7 +368,7 @@ def test_decisions_cross_the_extension(ext):
     plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": flags | _native.DDP_MIXED_PRECISION}})
     assert plan["align_reason"] == _native.REASON_MIXED_PRECISION and plan["align_buckets"] is False
     assert plan["aligned_params"] == 0
-    both = flags | _native.DDP_SEVERAL_PARAM_GROUPS | _native.DDP_MIXED_PRECISION
+    both = flags | _native.DDP_BUILTIN_COMM_HOOK | _native.DDP_MIXED_PRECISION
     plan = ext.plan_graph(graph, {**cfg, "ddp": {**ddp, "flags": both}})
     assert plan["align_reason"] == _native.REASON_MIXED_PRECISION
     # static_graph refuses nothing (Note [Alignment refusals])
@@ -561,15 +561,14 @@ def test_align_buckets_refusals(ext):
     assert info.value.code == _native.ERR_INVALID_CONFIG
     graph = chain_graph(2)
     graph["param_dtypes"][3] = 7  # layers.1.bias in another dtype
-    # In ready order each group gets its caps (planner/keys.go); in
-    # declaration order the planner walks one group only.
+    # Each group gets its caps, in either order (planner/keys.go,
+    # planner/declorder.go): cap j is every group's j-th bucket's.
     split = ext.plan_graph(graph, toy_config(align_buckets=True))
     assert split["alignment"] == _native.ALIGN_READY_GROUPS
     graph["param_ddp_positions"] = array("i", range(4))
-    with pytest.raises(ext.PlannerError, match="align_buckets needs all counted parameters to share one dtype and device") as info:
-        ext.plan_graph(graph, toy_config(align_buckets=True, bucket_order=_native.ORDER_DECLARATION))
-    assert info.value.code == _native.ERR_INVALID_CONFIG
-    ext.plan_graph(graph, toy_config())  # fine without alignment
+    declared = ext.plan_graph(graph, toy_config(align_buckets=True, bucket_order=_native.ORDER_DECLARATION))
+    assert declared["alignment"] == _native.ALIGN_DECLARATION_GROUPS
+    assert declared["num_ddp_caps"] < len(unpack(declared["bucket_bytes"], "q"))
     with pytest.raises(TypeError, match=r"config\['align_buckets'\] must be an int"):
         ext.plan_graph(chain_graph(2), toy_config(align_buckets="yes"))
     with pytest.raises(TypeError, match=r"config\['align_buckets'\] must be an int"):

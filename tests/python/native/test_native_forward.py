@@ -35,6 +35,25 @@ def test_ddp_caps_are_the_byte_totals_but_at_least_one_byte(native_module):
     assert _ints("q", reply["ddp_caps"]) == [1, 8]
 
 
+def test_param_keys_split_the_combined_buckets_by_group(native_module):
+    # Graph 0: [1, 0]; graph 1: [3, 2] (positions 2 and 3 in group 1, a
+    # bf16 layer of 45 and 5 bytes). Cap 0 closes the float32 layer only
+    # above 90 bytes: the bf16 bucket stays open, after the closed one.
+    args = (array("q", [90, 10, 45, 5]), array("q", [0, 1, 2]), array("q", [0, 2, 4]), array("i", [1, 0, 3, 2]))
+    reply = native_module.combine_forward(*args, array("i", [0, 0, 1, 1]))
+    assert reply["num_buckets"] == 2 and reply["num_ddp_caps"] == 1
+    assert _ints("i", reply["bucket_params"]) == [1, 0, 3, 2]
+    assert _ints("q", reply["ddp_caps"]) == [100]
+    assert reply["merged_cuts"] == 1
+    one = native_module.combine_forward(*args)
+    assert _ints("q", one["ddp_caps"]) == [50, 100] and one["merged_cuts"] == 0
+    with pytest.raises(native_module.PlannerError, match="group number -1") as caught:
+        native_module.combine_forward(*args, array("i", [0, 0, 1, -1]))
+    assert caught.value.code == _native.ERR_INVALID_CONFIG
+    with pytest.raises(native_module.PlannerError, match="param_keys"):
+        native_module.combine_forward(*args, array("i", [0, 0, 1]))
+
+
 def test_a_forward_missing_parameters_is_a_planner_error(native_module):
     with pytest.raises(native_module.PlannerError, match="use 1 of DDP's 2 parameters") as caught:
         native_module.combine_forward(array("q", [4, 4]), array("q", [0, 1]), array("q", [0, 1]), array("i", [0]))

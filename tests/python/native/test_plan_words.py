@@ -26,12 +26,6 @@ NOT_ALIGNED = {
     "REASON_PYTHON_REDUCER": "DDP uses the Python reducer, which has no per-bucket caps",
     "REASON_MIXED_PRECISION": "DDP mixed precision is on",
     "REASON_BUILTIN_COMM_HOOK": "a built-in comm hook that goddp cannot identify is registered",
-    "REASON_PARAM_GROUPS": (
-        "parameters span several (dtype, device) groups, and DDP fills its buckets in declaration order "
-        "(find_unused_parameters=True) or the graph holds only part of DDP's parameters (a graph break, or "
-        "parameters it does not use): goddp plans each group's caps only for one graph holding them all, in "
-        "gradient-ready order"
-    ),
     "REASON_GROUPS_LATER": (
         "parameters span several (dtype, device) groups, which DDP buckets against shared caps: caps that "
         "close every group's buckets at the cuts would launch them later than DDP's own buckets (docs/limits.md)"
@@ -43,8 +37,8 @@ ALIGNMENTS = sorted((n for n in dir(_native) if n.startswith("ALIGN_")), key=lam
 
 def test_every_code_is_listed_here():
     assert REASONS == sorted(NOT_ALIGNED, key=lambda n: getattr(_native, n))
-    # 8 and 11 are gone (reasons no longer given); the others kept their numbers.
-    assert [getattr(_native, n) for n in REASONS] == [c for c in range(len(REASONS) + 2) if c not in (8, 11)]
+    # 8, 11 and 12 are gone (reasons no longer given); the others kept their numbers.
+    assert [getattr(_native, n) for n in REASONS] == [c for c in range(len(REASONS) + 3) if c not in (8, 11, 12)]
     assert sorted(ALIGNMENT_NAMES) == [getattr(_native, n) for n in ALIGNMENTS]
 
 
@@ -58,7 +52,7 @@ def test_reasons_have_their_own_words():
     assert len(set(words)) == len(words)
 
 
-@pytest.mark.parametrize("code", [max(getattr(_native, n) for n in REASONS) + 1, 8, 11, 99, -1])
+@pytest.mark.parametrize("code", [max(getattr(_native, n) for n in REASONS) + 1, 8, 11, 12, 99, -1])
 def test_an_unknown_reason_is_worded(code):
     words = not_aligned_words(code, 6, 7)
     assert words == f"unknown reason {code}"
@@ -69,7 +63,8 @@ def test_an_unknown_reason_is_worded(code):
     [(_native.ALIGN_NONE, "none"), (_native.ALIGN_READY, "ready-order caps"),
      (_native.ALIGN_DECLARATION, "declaration-order caps"),
      (_native.ALIGN_DECLARATION_MERGED, "declaration-order caps, pieces merged"),
-     (_native.ALIGN_READY_GROUPS, "ready-order caps per dtype group")],
+     (_native.ALIGN_READY_GROUPS, "ready-order caps per dtype group"),
+     (_native.ALIGN_DECLARATION_GROUPS, "declaration-order caps per dtype group")],
 )
 def test_alignment_names(code, name):
     assert ALIGNMENT_NAMES[code] == name

@@ -81,7 +81,7 @@ def test_a_planner_error_combining_a_forward_is_a_statement_without_a_layout(mon
     monkeypatch.setattr(_forward._native, "combine_forward", broken)
     layout = Layout(((0,),), (4,), "ready", "b")
     members = [_forward.Member(layout, None, f"graph {k}", lambda *a: None, lambda info: None) for k in range(2)]
-    combined = _forward.combine(members, [4, 4])
+    combined = _forward.combine(members, [torch.empty(4, dtype=torch.uint8)] * 2)
     assert combined.layout is None and combined.digest is None
     assert "could not combine the forward's layouts (RuntimeError: goddp planner: panic" in combined.reason
     assert combined.info == {"graphs": ["graph 0", "graph 1"]}

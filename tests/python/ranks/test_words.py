@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,7 +94,7 @@ def render_words() -> str:
         ("no member", [4], []),
     ]
     for name, param_bytes, members in forwards:
-        out.append(f"== forward {name}\nINFO {combine(members, param_bytes).note}\n")
+        out.append(f"== forward {name}\nINFO {combine(members, tensors(param_bytes)).note}\n")
     why = "static_graph=True: DDP's buckets are fixed"
     notes = [
         ("aligned, ready", facts(align_requested=True, aligned=True)),
@@ -146,17 +147,18 @@ REFUSALS = [
 
 @pytest.mark.parametrize("name, members, want", REFUSALS, ids=[r[0] for r in REFUSALS])
 def test_each_refusal_of_a_forward(native_module, name, members, want):
-    got = combine(members, [4, 4, 8])
+    got = combine(members, tensors([4, 4, 8]))
     assert (got.layout, got.digest, got.reason) == (None, None, want)
     assert got.info == {"graphs": [m.describe for m in members]}
     assert got.note.endswith(f"; no layout: {want}"), got.note
 
 
 def test_a_forward_combines_into_the_planners_layout(native_module):
-    got = combine([member("g0", (1,), (0,)), member("g1", (2, 0))], [4, 4, 8])
+    got = combine([member("g0", (1,), (0,)), member("g1", (2, 0))], tensors([4, 4, 8]))
     want = Layout(((2,), (1,), (0,)), (8, 4, 4), "ready", build_id())
     assert got.reason is None and got.layout == want and got.digest == want.digest()
-    assert got.info == {"graphs": ["g0", "g1"], "bucket_graphs": [1, 0, 0], "moved": 1, "dropped": 0}
+    assert got.info == {"graphs": ["g0", "g1"], "bucket_graphs": [1, 0, 0], "moved": 1, "dropped": 0,
+                        "merged_cuts": 0}
     assert got.note == (
         "goddp: planning the 2 graph(s) of this DDP module's first training forward together: g0; g1; DDP buckets [8, 4, 4] bytes"
     )
@@ -166,6 +168,11 @@ def test_a_combined_layout_the_digest_refuses_is_refused(native_module):
     got = combine([member("g0")], [])
     assert got.layout is None and got.reason.startswith("could not state DDP's layout (PlannerError: ")
     assert got.info["bucket_graphs"] == []  # the planner combined it
+
+
+def tensors(param_bytes: list[int]) -> list[torch.Tensor]:
+    """DDP's parameters as combine reads them: one group, of these bytes."""
+    return [torch.empty(b, dtype=torch.uint8) for b in param_bytes]
 
 
 def naive_combine(members: list[Member], param_bytes: list[int]) -> tuple[str, object]:
@@ -225,7 +232,7 @@ def forwards(draw) -> tuple[list[Member], list[int]]:
 @given(forward=forwards())
 def test_a_forwards_layout_matches_the_naive_reference(native_module, forward):
     members, param_bytes = forward
-    got = combine(members, param_bytes)
+    got = combine(members, tensors(param_bytes))
     kind, want = naive_combine(members, param_bytes)
     assert got.note.startswith(f"goddp: planning the {len(members)} graph(s) "), got.note
     if kind == "refused":
