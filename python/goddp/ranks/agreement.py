@@ -73,7 +73,8 @@ from __future__ import annotations
 # and, after a LATER decision, the module's next training call (every rank
 # read the same statements, so every rank knows that round is due:
 # round_due(ddp); it is held with may_defer=False, so it decides for
-# good). Nothing that one rank alone saw (a recompile, an
+# good). Inside Join, both only at a call every rank runs (Note [Meeting
+# under Join]). Nothing that one rank alone saw (a recompile, an
 # evaluation graph, a graph that shows up later) ever starts a round.
 #
 # Why aligning after DDP rebuilt its buckets is safe now: the old refusal
@@ -179,7 +180,7 @@ class TrainingGate:
         if state.decision is None:
             if not _join.meets_now(ddp):
                 return  # armed: the ranks meet at a later call (Note [Meeting under Join])
-            if agree(ddp, self.statement, self._report, may_defer=not _join.inside_join(ddp)).action == LATER:
+            if agree(ddp, self.statement, self._report).action == LATER:
                 _forward.start(ddp)
                 self._join(ddp)
                 return
@@ -187,6 +188,8 @@ class TrainingGate:
             if _forward.in_recorded_forward(ddp):
                 self._join(ddp)
                 return
+            if not _join.meets_now(ddp):
+                return  # armed: under Join, the second round too waits for a call every rank runs
             self._second_round(ddp)
         elif not self._joined and not self._followed:
             self._follow(state.decision, state.shared)
@@ -330,7 +333,8 @@ def agree(ddp: Any, statement: Statement, report: Report, may_defer: bool = True
         _join.stop(ddp)
         raise
     state.decision = decision
-    _join.stop(ddp)
+    if decision.action != LATER:  # LATER: a round still to come (Note [Meeting under Join])
+        _join.stop(ddp)
     report(
         {**decision.summary(), "group": group.name, "size": len(group.ranks),
          "seconds": round(time.monotonic() - started, 3)},

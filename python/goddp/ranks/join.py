@@ -26,10 +26,11 @@ reduces gradients, as DDP's shadow asks.
 The first training call under Join therefore never meets (this rank's
 pre-forward ran before goddp saw the module): the ranks meet at the first
 later one that every rank runs, or at the first training call outside
-Join. They meet with may_defer=False: a later round ("LATER", Note [Graphs
-of one forward] in goddp.ranks.forward) would wait at the next training
-call, which a rank may not reach under Join; a forward split over several
-graphs keeps DDP's buckets there.
+Join. A round the ranks put off to the module's next training forward
+("LATER", a forward split over several graphs: Note [Graphs of one
+forward] in goddp.ranks.forward) is a decision still to come: the ranks
+hold it the same way, at the first later training call that every rank
+runs, inside Join or after it; until then DDP's buckets stay.
 
 The Join state DDP hands the reducer at each forward (the work of its
 notify allreduce, which counts the non-joined ranks and, with
@@ -51,6 +52,7 @@ import torch
 
 from goddp.ddp import private
 from goddp.ddp.state import state_of
+from goddp.ranks.verdict import LATER
 
 
 @dataclasses.dataclass
@@ -101,7 +103,8 @@ def _size(ddp: Any) -> int:
 
 def _contribution(ddp: Any) -> float:
     state = state_of(ddp)
-    return float(_size(ddp) + 1) if state.decision is None and state.fatal is None else 1.0
+    to_come = state.decision is None or state.decision.action == LATER
+    return float(_size(ddp) + 1) if to_come and state.fatal is None else 1.0
 
 
 def _keep(ddp: Any, work: Any, tensor: torch.Tensor) -> None:

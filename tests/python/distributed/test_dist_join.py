@@ -12,6 +12,9 @@ rank). Where a rank joins before the ranks could meet (one batch, or none),
 no rank waits: DDP's buckets stay inside Join and the ranks align at the
 first training call after it that every rank said it runs (DDP keeps its
 Join allreduce after the context ends). find_unused_parameters=True too.
+A forward split by a graph break holds its second round the same way: at
+the third call where every rank runs it, else after Join, with no rank
+waiting, also where its first round came before Join.
 A plain pytest run launches this file under torchrun itself, with 2 ranks
 and with 4.
 """
@@ -41,15 +44,16 @@ def group(dist_group):
     return short_timeout_group(GROUP_TIMEOUT_S)
 
 
-def _ddp(group, **kwargs):
-    return ENTRY.wrap(ENTRY.build(seed=0), process_group=group, bucket_cap_mb=ENTRY.ddp_cap_mb, **kwargs)
+def _ddp(group, entry=ENTRY, cap_mb=None, **kwargs):
+    cap_mb = entry.ddp_cap_mb if cap_mb is None else cap_mb
+    return entry.wrap(entry.build(seed=0), process_group=group, bucket_cap_mb=cap_mb, **kwargs)
 
 
-def _batches(count: int, first: int = 0):
-    return [ENTRY.make_inputs(100 * rank() + step) for step in range(first, first + count)]
+def _batches(count: int, first: int = 0, entry=ENTRY):
+    return [entry.make_inputs(100 * rank() + step) for step in range(first, first + count)]
 
 
-def _train(ddp, forward, batches, join=True, **join_kwargs):
+def _train(ddp, forward, batches, join=True, entry=ENTRY, **join_kwargs):
     """SGD with momentum over batches (inside Join([ddp]) when join): the
     losses, the gradients after each backward, and the weights after."""
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -58,7 +62,7 @@ def _train(ddp, forward, batches, join=True, **join_kwargs):
     def loop():
         for inputs in batches:
             optimizer.zero_grad(set_to_none=True)
-            loss = ENTRY.loss(forward(*inputs))
+            loss = entry.loss(forward(*inputs))
             loss.backward()
             grads.append([p.grad.clone() for p in ddp.parameters()])
             optimizer.step()
@@ -187,6 +191,78 @@ def test_a_rank_that_joins_before_the_ranks_meet_makes_nobody_wait(group, last_r
     got_after = _train(ddp, compiled, after, join=False)
     _assert_aligned(ddp)
     _assert_same(got_after, want_after)
+    fresh()
+
+
+# --------------------------------------------------------------------------
+# A forward split over two graphs: its second round waits for a call every
+# rank runs too
+
+SPLIT = ZOO["graph_break"]
+SPLIT_CAP_MB = 0.4  # two layers a bucket: DDP's own straddle the break
+
+
+def _assert_split_aligned(ddp) -> None:
+    """Both graphs' plans aligned with the combined layout, DDP's buckets
+    that layout's on every rank, and DDP's own Join allreduce back."""
+    from goddp.ranks.agreement import decided
+
+    together = [p for p in goddp.last_plans() if p["forward"] is not None]
+    assert len(together) == 2, goddp.last_plans()
+    assert all(p["ddp_buckets"] == {"aligned": True, "reason": None} for p in together), together
+    assert _ddp_bucket_sizes(ddp) == list(decided(ddp).layout.caps)
+    sizes = [None] * dist.get_world_size()
+    dist.all_gather_object(sizes, _ddp_bucket_sizes(ddp))
+    assert all(s == sizes[0] for s in sizes), sizes
+    assert CHECK not in vars(ddp), "DDP's own Join allreduce is back once decided"
+
+
+@needs_two_ranks
+def test_a_split_forward_inside_join_aligns_at_a_call_every_rank_runs(group):
+    """Rank 0 has 4 batches, the others 3: the ranks meet at the second
+    call (each rank's graphs so far hold part of DDP's parameters: LATER)
+    and hold the second round at the third, which every rank runs; rank 0's
+    fourth step runs alone, the others shadowing the aligned buckets."""
+    fresh()
+    batches = _batches(3 + (rank() == 0), entry=SPLIT)
+    eager = _ddp(group, SPLIT, SPLIT_CAP_MB)
+    want = _train(eager, eager, batches, entry=SPLIT)
+    ddp = _ddp(group, SPLIT, SPLIT_CAP_MB)
+    got = _train(ddp, _compiled(ddp), batches, entry=SPLIT)
+    _assert_split_aligned(ddp)
+    assert _ddp_bucket_sizes(ddp) != _ddp_bucket_sizes(eager), "the case must move DDP's buckets"
+    _assert_same(got, want)
+    fresh()
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("first_outside", [False, True], ids=["first-round-inside", "first-round-before-join"])
+def test_a_split_forwards_second_round_waits_for_no_joined_rank(group, first_outside):
+    """The last rank joins before the second round could be held: it has 2
+    batches inside Join after the first round there, or none after a first
+    round held before Join. No rank waits inside Join and no rank rebuilds
+    there; after Join every rank runs each step and the ranks align."""
+    fresh()
+    last = rank() == dist.get_world_size() - 1
+    before = _batches(1, first=20, entry=SPLIT) if first_outside else []
+    inside = _batches((0 if first_outside else 2) if last else 4, entry=SPLIT)
+    after = _batches(3, first=10, entry=SPLIT)
+    eager = _ddp(group, SPLIT, SPLIT_CAP_MB)
+    want = [_train(eager, eager, before, join=False, entry=SPLIT), _train(eager, eager, inside, entry=SPLIT),
+            _train(eager, eager, after, join=False, entry=SPLIT)]
+    ddp = _ddp(group, SPLIT, SPLIT_CAP_MB)
+    compiled = _compiled(ddp)
+    got = [_train(ddp, compiled, before, join=False, entry=SPLIT)]
+    reducer = ddp.reducer
+    started = time.monotonic()
+    got.append(_train(ddp, compiled, inside, entry=SPLIT))
+    waited = time.monotonic() - started
+    assert waited < GROUP_TIMEOUT_S / 4, f"the loop inside Join took {waited:.0f} s: some rank waited"
+    assert ddp.reducer is reducer, "no rank may rebuild inside Join before the second round"
+    got.append(_train(ddp, compiled, after, join=False, entry=SPLIT))
+    _assert_split_aligned(ddp)
+    for g, w in zip(got, want):
+        _assert_same(g, w)
     fresh()
 
 
