@@ -26,12 +26,12 @@ func goddp_combine_forward(f *C.goddp_forward_in, out **C.goddp_forward_plan, er
 		return C.GODDP_ERR_INVALID_CONFIG
 	}
 	*out = nil
-	graphs, bytes, keys, err := forwardFromC((*C.goddp_forward)(f))
+	graphs, bytes, keys, own, err := forwardFromC((*C.goddp_forward)(f))
 	if err != nil {
 		setErrMsg(errMsg, err.Error())
 		return statusOf(err)
 	}
-	plan, err := planner.CombineForward(graphs, bytes, keys)
+	plan, err := planner.CombineForward(graphs, bytes, keys, own)
 	if err != nil {
 		setErrMsg(errMsg, err.Error())
 		return statusOf(err)
@@ -51,50 +51,51 @@ func goddp_forward_plan_free(plan *C.goddp_forward_plan) {
 	freeForwardPlan(plan)
 }
 
-// forwardFromC copies a goddp_forward into the planner's types.
-func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, []int32, error) {
+// forwardFromC copies a goddp_forward into the planner's types (own nil
+// where no own caps are given).
+func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, []int32, *planner.Config, error) {
 	code := planner.ErrInvalidConfig
 	s, err := spansOf(f.spans, f.num_spans, code)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	bytes, err := cCopy[int64](s, unsafe.Pointer(f.param_bytes), int64(f.num_params), "param_bytes", code)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if f.num_graphs < 1 {
-		return nil, nil, nil, invalidConfig("goddp: num_graphs = %d; a forward has at least one graph", int64(f.num_graphs))
+		return nil, nil, nil, nil, invalidConfig("goddp: num_graphs = %d; a forward has at least one graph", int64(f.num_graphs))
 	}
 	graphOffs, err := cView[int64](s, unsafe.Pointer(f.graph_bucket_offsets), int64(f.num_graphs)+1, "graph_bucket_offsets", code)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	numBuckets, err := csrValuesLen(graphOffs, "graph_bucket_offsets")
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	bucketOffs, err := cView[int64](s, unsafe.Pointer(f.bucket_param_offsets), numBuckets+1, "bucket_param_offsets", code)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	numValues, err := csrValuesLen(bucketOffs, "bucket_param_offsets")
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	params, err := cCopy[int32](s, unsafe.Pointer(f.bucket_params), numValues, "bucket_params", code)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if err := checkOffsets(graphOffs, numBuckets, "graph_bucket_offsets"); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if err := checkOffsets(bucketOffs, numValues, "bucket_param_offsets"); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	var keys []int32
 	if f.param_keys != nil {
 		if keys, err = cCopy[int32](s, unsafe.Pointer(f.param_keys), int64(f.num_params), "param_keys", code); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 	}
 	graphs := make([]planner.ForwardGraph, int(f.num_graphs))
@@ -103,7 +104,17 @@ func forwardFromC(f *C.goddp_forward) ([]planner.ForwardGraph, []int64, []int32,
 			graphs[g].Buckets = append(graphs[g].Buckets, params[bucketOffs[k]:bucketOffs[k+1]])
 		}
 	}
-	return graphs, bytes, keys, nil
+	var own *planner.Config
+	if f.own_bucket_cap_bytes != 0 {
+		// Counted by num_own_bucket_caps, as goddp_ddp's caps: no span.
+		caps, err := cCopy[int64](nil, unsafe.Pointer(f.own_bucket_caps_bytes), int64(f.num_own_bucket_caps), "own_bucket_caps_bytes", code)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		own = &planner.Config{BucketCapBytes: int64(f.own_bucket_cap_bytes),
+			FirstBucketCapBytes: int64(f.own_first_bucket_cap_bytes), BucketCapsBytes: caps}
+	}
+	return graphs, bytes, keys, own, nil
 }
 
 // checkOffsets requires a CSR offsets array to start at 0, never decrease
@@ -135,6 +146,9 @@ func forwardPlanToC(p *planner.ForwardPlan) (_ *C.goddp_forward_plan, err error)
 	nb := len(p.Buckets)
 	cp.num_buckets = C.int64_t(nb)
 	cp.moved, cp.dropped, cp.merged_cuts = C.int64_t(p.Moved), C.int64_t(p.Dropped), C.int64_t(p.MergedCuts)
+	if p.GroupsLater {
+		cp.groups_later = 1
+	}
 	ptr, bytes, err := cAlloc[int64](nb)
 	if err != nil {
 		return nil, err

@@ -559,6 +559,16 @@ typedef struct goddp_forward {
      * >= 0, by DDP position; NULL: one group. With several, the graphs'
      * buckets (one per unit, every group in it) are split by group. */
     const int32_t *param_keys;
+    /* ABI 15: the resolved caps the graphs were planned with (goddp_plan's
+     * bucket_cap_bytes, first_bucket_cap_bytes, bucket_caps_bytes): the
+     * buckets DDP would make on its own. With several groups, where the
+     * combined buckets would launch more than 10% later than those,
+     * goddp_forward_plan.groups_later is 1. own_bucket_cap_bytes 0: no
+     * such check. */
+    int64_t own_bucket_cap_bytes;
+    int64_t own_first_bucket_cap_bytes;
+    int64_t num_own_bucket_caps;
+    const int64_t *own_bucket_caps_bytes;
 } goddp_forward;
 
 /* One DDP bucket layout for a forward's graphs (planner/forward.go). Every
@@ -579,6 +589,8 @@ typedef struct goddp_forward_plan {
     int64_t *ddp_caps;                  /* [num_ddp_caps] */
     int64_t merged_cuts;                /* several groups: the graphs' buckets, but the last, at whose
                                          * end no group's bucket closes */
+    int64_t groups_later;               /* 1: several groups whose buckets would launch later than the
+                                         * own caps' (goddp_forward): keep DDP's buckets */
 } goddp_forward_plan;
 
 /* Combines the aligned buckets of a forward's graphs into one DDP

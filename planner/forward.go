@@ -1,5 +1,7 @@
 package planner
 
+import "slices"
+
 // This file implements CombineForward: one DDP bucket layout for a forward
 // that Dynamo compiled as several graphs (a graph break splits DDP's
 // parameters over them).
@@ -27,7 +29,13 @@ package planner
 // buckets hold every group (Decide keeps a part-of-forward graph's buckets
 // whole, one per unit), and the combined list is split by group with caps
 // that fit every group at once, as Note [Several dtype groups] (keys.go)
-// does for one graph: the combined buckets are its units.
+// does for one graph: the combined buckets are its units. As Decide does
+// for one graph, CombineForward then weighs those buckets against the ones
+// DDP's own caps (own) would make over the same units, and says so
+// (ForwardPlan.GroupsLater) where they would launch more than 10% later:
+// the caller keeps DDP's buckets there. Buckets that one unit of several
+// pieces completes are listed by group, not in the order DDP closes them
+// (the units carry no pieces); the sets are DDP's.
 
 // ForwardGraph is one graph of a forward, as its aligned plan bucketed it.
 type ForwardGraph struct {
@@ -57,17 +65,21 @@ type ForwardPlan struct {
 	// MergedCuts (several groups): the graphs' buckets, but the last, at
 	// whose end no group's bucket closes.
 	MergedCuts int
+	// GroupsLater (several groups, own given): the buckets would launch
+	// more than 10% later than DDP's own do (launchesLater).
+	GroupsLater bool
 }
 
 // CombineForward combines the aligned buckets of a forward's graphs (in
 // forward order) into one DDP layout. paramBytes holds the byte size
 // (numel*element size) of every parameter DDP reduces, indexed by DDP
 // position; paramKeys, nil or as long, its (dtype, device) group's number
-// (nil: one group). Errors: ErrInvalidConfig for malformed input (a
+// (nil: one group); own, nil or the caps the graphs were planned with
+// (DDP's own, resolved), for the launch check. Errors: ErrInvalidConfig for malformed input (a
 // position out of range, a parameter twice in one graph, a negative size
 // or group number, no graph) and ErrInvalidGraph when the graphs between
 // them do not hold every parameter DDP reduces.
-func CombineForward(graphs []ForwardGraph, paramBytes []int64, paramKeys []int32) (*ForwardPlan, error) {
+func CombineForward(graphs []ForwardGraph, paramBytes []int64, paramKeys []int32, own *Config) (*ForwardPlan, error) {
 	if len(graphs) == 0 {
 		return nil, errorf(ErrInvalidConfig, "planner: CombineForward needs at least one graph")
 	}
@@ -123,8 +135,17 @@ func CombineForward(graphs []ForwardGraph, paramBytes []int64, paramKeys []int32
 			plan.Caps = append(plan.Caps, out.Bytes)
 		}
 	}
+	if own != nil {
+		if err := validateConfig(own); err != nil {
+			return nil, err
+		}
+	}
 	if distinctKeys(paramKeys) > 1 {
+		units := slices.Clone(plan.Buckets)
 		plan.splitByKey(paramBytes, paramKeys)
+		if own != nil {
+			plan.GroupsLater = launchesLater(plan.onUnits(units), ownOnUnits(units, paramBytes, paramKeys, capList(own)))
+		}
 	}
 	// At least 1 byte, as Decide's clampCaps: a cap of 0 would give each
 	// parameter of a zero-byte bucket its own DDP bucket.
@@ -219,4 +240,56 @@ func forwardOwners(graphs []ForwardGraph, numParams int) ([]int, error) {
 		}
 	}
 	return owner, nil
+}
+
+// onUnits returns the plan's buckets as a plan whose pieces are the units
+// (DDP order: unit 0 is the last piece), each bucket at the unit that
+// completes it, for launchCost. Its Graph and Source name that unit.
+func (plan *ForwardPlan) onUnits(units []ForwardBucket) *Plan {
+	unitOf := func(b ForwardBucket) int {
+		return slices.IndexFunc(units, func(u ForwardBucket) bool { return u.Graph == b.Graph && u.Source == b.Source })
+	}
+	out := &Plan{NumPieces: len(units)}
+	for _, b := range plan.Buckets {
+		out.Buckets = append(out.Buckets, Bucket{Bytes: b.Bytes, Piece: len(units) - 1 - unitOf(b)})
+	}
+	return out
+}
+
+// ownOnUnits returns, as onUnits does, the buckets DDP's rebuild makes with
+// caps over the units (in order, each unit's parameters as listed): each
+// group walks the caps on its own; the closed buckets in closing order,
+// then the open ones.
+func ownOnUnits(units []ForwardBucket, paramBytes []int64, paramKeys []int32, caps []int64) *Plan {
+	type filling struct {
+		bytes  int64
+		last   int
+		capIdx int
+		open   bool
+	}
+	fills := map[int32]*filling{}
+	var keys []int32
+	out := &Plan{NumPieces: len(units)}
+	for u, unit := range units {
+		for _, p := range unit.Params {
+			f := fills[paramKeys[p]]
+			if f == nil {
+				f = &filling{}
+				fills[paramKeys[p]] = f
+				keys = append(keys, paramKeys[p])
+			}
+			f.bytes += paramBytes[p]
+			f.last, f.open = u, true
+			if f.bytes >= caps[f.capIdx] {
+				out.Buckets = append(out.Buckets, Bucket{Bytes: f.bytes, Piece: len(units) - 1 - u})
+				f.bytes, f.open, f.capIdx = 0, false, min(f.capIdx+1, len(caps)-1)
+			}
+		}
+	}
+	for _, k := range keys {
+		if f := fills[k]; f.open {
+			out.Buckets = append(out.Buckets, Bucket{Bytes: f.bytes, Piece: len(units) - 1 - f.last})
+		}
+	}
+	return out
 }

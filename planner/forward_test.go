@@ -17,7 +17,7 @@ func TestCombineForwardConcatenatesTheLaterGraphFirst(t *testing.T) {
 		{Buckets: [][]int32{{2}, {1, 0}}}, // forward first: parameters 0-2
 		{Buckets: [][]int32{{5, 4}, {3}}}, // then 3-5
 	}
-	plan, err := CombineForward(graphs, bytes, nil)
+	plan, err := CombineForward(graphs, bytes, nil, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{110, 40, 30, 30}, plan.Caps)
 	assert.Equal(t, []int{1, 1, 0, 0}, []int{plan.Buckets[0].Graph, plan.Buckets[1].Graph, plan.Buckets[2].Graph, plan.Buckets[3].Graph})
@@ -38,8 +38,9 @@ func TestCombineForwardSplitsSeveralGroups(t *testing.T) {
 		{Buckets: [][]int32{{1, 0}}},
 		{Buckets: [][]int32{{7, 6}, {5, 4}, {3, 2}}},
 	}
-	plan, err := CombineForward(graphs, bytes, keys)
+	plan, err := CombineForward(graphs, bytes, keys, &Config{BucketCapBytes: 25 << 20, FirstBucketCapBytes: 1 << 20})
 	require.NoError(t, err)
+	assert.False(t, plan.GroupsLater, "DDP's own 25 MiB buckets launch at the end")
 	var got [][]int32
 	for _, b := range plan.Buckets {
 		got = append(got, b.Params)
@@ -52,15 +53,15 @@ func TestCombineForwardSplitsSeveralGroups(t *testing.T) {
 	assert.Equal(t, 1, plan.Buckets[3].Graph)
 
 	// One group: the plan of nil keys.
-	one, err := CombineForward(graphs, bytes, []int32{3, 3, 3, 3, 3, 3, 3, 3})
+	one, err := CombineForward(graphs, bytes, []int32{3, 3, 3, 3, 3, 3, 3, 3}, nil)
 	require.NoError(t, err)
-	plain, err := CombineForward(graphs, bytes, nil)
+	plain, err := CombineForward(graphs, bytes, nil, nil)
 	require.NoError(t, err)
 	assert.Equal(t, plain, one)
 }
 
 func TestCombineForwardOneGraphIsItself(t *testing.T) {
-	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}, {0}}}}, []int64{4, 8}, nil)
+	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}, {0}}}}, []int64{4, 8}, nil, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{8, 4}, plan.Caps)
 }
@@ -73,7 +74,7 @@ func TestCombineForwardCountsATiedParameterInTheEarliestGraph(t *testing.T) {
 		{Buckets: [][]int32{{1, 0}}},
 		{Buckets: [][]int32{{0}, {2}}},
 	}
-	plan, err := CombineForward(graphs, bytes, nil)
+	plan, err := CombineForward(graphs, bytes, nil, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{20, 110}, plan.Caps)
 	assert.Equal(t, 1, plan.Moved)
@@ -82,7 +83,7 @@ func TestCombineForwardCountsATiedParameterInTheEarliestGraph(t *testing.T) {
 }
 
 func TestCombineForwardRefusesAPartialForward(t *testing.T) {
-	_, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{0}}}, {Buckets: [][]int32{{2}}}}, []int64{1, 1, 1}, nil)
+	_, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{0}}}, {Buckets: [][]int32{{2}}}}, []int64{1, 1, 1}, nil, nil)
 	var perr *Error
 	require.True(t, errors.As(err, &perr), "%v", err)
 	assert.Equal(t, ErrInvalidGraph, perr.Code)
@@ -106,7 +107,7 @@ func TestCombineForwardRejectsMalformedInput(t *testing.T) {
 	}
 	for name, c := range cases {
 		keys := map[string][]int32{"keys": {0, 1}, "key": {0, -1}}[name]
-		_, err := CombineForward(c.graphs, c.bytes, keys)
+		_, err := CombineForward(c.graphs, c.bytes, keys, nil)
 		var perr *Error
 		if !errors.As(err, &perr) || perr.Code != ErrInvalidConfig || !strings.Contains(perr.Msg, c.want) {
 			t.Errorf("%s: error %v, want ErrInvalidConfig containing %q", name, err, c.want)
@@ -204,8 +205,49 @@ func TestCombineForwardClosesDDPBucketsAtEveryCut(t *testing.T) {
 				keys[p] = int32(rng.IntN(groups))
 			}
 		}
-		plan, err := CombineForward(graphs, bytes, keys)
+		var own *Config // one trial in two: DDP's own caps, for the launch check
+		if rng.IntN(2) == 0 {
+			c := int64(1 + rng.IntN(3000))
+			own = &Config{BucketCapBytes: c, FirstBucketCapBytes: 1 + rng.Int64N(c)}
+		}
+		plan, err := CombineForward(graphs, bytes, keys, own)
 		require.NoError(t, err, "trial %d", trial)
+		if own != nil && distinctKeys(keys) > 1 {
+			// ownOnUnits is DDP's rebuild over the units with own's caps.
+			var units [][]int32
+			for g := len(graphs) - 1; g >= 0; g-- {
+				for _, b := range graphs[g].Buckets {
+					var kept []int32
+					for _, p := range b {
+						if pieceOwner(graphs, p) == g {
+							kept = append(kept, p)
+						}
+					}
+					if len(kept) > 0 {
+						units = append(units, kept)
+					}
+				}
+			}
+			var ready []int32
+			for _, u := range units {
+				ready = append(ready, u...)
+			}
+			closed, open := keyedRebuild(ready, bytes, keys, capList(own))
+			ownPlan := ownOnUnits(unitBuckets(units), bytes, keys, capList(own))
+			var sizes []int64
+			for _, b := range append(closed, open...) {
+				var n int64
+				for _, p := range b {
+					n += bytes[p]
+				}
+				sizes = append(sizes, n)
+			}
+			var got []int64
+			for _, b := range ownPlan.Buckets {
+				got = append(got, b.Bytes)
+			}
+			require.Equal(t, sizes, got, "trial %d: DDP's own buckets over the units", trial)
+		}
 
 		// A gradient order of the backward: pieces from the last, each
 		// parameter at the piece of its earliest use, shuffled within.
@@ -290,6 +332,85 @@ func checkKeyedForward(t *testing.T, plan *ForwardPlan, ready []int32, bytes []i
 	require.Equal(t, sortedSets(wantOpen), sortedSets(open), "open buckets, caps %v", plan.Caps)
 }
 
+// pieceOwner is the earliest graph holding DDP position p.
+func pieceOwner(graphs []ForwardGraph, p int32) int {
+	for g, graph := range graphs {
+		for _, b := range graph.Buckets {
+			if slices.Contains(b, p) {
+				return g
+			}
+		}
+	}
+	return -1
+}
+
+// unitBuckets wraps parameter lists as ForwardBuckets.
+func unitBuckets(units [][]int32) []ForwardBucket {
+	out := make([]ForwardBucket, len(units))
+	for k, u := range units {
+		out[k] = ForwardBucket{Params: u, Graph: k}
+	}
+	return out
+}
+
+// keyedRebuild is DDP's rebuild of several groups in ready order: each
+// group closes its bucket at its current cap, walking caps on its own; the
+// closed buckets in closing order, then the open ones by group number of
+// first appearance.
+func keyedRebuild(ready []int32, bytes []int64, keys []int32, caps []int64) (closed, open [][]int32) {
+	filling, size, at := map[int32][]int32{}, map[int32]int64{}, map[int32]int{}
+	var order []int32
+	for _, p := range ready {
+		k := keys[p]
+		if _, seen := at[k]; !seen {
+			at[k] = 0
+			order = append(order, k)
+		}
+		filling[k] = append(filling[k], p)
+		size[k] += bytes[p]
+		if size[k] >= caps[min(at[k], len(caps)-1)] {
+			closed = append(closed, filling[k])
+			filling[k], size[k] = nil, 0
+			at[k]++
+		}
+	}
+	for _, k := range order {
+		if len(filling[k]) > 0 {
+			open = append(open, filling[k])
+		}
+	}
+	return closed, open
+}
+
+// TestCombineForwardKeepsDDPsOwnWhereTheyLaunchEarlier: fp32 layers before
+// a break and a bf16 head with a bias after it: the one cap that closes
+// the head's bucket leaves every fp32 gradient in one open bucket, which
+// DDP's own 250-byte caps launch layer by layer.
+func TestCombineForwardKeepsDDPsOwnWhereTheyLaunchEarlier(t *testing.T) {
+	var bytes []int64
+	var keys []int32
+	var first [][]int32
+	for l := range 10 {
+		bytes, keys = append(bytes, 100), append(keys, 0)
+		first = append([][]int32{{int32(l)}}, first...)
+	}
+	bytes, keys = append(bytes, 1000, 10), append(keys, 1, 1)
+	graphs := []ForwardGraph{{Buckets: first}, {Buckets: [][]int32{{11, 10}}}}
+	plan, err := CombineForward(graphs, bytes, keys, &Config{BucketCapBytes: 250, FirstBucketCapBytes: 250})
+	require.NoError(t, err)
+	assert.Equal(t, []int64{1010}, plan.Caps)
+	assert.Equal(t, 9, plan.MergedCuts)
+	assert.True(t, plan.GroupsLater)
+
+	// Without own caps there is nothing to weigh against.
+	plan, err = CombineForward(graphs, bytes, keys, nil)
+	require.NoError(t, err)
+	assert.False(t, plan.GroupsLater)
+	// Bad own caps are named.
+	_, err = CombineForward(graphs, bytes, keys, &Config{BucketCapBytes: 0, FirstBucketCapBytes: 1})
+	require.ErrorContains(t, err, "BucketCapBytes must be > 0")
+}
+
 // randomCuts splits n items into k non-empty runs: k+1 ascending bounds.
 func randomCuts(rng *rand.Rand, n, k int) []int {
 	inner := rng.Perm(n - 1)[:k-1]
@@ -303,7 +424,7 @@ func randomCuts(rng *rand.Rand, n, k int) []int {
 func TestCombineForwardGivesDDPCapsOfAtLeastOneByte(t *testing.T) {
 	// Parameter 1 holds no bytes (an empty tensor): its bucket's total is 0,
 	// and a cap of 0 would give DDP one bucket per parameter.
-	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}}}, {Buckets: [][]int32{{0}}}}, []int64{8, 0}, nil)
+	plan, err := CombineForward([]ForwardGraph{{Buckets: [][]int32{{1}}}, {Buckets: [][]int32{{0}}}}, []int64{8, 0}, nil, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{8, 1}, plan.Caps)
 	assert.Equal(t, int64(0), plan.Buckets[1].Bytes, "the byte total stays exact")

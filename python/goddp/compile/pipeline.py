@@ -506,7 +506,8 @@ class _DDPGraphCompile:
         def note(forward: dict[str, Any]) -> None:
             record.forward = forward
 
-        member = Member(member_layout, member_reason, self.frame.describe(), report, note)
+        member = Member(member_layout, member_reason, self.frame.describe(), report, note,
+                        caps=None if planned is None else planned.caps)
         return gate_for_training(self.ddp, statement, report, member)
 
     def auto_units(self, planned: Planned) -> Planned:

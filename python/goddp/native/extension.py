@@ -101,7 +101,7 @@ _NATIVE_INTEGERS = set("bBhHiIlLqQnN")
 _OPTIONAL_CAPS = {("config", "bucket_cap_bytes"), ("config", "first_bucket_cap_bytes"),
                   ("config['ddp']", "first_bucket_cap_bytes")}
 # The arrays given as sequences of ints, and the fields that count them.
-_COUNTED = {"bucket_caps_bytes": "num_bucket_caps"}
+_COUNTED = {"bucket_caps_bytes": "num_bucket_caps", "own_bucket_caps_bytes": "num_own_bucket_caps"}
 # Filled in by the binding, never given: the spans of the caller's arrays.
 _SPANS = {"num_spans", "spans"}
 
@@ -233,7 +233,7 @@ _LENGTHS: dict[str, dict[str, str | tuple[str, int]]] = {
     },
 }
 # Switches that read as bools; a NULL array that is None (no blocks), not b"".
-_BOOLS = {"align_buckets", "block_runs", "checkpoint_regions"}
+_BOOLS = {"align_buckets", "block_runs", "checkpoint_regions", "groups_later"}
 _NULL_IS_NONE = {"node_block_ids"}
 
 
@@ -340,12 +340,15 @@ class Library:
             self.lib.goddp_plan_free(plan)
 
     def combine_forward(self, param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any,
-                        bucket_params: Any, param_keys: Any = None) -> dict[str, Any]:
+                        bucket_params: Any, param_keys: Any = None,
+                        own: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """One DDP bucket layout for the graphs of a forward
         (goddp_combine_forward): param_bytes (int64, by DDP position),
         graph_bucket_offsets and bucket_param_offsets (int64 CSR offsets),
         bucket_params (int32 DDP positions), param_keys (int32 group
-        numbers by DDP position, or None: one group). The reply's keys are
+        numbers by DDP position, or None: one group), own (the caps the
+        graphs were planned with: bucket_cap_bytes, first_bucket_cap_bytes,
+        bucket_caps_bytes; None: no launch check). The reply's keys are
         goddp_forward_plan's fields."""
         call = _Call()
         try:
@@ -353,6 +356,7 @@ class Library:
                 "param_bytes": param_bytes, "graph_bucket_offsets": graph_bucket_offsets,
                 "bucket_param_offsets": bucket_param_offsets, "bucket_params": bucket_params,
                 "param_keys": param_keys,
+                **{f"own_{key}": value for key, value in (own or {}).items()},
             })
             f.num_params = len(call.buffers["combine_forward['param_bytes']"])
             f.num_graphs = len(call.buffers["combine_forward['graph_bucket_offsets']"]) - 1
@@ -489,9 +493,10 @@ def set_max_procs(n: int) -> int:
 
 
 def combine_forward(param_bytes: Any, graph_bucket_offsets: Any, bucket_param_offsets: Any, bucket_params: Any,
-                    param_keys: Any = None) -> dict[str, Any]:
+                    param_keys: Any = None, own: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Library.combine_forward. Raises PlannerError like plan_graph."""
-    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params, param_keys)
+    return load().combine_forward(param_bytes, graph_bucket_offsets, bucket_param_offsets, bucket_params, param_keys,
+                                  own)
 
 
 def checkpoint_split(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,7 @@ import torch
 
 from goddp.ddp.state import state_of
 from goddp.native import extension as _native
+from goddp.native.plan import not_aligned_words
 from goddp.ranks.layout import Layout, build_id
 
 logger = logging.getLogger("goddp")
@@ -70,13 +71,16 @@ logger = logging.getLogger("goddp")
 @dataclasses.dataclass
 class Member:
     """One graph of the recorded forward: its aligned layout (or why it has
-    none), how to name it, and how to report to its plan record."""
+    none), how to name it, how to report to its plan record, and the caps
+    it was planned with (goddp.native.plan.PlanSettings: DDP's own, by
+    which the combining weighs several groups' buckets)."""
 
     layout: Layout | None
     reason: str | None
     describe: str
     report: Callable[[dict[str, Any], dict[str, Any]], None]
     note: Callable[[dict[str, Any]], None]
+    caps: Any = None
 
 
 @dataclasses.dataclass
@@ -221,6 +225,12 @@ class _Forward:
                 params.extend(bucket)
                 bucket_offsets.append(len(params))
             graph_offsets.append(len(bucket_offsets) - 1)
+        planned = next((m.caps for m in self.members if m.caps is not None), None)
+        own = None if planned is None else {
+            "bucket_cap_bytes": planned.bucket_cap_bytes,
+            "first_bucket_cap_bytes": planned.first_bucket_cap_bytes,
+            "bucket_caps_bytes": list(planned.bucket_caps_bytes),
+        }
         try:
             reply = _native.combine_forward(
                 array.array("q", self.param_bytes),
@@ -228,6 +238,7 @@ class _Forward:
                 array.array("q", bucket_offsets),
                 array.array("i", params),
                 array.array("i", self.param_keys) if len(set(self.param_keys)) > 1 else None,
+                own,
             )
         except _native.load().PlannerError as exc:
             return None, re.split(r"[\r\n]", str(exc).strip())[0] or "PlannerError"
@@ -240,5 +251,7 @@ class _Forward:
             dropped=reply["dropped"],
             merged_cuts=reply["merged_cuts"],
         )
+        if reply["groups_later"]:
+            return None, not_aligned_words(_native.REASON_GROUPS_LATER)
         buckets = tuple(tuple(positions[offsets[k] : offsets[k + 1]]) for k in range(reply["num_buckets"]))
         return Layout(buckets=buckets, caps=tuple(caps), order="ready", build=build_id()), None

@@ -83,7 +83,7 @@ class Stack(nn.Module):
         return x
 
 
-def _train_both(group, order: str, break_at, late_from=None, steps: int = STEPS, half=()):
+def _train_both(group, order: str, break_at, late_from=None, steps: int = STEPS, half=(), batches=None):
     """goddp and eager DDP from the same weights on the same per-rank data;
     returns the goddp DDP module and its reducer after each step, having
     checked losses and weights bitwise equal at every step."""
@@ -104,7 +104,8 @@ def _train_both(group, order: str, break_at, late_from=None, steps: int = STEPS,
     for step in range(steps):
         if late_from is not None and step == late_from:
             model.late = reference.late = True
-        x = torch.randn(8, WIDTH, generator=torch.Generator().manual_seed(100 * rank() + step))
+        batch = 8 if batches is None else batches[step]
+        x = torch.randn(batch, WIDTH, generator=torch.Generator().manual_seed(100 * rank() + step))
         losses = []
         for f, opt in zip((forward, eager), optimizers):
             opt.zero_grad(set_to_none=True)
@@ -172,7 +173,9 @@ def test_a_break_with_several_dtype_groups_aligns_per_group(group, order, half):
     from goddp.ddp.private import ddp_parameters
     from goddp.ranks.agreement import decided
 
-    ddp, reducers = _train_both(group, order, break_at=4, half=half)
+    # The last step's batch of 5 recompiles both frames: those later graphs
+    # follow the installed buckets.
+    ddp, reducers = _train_both(group, order, break_at=4, half=half, batches=[8] * (STEPS - 1) + [5])
     together = _together()
     assert len(together) == 2, goddp.last_plans()
     assert all(p["ddp_buckets"] == {"aligned": True, "reason": None} for p in together), together
@@ -187,6 +190,56 @@ def test_a_break_with_several_dtype_groups_aligns_per_group(group, order, half):
     assert all(len({p.dtype for p in b.parameters()}) == 1 for b in ddp.reducer._get_zeros_like_grad_buckets())
     assert len(set(map(tuple, _gather(list(layout.caps), group)))) == 1
     assert reducers[0] != reducers[1] and reducers[1:] == [reducers[1]] * (STEPS - 1)
+    later = [p for p in goddp.last_plans() if p["forward"] is None and p["plan_check"] is not None]
+    assert len(later) == 2, goddp.last_plans()
+    assert all(p["ddp_buckets"] == {"aligned": True, "reason": None} for p in later), [p["ddp_buckets"] for p in later]
+    fresh()
+
+
+class WideHeadAfterABreak(nn.Module):
+    """float32 layers before a graph break, a wide bf16 head with a bias
+    after it: the one cap that closes the head's bucket would leave every
+    float32 gradient in one bucket, launched at the end of backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(8))
+        self.head = nn.Linear(WIDTH, 4096).to(torch.bfloat16)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        torch._dynamo.graph_break()
+        return self.head(x.to(torch.bfloat16)).float()
+
+
+@needs_two_ranks
+def test_a_break_whose_groups_would_launch_later_keeps_ddps_buckets(group):
+    """The combined per-group buckets would launch later than DDP's own
+    (planner/forward.go): every rank keeps DDP's buckets, says why, and
+    trains as eager DDP."""
+    fresh()
+    torch.manual_seed(0)
+    base = WideHeadAfterABreak()
+    model, reference = copy.deepcopy(base), copy.deepcopy(base)
+    forward = torch.compile(DDP(model, process_group=group, bucket_cap_mb=CAP_MB), backend="goddp",
+                            options={"inner": "aot_eager", "log_plan": False})
+    eager = DDP(reference, process_group=group, bucket_cap_mb=CAP_MB)
+    for step in range(3):
+        x = torch.randn(8, WIDTH, generator=torch.Generator().manual_seed(100 * rank() + step))
+        losses = [f(x).pow(2).mean() for f in (forward, eager)]
+        for loss in losses:
+            loss.backward()
+        assert torch.equal(losses[0], losses[1]), step
+        for a, b in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(a.grad, b.grad), step
+            a.grad = b.grad = None
+    together = _together()
+    assert len(together) == 2, goddp.last_plans()
+    for p in together:
+        assert p["ddp_buckets"]["aligned"] is False
+        assert "would launch them later than DDP's own buckets" in p["ddp_buckets"]["reason"], p["ddp_buckets"]
+    assert len(set(_gather(together[0]["ddp_buckets"]["reason"], group))) == 1
     fresh()
 
 

@@ -54,6 +54,26 @@ def test_param_keys_split_the_combined_buckets_by_group(native_module):
         native_module.combine_forward(*args, array("i", [0, 0, 1]))
 
 
+def test_own_caps_under_which_the_groups_would_launch_later(native_module):
+    # Ten float32 layers of 100 bytes (graph 0), a bf16 head of 1000 and a
+    # 10-byte bias (graph 1): the one cap that closes the head leaves the
+    # float32 gradients in one bucket; DDP's own 250-byte caps launch them
+    # layer by layer.
+    param_bytes = array("q", [100] * 10 + [1000, 10])
+    keys = array("i", [0] * 10 + [1, 1])
+    params = [*range(9, -1, -1), 11, 10]
+    args = (param_bytes, array("q", [0, 10, 11]), array("q", [*range(11), 12]), array("i", params), keys)
+    own = {"bucket_cap_bytes": 250, "first_bucket_cap_bytes": 250, "bucket_caps_bytes": []}
+    assert native_module.combine_forward(*args, own)["groups_later"] is True
+    assert native_module.combine_forward(*args, {**own, "bucket_caps_bytes": [250, 300]})["groups_later"] is True
+    big = {"bucket_cap_bytes": 1 << 30, "first_bucket_cap_bytes": 1 << 20, "bucket_caps_bytes": []}
+    assert native_module.combine_forward(*args, big)["groups_later"] is False
+    assert native_module.combine_forward(*args)["groups_later"] is False
+    with pytest.raises(native_module.PlannerError, match="FirstBucketCapBytes") as caught:
+        native_module.combine_forward(*args, {**own, "first_bucket_cap_bytes": 500})
+    assert caught.value.code == _native.ERR_INVALID_CONFIG
+
+
 def test_a_forward_missing_parameters_is_a_planner_error(native_module):
     with pytest.raises(native_module.PlannerError, match="use 1 of DDP's 2 parameters") as caught:
         native_module.combine_forward(array("q", [4, 4]), array("q", [0, 1]), array("q", [0, 1]), array("i", [0]))
