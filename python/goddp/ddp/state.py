@@ -40,10 +40,12 @@ class ModuleState:
     warned_cpp_reducer: bool = False
     # The agreement of its ranks (goddp.ranks.agreement): the decision so
     # far; the parameters that several graphs of the installed forward held
-    # (Note [A later graph's part of the layout] in goddp.ranks.layout);
-    # why it cannot train on, raised at every later call.
+    # and those graphs' own layouts (Note [A later graph's part of the
+    # layout] in goddp.ranks.layout); why it cannot train on, raised at
+    # every later call.
     decision: Any = None
     shared: frozenset[int] = frozenset()
+    parts: frozenset[Any] = frozenset()
     fatal: BaseException | None = None
     # The forward whose graphs are recorded for one layout
     # (goddp.ranks.forward.ForwardRecord), while one is.

@@ -192,7 +192,7 @@ class TrainingGate:
                 return  # armed: under Join, the second round too waits for a call every rank runs
             self._second_round(ddp)
         elif not self._joined and not self._followed:
-            self._follow(state.decision, state.shared)
+            self._follow(state.decision, state.shared, state.parts)
         self._followed = True
         # bucket_cap_mb="auto" counts the module's training calls until it decides.
         auto = state.auto
@@ -236,15 +236,17 @@ class TrainingGate:
                              "reason": ddp_buckets["reason"]})
 
         decision = agree(ddp, statement, report_all, may_defer=False)
-        shared = state_of(ddp).shared = _forward.shared(members)
+        state = state_of(ddp)
+        state.shared = _forward.shared(members)
+        state.parts = frozenset(m.layout for m in members if m.layout is not None)
         if not self._joined:
-            self._follow(decision, shared)
+            self._follow(decision, state.shared, state.parts)
 
-    def _follow(self, decision: Decision, shared: frozenset[int]) -> None:
+    def _follow(self, decision: Decision, shared: frozenset[int], parts: frozenset[Layout]) -> None:
         """A graph that first runs after the module decided follows the
         decision (follow); this rank alone runs it."""
         part = None if self.member is None else self.member.layout
-        plan_check, ddp_buckets, line = follow(decision, self.statement.layout, part, shared)
+        plan_check, ddp_buckets, line = follow(decision, self.statement.layout, part, shared, parts)
         if line is not None:
             logger.info("%s", line)
         self._report(plan_check, ddp_buckets)
@@ -255,7 +257,8 @@ FOLLOWED = "the decision of the module's first training call"
 
 
 def follow(
-    decision: Decision, mine: Layout | None, part: Layout | None, shared: frozenset[int] = frozenset()
+    decision: Decision, mine: Layout | None, part: Layout | None, shared: frozenset[int] = frozenset(),
+    parts: frozenset[Layout] = frozenset(),
 ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """How a graph that first runs after its DDP module decided stands with
     the decision (Note [Where the ranks meet]; its words,
@@ -266,7 +269,7 @@ def follow(
     parameters (a graph of a forward planned across graphs). It is aligned
     when its buckets are installed ones (Note [A later graph's part of the
     layout] in goddp.ranks.layout; shared: the parameters several graphs of
-    the installed forward held)."""
+    the installed forward held; parts: those graphs' own layouts)."""
     installed = decision.action == INSTALL
     plan_check = {"aligned": installed, "followed": FOLLOWED}
     if decision.action == LATER:
@@ -274,7 +277,7 @@ def follow(
     if not installed:
         reason = f"decided at this DDP module's first training call: {decision.reason}"
         return plan_check, {"aligned": False, "reason": reason}, None
-    if _follows(decision.layout, mine, part, shared):
+    if _follows(decision.layout, mine, part, shared, parts):
         return plan_check, {"aligned": True, "reason": None}, None
     proposed = "none"
     if mine is not None:
@@ -288,10 +291,15 @@ def follow(
     return plan_check, {"aligned": False, "reason": reason}, f"goddp: a later graph of a DDP module keeps its buckets: {reason}"
 
 
-def _follows(installed: Layout, mine: Layout | None, part: Layout | None, shared: frozenset[int]) -> bool:
+def _follows(
+    installed: Layout, mine: Layout | None, part: Layout | None, shared: frozenset[int], parts: frozenset[Layout]
+) -> bool:
     if mine is not None:  # every parameter: nothing counted elsewhere
         return installed_run(installed, mine) is not None
-    return part is not None and installed_run(installed, part, shared) is not None
+    # A part that one of the installed forward's graphs held, as it held it
+    # (with several groups its buckets hold whole units, split only in the
+    # combined layout), or a run of installed buckets.
+    return part is not None and (part in parts or installed_run(installed, part, shared) is not None)
 
 
 def installed_layout(ddp: Any) -> tuple[Layout, frozenset[int]] | None:

@@ -113,7 +113,10 @@ def layout_of(
 # bucket after the run in DDP order; a later graph that holds it too has it
 # in one of its own buckets, and that is no difference. Two installed
 # buckets in one bucket of the graph are a difference: both would close only
-# at the end of that piece's backward.
+# at the end of that piece's backward. A graph whose layout is the very one
+# a graph of the installed forward brought to the combining is aligned too
+# (with several (dtype, device) groups the combined buckets are split by
+# group, so no graph's own buckets are a run of them).
 #
 # A graph whose parameters are such a run but whose own plan buckets them
 # otherwise (it was planned as if its caps were its own) is planned again
