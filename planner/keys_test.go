@@ -430,8 +430,9 @@ func TestLaunchCost(t *testing.T) {
 }
 
 // TestSeveralKeysWithAnUnusedParameter: a counted parameter no node uses
-// is in no aligned bucket, so the plan does not cover DDP's parameters and
-// Decide keeps DDP's buckets, as with one group.
+// is in no aligned bucket, so the plan holds part of DDP's parameters:
+// kept whole for CombineForward, which refuses a forward missing one, as
+// with one group.
 func TestSeveralKeysWithAnUnusedParameter(t *testing.T) {
 	b := &graphBuilder{}
 	x := b.placeholder("x")

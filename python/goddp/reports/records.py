@@ -146,7 +146,9 @@ def last_plans() -> list[dict[str, Any]]:
       frame, in call order), position (this graph's place in it),
       bucket_graphs (per combined DDP bucket, DDP order, the position of
       the graph it comes from), moved (parameters of several graphs, counted
-      in the earliest), dropped, aligned and reason.
+      in the earliest), dropped, merged_cuts (several (dtype, device)
+      groups: graph buckets at whose end no group's bucket closes), aligned
+      and reason.
     - auto_buckets: None, unless bucket_cap_mb="auto" (goddp.ranks.auto,
       Note [Buckets chosen by cost]): state ("off", "measuring", "decided"),
       reason (why it keeps the starting buckets, None when it installed),

@@ -257,6 +257,10 @@ def test_a_split_forwards_second_round_waits_for_no_joined_rank(group, first_out
     started = time.monotonic()
     got.append(_train(ddp, compiled, inside, entry=SPLIT))
     waited = time.monotonic() - started
+    from goddp.ranks.agreement import decided
+    from goddp.ranks.verdict import LATER
+
+    assert decided(ddp).action == LATER, "the first round was held, the second waits for after Join"
     assert waited < GROUP_TIMEOUT_S / 4, f"the loop inside Join took {waited:.0f} s: some rank waited"
     assert ddp.reducer is reducer, "no rank may rebuild inside Join before the second round"
     got.append(_train(ddp, compiled, after, join=False, entry=SPLIT))
