@@ -106,6 +106,13 @@ def plan_jobs(mode: str, rate: str, models: list[str], inners: list[str]) -> lis
                         {"width": 1024, "depth": 8, "batch": 2048, "half": [1, 4]}, job_rate="250mbit",
                         var=["compute_only", "eager_ddp", "torch_ddpopt", "goddp_ddp", "goddp_unaligned"],
                         opt_in=True, rounds=5))
+        # The same under find_unused_parameters=True: DDP keeps its
+        # declaration-order buckets, aligned per group (Note [Declaration
+        # order per group]).
+        jobs.append(job("mlp1k-bf16-fu-250mbit", "mlp", "aot_eager",
+                        {"width": 1024, "depth": 8, "batch": 2048, "half": [1, 4]}, job_rate="250mbit",
+                        var=["compute_only", "eager_ddp", "torch_ddpopt", "goddp_ddp", "goddp_unaligned"],
+                        opt_in=True, rounds=5, find_unused_parameters=True))
     else:
         for model in ("mlp", "gpt", "conv"):
             for inner in ("aot_eager", "inductor"):

@@ -160,6 +160,8 @@ def run(job: dict, out_dir: Path) -> dict:
     log(rank, name, f"compiler start-up paid in {time.perf_counter() - t:.1f}s")
 
     ddp_kwargs = {"bucket_cap_mb": job["bucket_cap_mb"]} if job.get("bucket_cap_mb") else {}
+    if job.get("find_unused_parameters"):
+        ddp_kwargs["find_unused_parameters"] = True
     probe = probes.DDPOptimizerProbe()
     built: list[variants.Variant] = []
     with probe.installed():
