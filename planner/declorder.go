@@ -301,22 +301,8 @@ func declarationCaps(g *Graph, order []int32, units []int) (caps []int64, groupe
 	}
 	groups := make([][]groupUnit, len(keys))
 	for u := range len(units) - 1 {
-		for pos := units[u]; pos < units[u+1]; pos++ {
-			p := order[pos]
-			k := keyOf[p]
-			gs := groups[k]
-			if len(gs) == 0 || gs[len(gs)-1].unit != u {
-				gs = append(gs, groupUnit{unit: u})
-			}
-			last := &gs[len(gs)-1]
-			last.params = append(last.params, p)
-			last.bytes += g.Params[p].Bytes
-			// The order is fixed: the bucket closes at the unit's last
-			// positive gradient.
-			if b := g.Params[p].Bytes; b > 0 {
-				last.least = b
-			}
-			groups[k] = gs
+		for _, p := range order[units[u]:units[u+1]] {
+			addToUnit(groups, int(keyOf[p]), u, p, g.Params[p].Bytes, true)
 		}
 	}
 	caps, _ = chooseKeyCaps(groups)

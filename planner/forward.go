@@ -178,17 +178,8 @@ func (plan *ForwardPlan) splitByKey(paramBytes []int64, paramKeys []int32) {
 				index[paramKeys[p]] = k
 				groups = append(groups, nil)
 			}
-			gs := groups[k]
-			if len(gs) == 0 || gs[len(gs)-1].unit != u {
-				gs = append(gs, groupUnit{unit: u})
-			}
-			last := &gs[len(gs)-1]
-			last.params = append(last.params, p)
-			last.bytes += paramBytes[p] // cannot overflow: the unit's total did not
-			if n := paramBytes[p]; n > 0 && (last.least == 0 || n < last.least) {
-				last.least = n
-			}
-			groups[k] = gs
+			// Cannot overflow: the unit's total did not.
+			addToUnit(groups, k, u, p, paramBytes[p], false)
 		}
 	}
 	caps, keyed := chooseKeyCaps(groups)

@@ -65,6 +65,24 @@ type groupUnit struct {
 	least int64
 }
 
+// addToUnit adds parameter p, of bytes, to group k's share of unit u (the
+// units come in order). fixed: the walk's order is known (declaration
+// order), so the unit's last positive gradient closes its bucket; else
+// (ready order, any order inside a unit) its smallest.
+func addToUnit(groups [][]groupUnit, k, u int, p int32, bytes int64, fixed bool) {
+	gs := groups[k]
+	if len(gs) == 0 || gs[len(gs)-1].unit != u {
+		gs = append(gs, groupUnit{unit: u})
+	}
+	last := &gs[len(gs)-1]
+	last.params = append(last.params, p)
+	last.bytes += bytes
+	if bytes > 0 && (fixed || last.least == 0 || bytes < last.least) {
+		last.least = bytes
+	}
+	groups[k] = gs
+}
+
 // closing is where a group's bucket, started at a given unit of it, may
 // close: a cap in (lo, hi] closes it where the group's unit end ends.
 type closing struct {
@@ -91,19 +109,7 @@ func alignKeys(g *Graph, pl *Plan) {
 	groups := make([][]groupUnit, len(keys))
 	for u := range pl.Buckets {
 		for _, p := range pl.Buckets[u].Params {
-			k := keyOf[p]
-			gs := groups[k]
-			if len(gs) == 0 || gs[len(gs)-1].unit != u {
-				gs = append(gs, groupUnit{unit: u})
-			}
-			last := &gs[len(gs)-1]
-			last.params = append(last.params, p)
-			b := g.Params[p].Bytes
-			last.bytes += b
-			if b > 0 && (last.least == 0 || b < last.least) {
-				last.least = b
-			}
-			groups[k] = gs
+			addToUnit(groups, int(keyOf[p]), u, p, g.Params[p].Bytes, false)
 		}
 	}
 	caps, buckets := chooseKeyCaps(groups)

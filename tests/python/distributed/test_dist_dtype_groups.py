@@ -74,14 +74,20 @@ def walk_per_group(sizes, dtypes, caps, order):
     return closed, [indices for indices, _ in open_.values() if indices]
 
 
+def random_case(rng: random.Random):
+    """1 to 12 tensors of up to 3 dtypes, their byte sizes, and 1 to 4 caps."""
+    n = rng.randint(1, 12)
+    dtypes = [rng.choice(DTYPES[: rng.randint(1, 3)]) for _ in range(n)]
+    tensors = [torch.empty(rng.randint(1, 8), dtype=d) for d in dtypes]
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    caps = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+    return n, dtypes, tensors, sizes, caps
+
+
 def test_ddp_walks_its_caps_anew_for_each_dtype_group():
     rng = random.Random(0)
     for case in range(300):
-        n = rng.randint(1, 12)
-        dtypes = [rng.choice(DTYPES[: rng.randint(1, 3)]) for _ in range(n)]
-        tensors = [torch.empty(rng.randint(1, 8), dtype=d) for d in dtypes]
-        sizes = [t.numel() * t.element_size() for t in tensors]
-        caps = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+        n, dtypes, tensors, sizes, caps = random_case(rng)
         order = list(range(n))
         rng.shuffle(order)
         # The rebuild: tensors in gradient-ready order, labelled with their
@@ -104,11 +110,7 @@ def test_ddp_lists_its_first_buckets_by_first_parameter():
     group] in planner/declorder.go plans by it."""
     rng = random.Random(1)
     for case in range(300):
-        n = rng.randint(1, 12)
-        dtypes = [rng.choice(DTYPES[: rng.randint(1, 3)]) for _ in range(n)]
-        tensors = [torch.empty(rng.randint(1, 8), dtype=d) for d in dtypes]
-        sizes = [t.numel() * t.element_size() for t in tensors]
-        caps = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+        n, dtypes, tensors, sizes, caps = random_case(rng)
         got, _ = dist._compute_bucket_assignment_by_size(tensors, caps, [False] * n)
         closed, rest = walk_per_group(sizes, dtypes, caps, range(n))
         want = sorted([b for b, _ in closed] + rest, key=lambda b: b[0])
