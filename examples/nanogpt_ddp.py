@@ -6,6 +6,7 @@
         --n-layer 4 --n-embd 256 --block-size 128 --iters 12 --backend inductor   # torch's DDPOptimizer, to compare
     ... --auto-buckets --iters 10   # goddp measures the steps and chooses DDP's buckets (bucket_cap_mb="auto")
     ... --bf16-weights   # weights in bf16, LayerNorms in float32: DDP buckets the two dtypes apart
+    ... --find-unused-parameters   # DDP as the Hugging Face Trainer sets it up: declaration-order buckets
     TORCH_LOGS=goddp ...   # also shows goddp's plan tables and the ranks' agreement
 
 It has the shape of the training scripts people copy (nanoGPT's train.py
@@ -138,6 +139,7 @@ class TrainConfig:
     inner: str = "inductor"  # goddp's compiler for each piece
     auto_buckets: bool = False  # goddp chooses DDP's buckets by measured cost (bucket_cap_mb="auto")
     bf16_weights: bool = False  # weights in bf16, LayerNorms in float32 (two dtype groups)
+    find_unused_parameters: bool = False  # as the Hugging Face Trainer's DDP sets it by default
     seed: int = 1337
     out: str = ""  # save a checkpoint here at the end (rank 0), as train.py does
 
@@ -187,7 +189,8 @@ def train(train: TrainConfig, config: GPTConfig | None = None, process_group=Non
         model = torch.compile(model, backend="goddp", options=options)
     elif train.compile:
         model = torch.compile(model, backend=train.backend)
-    model = DDP(model, process_group=process_group, bucket_cap_mb=train.bucket_cap_mb)
+    model = DDP(model, process_group=process_group, bucket_cap_mb=train.bucket_cap_mb,
+                find_unused_parameters=train.find_unused_parameters)
     optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr)
     data = synthetic_tokens(config)
 

@@ -88,6 +88,25 @@ def test_bf16_weights_with_float32_norms_are_aligned_per_group(group):
     torch._dynamo.reset()
 
 
+@needs_two_ranks
+def test_bf16_weights_under_find_unused_parameters_are_aligned_in_declaration_order(group):
+    """--bf16-weights --find-unused-parameters (the Hugging Face Trainer's
+    DDP setting): DDP keeps the buckets it fills in declaration order, each
+    group apart (Note [Declaration order per group] in
+    planner/declorder.go); they are the plan's, in its order, and training
+    is eager DDP's."""
+    _, compiled = _eager_then_compiled(group, iters=4, eval_interval=3, bf16_weights=True,
+                                       find_unused_parameters=True)
+    (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plan["ddp_buckets"] == {"aligned": True, "reason": None}, plan["ddp_buckets"]
+    assert plan["alignment"] == "declaration-order caps per dtype group"
+    ddp = compiled["model"]
+    names = {id(p): n for n, p in ddp.module.named_parameters()}
+    buckets = [sorted(names[id(p)] for p in b.parameters()) for b in ddp.reducer._get_zeros_like_grad_buckets()]
+    assert buckets == [sorted(b["param_names"]) for b in plan["buckets"]]
+    torch._dynamo.reset()
+
+
 @pytest.mark.single_process
 def test_example_under_torchrun():
     """Plain pytest: run this file's two-rank case under torchrun."""
