@@ -48,8 +48,11 @@ type ForwardGraph struct {
 type ForwardBucket struct {
 	Bytes  int64   // the exact byte total of Params: the cap to give DDP
 	Params []int32 // DDP positions, in the order of the graph's bucket
-	Graph  int     // the graph it comes from (forward order)
-	Source int     // its index among that graph's buckets (DDP order)
+	// Graph (forward order) and Source (its index among that graph's
+	// buckets, DDP order): the graph bucket it comes from, or with several
+	// groups the one that completes it.
+	Graph  int
+	Source int
 }
 
 // ForwardPlan is the result of CombineForward.
@@ -75,7 +78,8 @@ type ForwardPlan struct {
 // (numel*element size) of every parameter DDP reduces, indexed by DDP
 // position; paramKeys, nil or as long, its (dtype, device) group's number
 // (nil: one group); own, nil or the caps the graphs were planned with
-// (DDP's own, resolved), for the launch check. Errors: ErrInvalidConfig for malformed input (a
+// (DDP's own, resolved), for the launch check. Errors (own's caps as
+// Build checks them among the ErrInvalidConfig): ErrInvalidConfig for malformed input (a
 // position out of range, a parameter twice in one graph, a negative size
 // or group number, no graph) and ErrInvalidGraph when the graphs between
 // them do not hold every parameter DDP reduces.
@@ -141,6 +145,14 @@ func CombineForward(graphs []ForwardGraph, paramBytes []int64, paramKeys []int32
 		}
 	}
 	if distinctKeys(paramKeys) > 1 {
+		// A group's bucket may hold several units: bound the sum of all.
+		var total int64
+		for _, b := range plan.Buckets {
+			var ok bool
+			if total, ok = addBytes(total, b.Bytes); !ok {
+				return nil, errorf(ErrOverflow, "planner: the forward's buckets overflow int64 bytes together")
+			}
+		}
 		units := slices.Clone(plan.Buckets)
 		plan.splitByKey(paramBytes, paramKeys)
 		if own != nil {
@@ -237,12 +249,13 @@ func forwardOwners(graphs []ForwardGraph, numParams int) ([]int, error) {
 // (DDP order: unit 0 is the last piece), each bucket at the unit that
 // completes it, for launchCost. Its Graph and Source name that unit.
 func (plan *ForwardPlan) onUnits(units []ForwardBucket) *Plan {
-	unitOf := func(b ForwardBucket) int {
-		return slices.IndexFunc(units, func(u ForwardBucket) bool { return u.Graph == b.Graph && u.Source == b.Source })
+	unitOf := make(map[[2]int]int, len(units))
+	for u, unit := range units {
+		unitOf[[2]int{unit.Graph, unit.Source}] = u
 	}
 	out := &Plan{NumPieces: len(units)}
 	for _, b := range plan.Buckets {
-		out.Buckets = append(out.Buckets, Bucket{Bytes: b.Bytes, Piece: len(units) - 1 - unitOf(b)})
+		out.Buckets = append(out.Buckets, Bucket{Bytes: b.Bytes, Piece: len(units) - 1 - unitOf[[2]int{b.Graph, b.Source}]})
 	}
 	return out
 }
@@ -250,13 +263,13 @@ func (plan *ForwardPlan) onUnits(units []ForwardBucket) *Plan {
 // ownOnUnits returns, as onUnits does, the buckets DDP's rebuild makes with
 // caps over the units (in order, each unit's parameters as listed): each
 // group walks the caps on its own; the closed buckets in closing order,
-// then the open ones.
+// then the open ones by their first unit, as chooseKeyCaps lists them.
 func ownOnUnits(units []ForwardBucket, paramBytes []int64, paramKeys []int32, caps []int64) *Plan {
 	type filling struct {
-		bytes  int64
-		last   int
-		capIdx int
-		open   bool
+		bytes       int64
+		first, last int
+		capIdx      int
+		open        bool
 	}
 	fills := map[int32]*filling{}
 	var keys []int32
@@ -269,6 +282,9 @@ func ownOnUnits(units []ForwardBucket, paramBytes []int64, paramKeys []int32, ca
 				fills[paramKeys[p]] = f
 				keys = append(keys, paramKeys[p])
 			}
+			if !f.open {
+				f.first = u
+			}
 			f.bytes += paramBytes[p]
 			f.last, f.open = u, true
 			if f.bytes >= caps[f.capIdx] {
@@ -277,6 +293,7 @@ func ownOnUnits(units []ForwardBucket, paramBytes []int64, paramKeys []int32, ca
 			}
 		}
 	}
+	slices.SortStableFunc(keys, func(a, b int32) int { return fills[a].first - fills[b].first })
 	for _, k := range keys {
 		if f := fills[k]; f.open {
 			out.Buckets = append(out.Buckets, Bucket{Bytes: f.bytes, Piece: len(units) - 1 - f.last})

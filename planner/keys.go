@@ -49,7 +49,7 @@ import (
 // a bias, ready first, closes only against a cap near its own bytes, so the
 // fp32 group's first bucket would stretch over as many blocks, or the head
 // stays open. Decide therefore keeps DDP's own buckets
-// (ReasonGroupsLater) where the per-group ones would launch more than 10%
+// (ReasonGroupsLater; CombineForward says GroupsLater for a split forward) where the per-group ones would launch more than 10%
 // later: DDP launches in bucket order, each bucket once it and every one
 // before it are complete, and launchCost weighs each bucket's bytes by the
 // backward position (pieces from the last) at which it can launch.
@@ -57,7 +57,7 @@ import (
 // groupUnit is one group's share of one unit.
 type groupUnit struct {
 	unit   int
-	params []int32 // gradient-ready order
+	params []int32 // walk order
 	bytes  int64
 	// least: the gradient that must close the bucket at the unit's end:
 	// its smallest positive one (ready order, any order inside a unit) or

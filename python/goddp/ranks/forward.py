@@ -46,7 +46,9 @@ A graph holding no parameter of DDP's is never part of a forward's record
 What stays alone: DDP with ``find_unused_parameters=True`` (its buckets
 follow declaration order, never rebuilt); forwards whose graphs between them
 miss some of DDP's parameters (DDP buckets those too); a forward where some
-graph fell back or cannot align (goddp.ddp.refusals); ranks whose
+graph fell back or cannot align (goddp.ddp.refusals); parameters of several
+groups whose combined buckets would launch later than DDP's own
+(groups_later, with the caps the graphs were planned with); ranks whose
 combined layouts differ (every rank keeps DDP's buckets, one WARNING).
 """
 
@@ -225,12 +227,14 @@ class _Forward:
                 params.extend(bucket)
                 bucket_offsets.append(len(params))
             graph_offsets.append(len(bucket_offsets) - 1)
-        planned = next((m.caps for m in self.members if m.caps is not None), None)
-        own = None if planned is None else {
-            "bucket_cap_bytes": planned.bucket_cap_bytes,
-            "first_bucket_cap_bytes": planned.first_bucket_cap_bytes,
-            "bucket_caps_bytes": list(planned.bucket_caps_bytes),
-        }
+        # The caps the members were planned with, DDP's own unless goddp's
+        # options set others; none where they differ (no launch check).
+        planned = {(c.bucket_cap_bytes, c.first_bucket_cap_bytes, c.bucket_caps_bytes)
+                   for c in (m.caps for m in self.members) if c is not None}
+        own = None
+        if len(planned) == 1:
+            cap, first, caps = planned.pop()
+            own = {"bucket_cap_bytes": cap, "first_bucket_cap_bytes": first, "bucket_caps_bytes": list(caps)}
         try:
             reply = _native.combine_forward(
                 array.array("q", self.param_bytes),
