@@ -589,16 +589,18 @@ typedef struct goddp_forward_plan {
     int64_t *ddp_caps;                  /* [num_ddp_caps] */
     int64_t merged_cuts;                /* several groups: the graphs' buckets, but the last, at whose
                                          * end no group's bucket closes */
-    int64_t groups_later;               /* 1: several groups whose buckets would launch later than the
-                                         * own caps' (goddp_forward): keep DDP's buckets */
+    int64_t groups_later;               /* ABI 15: 1 for several groups whose buckets would launch later
+                                         * than the own caps' (goddp_forward): keep DDP's buckets */
 } goddp_forward_plan;
 
 /* Combines the aligned buckets of a forward's graphs into one DDP
  * layout: the later graph's buckets first (DDP's backward runs it first),
- * a parameter of several graphs in the earliest one's bucket. Fails with
- * GODDP_ERR_INVALID_GRAPH unless the graphs between them hold every
- * parameter DDP reduces. On GODDP_OK, *out is released with
- * goddp_forward_plan_free. */
+ * a parameter of several graphs in the earliest one's bucket; with
+ * param_keys of several groups, split by group against shared caps. Fails
+ * with GODDP_ERR_INVALID_GRAPH unless the graphs between them hold every
+ * parameter DDP reduces, GODDP_ERR_INVALID_CONFIG for malformed arrays,
+ * group numbers or own caps, GODDP_ERR_OVERFLOW for byte sums past
+ * int64. On GODDP_OK, *out is released with goddp_forward_plan_free. */
 goddp_status goddp_combine_forward(const goddp_forward *f, goddp_forward_plan **out, char **err_msg);
 
 /* Releases a goddp_forward_plan. NULL is a no-op. */
