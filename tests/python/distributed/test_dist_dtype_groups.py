@@ -402,6 +402,25 @@ def test_two_dtypes_under_find_unused_parameters_are_aligned_per_group(group, mo
     fresh()
 
 
+@needs_two_ranks
+@pytest.mark.parametrize("model_kind", ["bf16-block", "bf16-head"])
+def test_two_dtypes_under_find_unused_parameters_with_a_builtin_hook(group, model_kind):
+    """find_unused_parameters=True with the FP16_COMPRESS built-in hook on
+    bucket views: declaration-order caps per group, the hook registered
+    again on the rebuilt reducer, bitwise equal to eager DDP with the same
+    hook."""
+    setting = {"find_unused_parameters": True, "hook": dist.BuiltinCommHookType.FP16_COMPRESS,
+               "gradient_as_bucket_view": True}
+    want = _train(group, False, True, model_kind, **setting)
+    got = _train(group, True, True, model_kind, **setting)
+    (plan,) = [p for p in goddp.last_plans() if p["plan_check"] is not None]
+    assert plan["ddp_buckets"] == {"aligned": True, "reason": None}, plan["ddp_buckets"]
+    assert plan["alignment"] == "declaration-order caps per dtype group"
+    assert _ddp_buckets(got[0], got[1]) == [frozenset(b["param_names"]) for b in plan["buckets"]]
+    _assert_same_training(got, want)
+    fresh()
+
+
 @pytest.mark.single_process
 def test_dtype_groups_under_torchrun():
     """Plain pytest: run this file's two-rank cases under torchrun."""
