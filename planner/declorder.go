@@ -295,7 +295,9 @@ func declarationCaps(g *Graph, order []int32, units []int) (caps []int64, groupe
 	keyOf, keys := paramKeys(g, order)
 	if len(keys) < 2 {
 		for u := range len(units) - 1 {
-			caps = append(caps, runBytes(g, order[units[u]:units[u+1]]))
+			// At least 1 byte, as DDP will get them (Decide's clampCaps),
+			// so that the walk below is DDP's.
+			caps = append(caps, max(1, runBytes(g, order[units[u]:units[u+1]])))
 		}
 		return caps, false
 	}

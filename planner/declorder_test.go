@@ -348,14 +348,7 @@ func TestDeclarationOrderRandomPlans(t *testing.T) {
 		g, cfg := decodeFuzzInput(data)
 		counted := countedParams(g)
 		_, keys := paramKeys(g, counted)
-		for _, p := range counted {
-			if g.Params[p].Bytes == 0 && len(keys) < 2 {
-				// Zero-byte parameters are the documented exception to exact
-				// alignment (doc.go, "Aligned buckets"); with several groups
-				// the plan is DDP's walk, which checkDeclarationGroups checks.
-				return
-			}
-		}
+		zeroBytes := slices.ContainsFunc(counted, func(p int32) bool { return g.Params[p].Bytes == 0 })
 		perm := slices.Clone(counted)
 		if rng.IntN(4) > 0 {
 			rng.Shuffle(len(perm), func(i, j int) { perm[i], perm[j] = perm[j], perm[i] })
@@ -377,6 +370,30 @@ func TestDeclarationOrderRandomPlans(t *testing.T) {
 		if len(keys) > 1 && len(decl.Buckets) > 0 {
 			checkDeclarationGroups(t, g, ready, decl)
 			grouped++
+			return
+		}
+		if zeroBytes && len(decl.Buckets) == 0 {
+			return
+		}
+		if zeroBytes {
+			// Zero-byte parameters are the documented exception to one
+			// bucket per piece (doc.go, "Aligned buckets"): a zero-byte
+			// gradient after its piece's bytes joins the next bucket. The
+			// plan is still DDP's walk with its caps, as DDP gets them (at
+			// least 1 byte: Decide's clampCaps).
+			caps := slices.Clone(decl.DDPCaps)
+			for j := range caps {
+				caps[j] = max(1, caps[j])
+			}
+			got := naiveInitialBuckets(g, caps)
+			if len(got) != len(decl.Buckets) {
+				t.Fatalf("DDP would build %d buckets with caps %v; the plan has %d", len(got), decl.DDPCaps, len(decl.Buckets))
+			}
+			for k, b := range decl.Buckets {
+				if len(b.Params) != len(got[k]) || slices.ContainsFunc(b.Params, func(p int32) bool { return !got[k][p] }) {
+					t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
+				}
+			}
 			return
 		}
 		checkDeclarationAligned(t, g, ready, decl)
