@@ -39,11 +39,7 @@ func TestDeclarationGroupsAlignWithDDPsWalk(t *testing.T) {
 	for range 600 {
 		keys := 2 + rng.IntN(3)
 		g := declaredKeyedChain(rng, 2+rng.IntN(12), keys)
-		capBytes := int64(8 + rng.IntN(120))
-		cfg := Config{AlignBuckets: true, BucketCapBytes: capBytes, FirstBucketCapBytes: 1 + rng.Int64N(capBytes)}
-		if rng.IntN(3) == 0 {
-			cfg.MaxPieces = 2 + rng.IntN(3)
-		}
+		cfg := randomAlignedConfig(rng)
 		ready, err := Build(g, cfg)
 		require.NoError(t, err)
 		cfg.BucketOrder = OrderDeclaration

@@ -128,20 +128,11 @@ func checkDeclarationAligned(t *testing.T, g *Graph, ready, decl *Plan) {
 	if len(decl.DDPCaps) != len(decl.Buckets) {
 		t.Fatalf("%d caps for %d buckets", len(decl.DDPCaps), len(decl.Buckets))
 	}
-	got := naiveInitialBuckets(g, decl.DDPCaps)
-	if len(got) != len(decl.Buckets) {
-		t.Fatalf("DDP would build %d buckets with caps %v; the plan has %d", len(got), decl.DDPCaps, len(decl.Buckets))
-	}
+	checkIsDDPsWalk(t, g, decl, decl.DDPCaps)
 	firstUse, _ := firstUses(g)
 	running := int32(1 << 30)
 	for k, b := range decl.Buckets {
-		if len(b.Params) != len(got[k]) {
-			t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
-		}
 		for _, p := range b.Params {
-			if !got[k][p] {
-				t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
-			}
 			if f := firstUse[p]; f >= 0 {
 				running = min(running, decl.NodePiece[f])
 			}
@@ -155,16 +146,7 @@ func checkDeclarationAligned(t *testing.T, g *Graph, ready, decl *Plan) {
 		t.Fatalf("%d buckets for %d pieces", len(decl.Buckets), decl.NumPieces)
 	}
 	// Every kept cut is a ready-order cut, and no more were dropped than needed.
-	readyCuts := cutsOf(ready)
-	declCuts := cutsOf(decl)
-	for _, c := range declCuts {
-		if !slices.Contains(readyCuts, c) {
-			t.Fatalf("cut at node %d is not one of the ready-order cuts %v", c, readyCuts)
-		}
-	}
-	if decl.MergedCuts != len(readyCuts)-len(declCuts) {
-		t.Fatalf("MergedCuts %d, but %d of %d cuts went", decl.MergedCuts, len(readyCuts)-len(declCuts), len(readyCuts))
-	}
+	checkKeptCuts(t, ready, decl)
 	order := declarationOrder(g)
 	if len(order) <= 12 {
 		label := declaredPieces(order, firstUse, ready.NodePiece, ready.NumPieces)
@@ -198,21 +180,12 @@ func checkDeclarationGroups(t *testing.T, g *Graph, ready, decl *Plan) {
 			t.Fatalf("cap %d is %d bytes", j, c)
 		}
 	}
-	got := naiveInitialBuckets(g, decl.DDPCaps)
-	if len(got) != len(decl.Buckets) {
-		t.Fatalf("DDP would build %d buckets with caps %v; the plan has %d: %v", len(got), decl.DDPCaps, len(decl.Buckets), decl.Buckets)
-	}
+	checkIsDDPsWalk(t, g, decl, decl.DDPCaps)
 	firstUse, _ := firstUses(g)
 	running := int32(1 << 30)
 	starts := map[int]bool{}
 	for k, b := range decl.Buckets {
-		if len(b.Params) != len(got[k]) {
-			t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
-		}
 		for _, p := range b.Params {
-			if !got[k][p] {
-				t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
-			}
 			if g.Params[p].DType != b.DType || g.Params[p].Device != b.Device {
 				t.Fatalf("bucket %d mixes groups", k)
 			}
@@ -230,6 +203,28 @@ func checkDeclarationGroups(t *testing.T, g *Graph, ready, decl *Plan) {
 	if len(starts) != decl.NumPieces {
 		t.Fatalf("%d pieces, %d of them start a bucket", decl.NumPieces, len(starts))
 	}
+	checkKeptCuts(t, ready, decl)
+}
+
+// checkIsDDPsWalk: DDP's construction-time bucketing with caps
+// (naiveInitialBuckets) yields exactly pl's buckets, in DDP order.
+func checkIsDDPsWalk(t *testing.T, g *Graph, pl *Plan, caps []int64) {
+	t.Helper()
+	got := naiveInitialBuckets(g, caps)
+	if len(got) != len(pl.Buckets) {
+		t.Fatalf("DDP would build %d buckets with caps %v; the plan has %d: %v", len(got), caps, len(pl.Buckets), pl.Buckets)
+	}
+	for k, b := range pl.Buckets {
+		if len(b.Params) != len(got[k]) || slices.ContainsFunc(b.Params, func(p int32) bool { return !got[k][p] }) {
+			t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
+		}
+	}
+}
+
+// checkKeptCuts: every cut of decl is a ready-order cut, and MergedCuts
+// counts the ones that went.
+func checkKeptCuts(t *testing.T, ready, decl *Plan) {
+	t.Helper()
 	readyCuts, declCuts := cutsOf(ready), cutsOf(decl)
 	for _, c := range declCuts {
 		if !slices.Contains(readyCuts, c) {
@@ -385,15 +380,7 @@ func TestDeclarationOrderRandomPlans(t *testing.T) {
 			for j := range caps {
 				caps[j] = max(1, caps[j])
 			}
-			got := naiveInitialBuckets(g, caps)
-			if len(got) != len(decl.Buckets) {
-				t.Fatalf("DDP would build %d buckets with caps %v; the plan has %d", len(got), decl.DDPCaps, len(decl.Buckets))
-			}
-			for k, b := range decl.Buckets {
-				if len(b.Params) != len(got[k]) || slices.ContainsFunc(b.Params, func(p int32) bool { return !got[k][p] }) {
-					t.Fatalf("bucket %d: plan %v, DDP %v", k, b.Params, got[k])
-				}
-			}
+			checkIsDDPsWalk(t, g, decl, caps)
 			return
 		}
 		checkDeclarationAligned(t, g, ready, decl)

@@ -63,6 +63,17 @@ func keyedChain(rng *rand.Rand, n, keys int) *Graph {
 	return b.graph()
 }
 
+// randomAlignedConfig is an aligned ready-order config with caps of 8 to
+// 127 bytes and, one time in three, 2 to 4 pieces at most.
+func randomAlignedConfig(rng *rand.Rand) Config {
+	capBytes := int64(8 + rng.IntN(120))
+	cfg := Config{AlignBuckets: true, BucketCapBytes: capBytes, FirstBucketCapBytes: 1 + rng.Int64N(capBytes)}
+	if rng.IntN(3) == 0 {
+		cfg.MaxPieces = 2 + rng.IntN(3)
+	}
+	return cfg
+}
+
 // piecesReady returns the counted parameters in use by piece, backward
 // order (last piece first), each piece's in a random order: any order the
 // autograd engine may choose inside a piece.
@@ -107,11 +118,7 @@ func TestSeveralKeysAlignWithDDPsWalk(t *testing.T) {
 	for c := range 400 {
 		keys := 2 + rng.IntN(3)
 		g := keyedChain(rng, 2+rng.IntN(12), keys)
-		capBytes := int64(8 + rng.IntN(120))
-		cfg := Config{AlignBuckets: true, BucketCapBytes: capBytes, FirstBucketCapBytes: 1 + rng.Int64N(capBytes)}
-		if rng.IntN(3) == 0 {
-			cfg.MaxPieces = 2 + rng.IntN(3)
-		}
+		cfg := randomAlignedConfig(rng)
 		pl, err := Build(g, cfg)
 		require.NoError(t, err)
 		what := fmt.Sprintf("case %d: params %v node pieces %v buckets %v caps %v", c, g.Params, pl.NodePiece, pl.Buckets, pl.DDPCaps)
